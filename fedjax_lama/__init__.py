@@ -1,0 +1,27 @@
+"""fedjax_lama: a vectorized federated-learning simulator in JAX.
+
+Public entry points (imported lazily so `import fedjax_lama` stays light):
+  train_and_evaluate(config, workdir)   the run contract (architecture.md 3)
+  select_intervals(d, sizes, phi, rule) FedLAMA's interval selector (algorithms.md 1.3)
+  layer_masked_mean(...)                FedLAMA's layer-masked aggregation (1.2.3)
+"""
+__version__ = "0.1.0"
+
+_LAZY = {
+    "train_and_evaluate": ("fedjax_lama.training", "train_and_evaluate"),
+    "select_intervals": ("fedjax_lama.algorithms.interval_selection", "select_intervals"),
+    "layer_masked_mean": ("fedjax_lama.engine.layer_sync", "layer_masked_mean"),
+    "base_config": ("fedjax_lama.config", "base_config"),
+}
+
+
+def __getattr__(name):
+  if name in _LAZY:
+    import importlib  # pylint: disable=g-import-not-at-top
+    module, attr = _LAZY[name]
+    return getattr(importlib.import_module(module), attr)
+  raise AttributeError(f"module 'fedjax_lama' has no attribute {name!r}")
+
+
+def __dir__():
+  return sorted(list(globals()) + list(_LAZY))

@@ -1,0 +1,44 @@
+"""Communication accounting: floats sent up and down per layer, per round, cumulative.
+
+Floats are counted per participating client and direction (algorithms.md 5.0,
+"Communication"); bytes are 4 per float32 unless an encoding reports its own.
+"""
+import numpy as np
+
+from fedjax_lama.tree import leaf_names, leaf_sizes
+
+BYTES_PER_FLOAT = 4
+
+
+def layer_table(params) -> tuple[list[str], np.ndarray]:
+  return leaf_names(params), leaf_sizes(params)
+
+
+class Ledger:
+  """Cumulative per-layer counters of one run (checkpointed with it)."""
+
+  def __init__(self, names, sizes):
+    self.names = list(names)
+    self.sizes = np.asarray(sizes, np.int64)
+    self.up = np.zeros(len(self.names), np.int64)
+    self.down = np.zeros(len(self.names), np.int64)
+    self.bytes = 0
+
+  def add(self, up_per_layer, down_per_layer, num_bytes=None) -> None:
+    up = np.asarray(up_per_layer, np.int64)
+    down = np.asarray(down_per_layer, np.int64)
+    self.up += up
+    self.down += down
+    self.bytes += int(num_bytes) if num_bytes is not None else int(up.sum() + down.sum()) * BYTES_PER_FLOAT
+
+  def totals(self) -> dict:
+    return {"comm_floats_up": int(self.up.sum()), "comm_floats_down": int(self.down.sum()),
+            "comm_bytes": int(self.bytes)}
+
+  def dump(self) -> dict:
+    return {"up": self.up.tolist(), "down": self.down.tolist(), "bytes": self.bytes}
+
+  def load(self, d: dict) -> None:
+    self.up = np.asarray(d["up"], np.int64)
+    self.down = np.asarray(d["down"], np.int64)
+    self.bytes = int(d["bytes"])

@@ -1,0 +1,162 @@
+"""Config defaults and validation: the only place that knows every field.
+
+`validate(config)` runs before anything touches the workdir and raises
+`ConfigError` naming the field and what is accepted (architecture.md 3).
+"""
+import math
+
+import ml_collections
+
+ALGORITHMS = ("fedavg", "fedprox", "fedlama")
+DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist", "femnist")
+DATA_SOURCES = ("auto", "files", "tfds", "builtin")
+PARTITIONS = ("iid", "dirichlet", "dirichlet_balanced", "shards", "one_class", "natural", "femnist_writers")
+SAMPLINGS = ("fixed", "bernoulli")
+WEIGHTINGS = ("examples", "uniform")
+LR_SCHEDULES = ("constant", "cosine", "step", "exponential")
+CONV_IMPLS = ("auto", "lax", "patches")
+INTERVAL_RULES = ("aaai", "code", "v1", "accelerate")
+
+
+class ConfigError(ValueError):
+  """A config field holds a value that is not accepted."""
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.algorithm = "fedavg"
+  c.seed = 0
+  # Data and federation.
+  c.dataset = "digits"
+  c.data_dir = ""  # "" -> $FEDJAX_LAMA_DATA_DIR, else ./data
+  c.data_source = "auto"
+  c.partition = "dirichlet"
+  c.dirichlet_concentration = 0.5
+  c.min_client_size = 10
+  c.classes_per_client = 2
+  c.femnist_num_writers = 256
+  c.femnist_writers_per_client = 2
+  c.local_test_fraction = 0.0
+  c.num_clients = 32
+  c.client_sampling = "fixed"
+  c.active_ratio = 1.0
+  # Model.
+  c.model = "mlp"
+  c.model_options = ml_collections.ConfigDict()
+  # Local training.
+  c.rounds = 50
+  c.local_steps = 10
+  c.local_epochs = 0  # > 0 trains E epochs per round instead of local_steps
+  c.batch_size = 32
+  c.local_lr = 0.1
+  c.local_lr_schedule = "constant"
+  c.local_lr_warmup_steps = 0
+  c.local_lr_decay_steps = ()  # "step": boundaries in local steps
+  c.local_lr_decay_factor = 0.1  # "step": factor per boundary; "exponential": factor per round
+  c.local_momentum = 0.0
+  c.weight_decay = 0.0
+  c.label_smoothing = 0.0
+  # Server.
+  c.server_lr = 1.0
+  c.server_momentum = 0.0
+  c.weighting = "examples"
+  # Algorithm-specific.
+  c.fedprox = ml_collections.ConfigDict({"mu": 0.01})
+  c.fedlama = ml_collections.ConfigDict({
+      "base_interval": 10, "phi": 2, "interval_rule": "aaai", "kernels_only": None,
+      "client_sampling": "window", "warmup_windows": 0, "layer_granularity": "tensor",
+      "bn_stats_sync": "window", "opt_state_policy": "slot", "fixed_multipliers": None,
+      "total_steps": 0})
+  # Run.
+  c.eval_every = 1
+  c.checkpoint_every = 10
+  c.eval_batch_size = 1000
+  c.per_client_eval = "final"  # "final" | "every" | "never"
+  c.plots = True
+  c.engine = ml_collections.ConfigDict({"conv_impl": "auto", "unroll": 1, "clients_per_chunk": 0})
+  return c
+
+
+def _fail(field: str, value, accepted: str):
+  raise ConfigError(f"config.{field}={value!r} is not accepted; accepted: {accepted}")
+
+
+def _one_of(c, field, choices):
+  value = c[field] if "." not in field else c[field.split(".")[0]][field.split(".")[1]]
+  if value not in choices:
+    _fail(field, value, ", ".join(repr(x) for x in choices))
+
+
+def _positive_int(c, field, allow_zero=False):
+  value = c[field]
+  ok = isinstance(value, int) and not isinstance(value, bool) and (value >= 0 if allow_zero else value > 0)
+  if not ok:
+    _fail(field, value, "an integer >= 0" if allow_zero else "an integer >= 1")
+
+
+def validate(c: ml_collections.ConfigDict, num_classes: int | None = None) -> None:
+  """Raises ConfigError for the first field that is not accepted."""
+  _one_of(c, "algorithm", ALGORITHMS)
+  _one_of(c, "dataset", DATASETS)
+  _one_of(c, "data_source", DATA_SOURCES)
+  _one_of(c, "partition", PARTITIONS)
+  _one_of(c, "client_sampling", SAMPLINGS)
+  _one_of(c, "weighting", WEIGHTINGS)
+  _one_of(c, "local_lr_schedule", LR_SCHEDULES)
+  _one_of(c, "per_client_eval", ("final", "every", "never"))
+  if c.engine.conv_impl not in CONV_IMPLS:
+    _fail("engine.conv_impl", c.engine.conv_impl, ", ".join(map(repr, CONV_IMPLS)))
+  for field in ("rounds", "batch_size", "num_clients", "eval_every", "checkpoint_every",
+                "eval_batch_size"):
+    _positive_int(c, field)
+  _positive_int(c, "local_steps", allow_zero=c.local_epochs > 0)
+  _positive_int(c, "local_epochs", allow_zero=True)
+  _positive_int(c, "local_lr_warmup_steps", allow_zero=True)
+  _positive_int(c, "min_client_size", allow_zero=True)
+  if not isinstance(c.engine.clients_per_chunk, int) or c.engine.clients_per_chunk < 0:
+    _fail("engine.clients_per_chunk", c.engine.clients_per_chunk, "an integer >= 0 (0: one chunk)")
+  if not (0.0 < c.active_ratio <= 1.0):
+    _fail("active_ratio", c.active_ratio, "a participation fraction in (0, 1]")
+  if c.partition in ("dirichlet", "dirichlet_balanced") and not c.dirichlet_concentration > 0:
+    _fail("dirichlet_concentration", c.dirichlet_concentration, "a Dirichlet alpha > 0")
+  if c.partition == "shards":
+    _positive_int(c, "classes_per_client")
+    if num_classes is not None and c.classes_per_client > num_classes:
+      _fail("classes_per_client", c.classes_per_client,
+            f"at most the number of classes of {c.dataset!r} ({num_classes})")
+  if not (0.0 <= c.local_test_fraction < 1.0):
+    _fail("local_test_fraction", c.local_test_fraction, "a fraction in [0, 1)")
+  for field in ("local_lr", "server_lr"):
+    if not (isinstance(c[field], (int, float)) and math.isfinite(c[field]) and c[field] > 0):
+      _fail(field, c[field], "a finite number > 0")
+  for field in ("local_momentum", "server_momentum"):
+    if not 0.0 <= c[field] < 1.0:
+      _fail(field, c[field], "a momentum in [0, 1)")
+  if c.weight_decay < 0:
+    _fail("weight_decay", c.weight_decay, "a number >= 0")
+  if c.algorithm == "fedprox" and c.fedprox.mu < 0:
+    _fail("fedprox.mu", c.fedprox.mu, "a number >= 0")
+  if c.algorithm == "fedlama":
+    _validate_fedlama(c)
+
+
+def _validate_fedlama(c):
+  f = c.fedlama
+  for field in ("base_interval", "phi"):
+    if not (isinstance(f[field], int) and f[field] >= 1):
+      _fail(f"fedlama.{field}", f[field], "an integer >= 1")
+  if f.interval_rule not in INTERVAL_RULES:
+    _fail("fedlama.interval_rule", f.interval_rule, ", ".join(map(repr, INTERVAL_RULES)))
+  if f.interval_rule == "accelerate" and f.base_interval % f.phi:
+    _fail("fedlama.base_interval", f.base_interval,
+          f"a multiple of fedlama.phi={f.phi} with interval_rule='accelerate'")
+  if f.kernels_only and f.interval_rule != "code":
+    _fail("fedlama.kernels_only", f.kernels_only, "null or false unless interval_rule='code'")
+  for field, choices in (("client_sampling", ("window", "round")),
+                         ("layer_granularity", ("tensor", "module")),
+                         ("bn_stats_sync", ("window", "round", "never")),
+                         ("opt_state_policy", ("slot", "reset_on_sample"))):
+    if f[field] not in choices:
+      _fail(f"fedlama.{field}", f[field], ", ".join(map(repr, choices)))
+  if not (isinstance(f.warmup_windows, int) and f.warmup_windows >= 0):
+    _fail("fedlama.warmup_windows", f.warmup_windows, "an integer >= 0")

@@ -1,0 +1,122 @@
+"""Local training: one `lax.scan` over local steps, vmapped over clients.
+
+The body is one masked SGD-family step. A padded step (step_mask 0) leaves the
+whole carry -- parameters, normalisation statistics and optimiser moments --
+bit-for-bit unchanged (a `jnp.where` on the carry, not a zero-gradient step,
+which would still move momentum and weight decay; architecture.md 2.1).
+"""
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_lama import rng
+from fedjax_lama.tree import PyTree, tree_where
+
+# loss_fn(params, model_state, x, y, example_mask, key) -> (loss, (new_model_state, num_correct))
+LossFn = Callable[..., tuple[jax.Array, tuple[PyTree, jax.Array]]]
+# correction(grads, params, anchor, client_row) -> grads   (FedProx, SCAFFOLD, ... add terms here)
+GradCorrection = Callable[[PyTree, PyTree, PyTree, PyTree], PyTree]
+
+
+class LocalState(NamedTuple):
+  params: PyTree
+  model_state: PyTree  # e.g. BatchNorm running statistics ({} when none)
+  opt_state: PyTree
+
+
+class StepStats(NamedTuple):
+  loss_sum: jax.Array  # sum over real examples of the per-example loss
+  correct: jax.Array
+  count: jax.Array
+
+
+def make_loss_fn(model, has_model_state: bool, label_smoothing: float = 0.0) -> LossFn:
+  """Masked mean cross-entropy of a flax module in training mode."""
+
+  def loss_fn(params, model_state, x, y, example_mask, key):
+    variables = {"params": params, **({"batch_stats": model_state} if has_model_state else {})}
+    if has_model_state:
+      logits, updates = model.apply(variables, x, train=True, mutable=["batch_stats"],
+                                    rngs={"dropout": key})
+      new_state = updates["batch_stats"]
+    else:
+      logits = model.apply(variables, x, train=True, rngs={"dropout": key})
+      new_state = model_state
+    num_classes = logits.shape[-1]
+    labels = optax.smooth_labels(jax.nn.one_hot(y, num_classes), label_smoothing) \
+        if label_smoothing else jax.nn.one_hot(y, num_classes)
+    per_example = optax.softmax_cross_entropy(logits, labels)
+    count = jnp.sum(example_mask)
+    loss = jnp.sum(per_example * example_mask) / jnp.maximum(count, 1.0)
+    correct = jnp.sum((jnp.argmax(logits, -1) == y) * example_mask)
+    return loss, (new_state, correct)
+
+  return loss_fn
+
+
+def make_local_optimizer(momentum: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0,
+                         weight_decay_mask: Optional[PyTree] = None) -> optax.GradientTransformation:
+  """Local SGD direction (decayed weights + momentum trace); the caller scales by -lr.
+
+  The learning rate is applied outside the transform so that a schedule indexed by
+  the global local-step count can be evaluated inside the scan without rebuilding
+  the optimiser state.
+  """
+  parts = []
+  if weight_decay:
+    parts.append(optax.add_decayed_weights(weight_decay, mask=weight_decay_mask))
+  if momentum:
+    parts.append(optax.trace(decay=momentum, nesterov=nesterov))
+  return optax.chain(*parts) if parts else optax.identity()
+
+
+def make_client_train(loss_fn: LossFn, local_tx: optax.GradientTransformation,
+                      lr_schedule: Callable[[jax.Array], jax.Array], *,
+                      correction: Optional[GradCorrection] = None,
+                      augment: Optional[Callable[[jax.Array, jax.Array], jax.Array]] = None,
+                      unroll: int | bool = 1):
+  """Builds `client_train(state, anchor, client_row, data_x, data_y, indices, example_mask,
+  step_mask, key, step_offset) -> (state, StepStats summed over steps)` for ONE client.
+
+  indices[S, B] are rows of the device-resident training arrays (data_x, data_y);
+  the gather happens inside the step, so only indices cross the host boundary.
+  """
+
+  def client_train(state: LocalState, anchor, client_row, data_x, data_y, indices, example_mask,
+                   step_mask, key, step_offset):
+    num_steps = indices.shape[0]
+    keys = rng.step_keys(key, num_steps)
+
+    def step(carry: LocalState, inp):
+      idx, emask, smask, k, s = inp
+      x = data_x[idx]
+      y = data_y[idx]
+      if augment is not None:
+        x = augment(x, jax.random.fold_in(k, 1))
+      grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+      (loss, (new_model_state, correct)), grads = grad_fn(carry.params, carry.model_state, x, y,
+                                                          emask, k)
+      if correction is not None:
+        grads = correction(grads, carry.params, anchor, client_row)
+      direction, new_opt = local_tx.update(grads, carry.opt_state, carry.params)
+      lr = lr_schedule(step_offset + s)
+      new_params = jax.tree_util.tree_map(lambda p, u: p - lr * u, carry.params, direction)
+      new = LocalState(new_params, new_model_state, new_opt)
+      real = smask > 0
+      count = jnp.sum(emask)
+      stats = StepStats(loss * count * real, correct * real, count * real)
+      return tree_where(real, new, carry), stats
+
+    final, stats = jax.lax.scan(
+        step, state, (indices, example_mask, step_mask, keys, jnp.arange(num_steps)),
+        unroll=unroll)
+    return final, jax.tree_util.tree_map(lambda a: jnp.sum(a, axis=0), stats)
+
+  return client_train
+
+
+def vmap_clients(client_train):
+  """Adds the client axis: state/anchor/data broadcast, per-client rows and batches mapped."""
+  return jax.vmap(client_train, in_axes=(0, None, 0, None, None, 0, 0, 0, 0, None))

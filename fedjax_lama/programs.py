@@ -1,0 +1,167 @@
+"""Round programs: how one algorithm turns the engine into rounds.
+
+A program owns the jitted functions of its algorithm and exposes the small
+interface the training loop drives (init_state, run_round, eval_params, ...).
+The synchronous program serves FedAvg-family algorithms; FedLAMA's windowed
+program lives in fedjax_lama.fedlama_program.
+"""
+import math
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_lama import algorithms, federation
+from fedjax_lama import data as fdata
+from fedjax_lama.engine import evaluate, local, round as round_lib, sharding
+from fedjax_lama.tree import leaf_sizes
+
+
+class RoundOutput(NamedTuple):
+  train_loss: float                # mean over the round's real examples
+  train_count: float               # number of real examples trained on
+  floats_up_per_layer: np.ndarray  # this round, summed over clients
+  floats_down_per_layer: np.ndarray
+  bytes: Optional[int]             # None: 4 bytes per float
+  extra: dict                      # algorithm-specific metrics for metrics.jsonl
+
+
+def make_lr_schedule(config, total_steps: int):
+  """Local learning rate as a function of the global local-step count."""
+  lr = float(config.local_lr)
+  kind = config.local_lr_schedule
+  if kind == "constant":
+    schedule = optax.constant_schedule(lr)
+  elif kind == "cosine":
+    schedule = optax.cosine_decay_schedule(lr, max(1, total_steps))
+  elif kind == "step":
+    schedule = optax.piecewise_constant_schedule(
+        lr, {int(b): float(config.local_lr_decay_factor) for b in config.local_lr_decay_steps})
+  else:  # "exponential": decay factor per round (FL-Simulator's 0.998)
+    schedule = optax.exponential_decay(lr, max(1, config.local_steps), config.local_lr_decay_factor,
+                                       staircase=True)
+  if config.local_lr_warmup_steps:
+    warm = optax.linear_schedule(0.0, lr, config.local_lr_warmup_steps)
+    schedule = optax.join_schedules([warm, schedule], [config.local_lr_warmup_steps])
+  return schedule
+
+
+def build_algorithm(config, params) -> algorithms.Algorithm:
+  common = dict(local_momentum=config.local_momentum, weight_decay=config.weight_decay,
+                server_lr=config.server_lr, server_momentum=config.server_momentum)
+  if config.algorithm == "fedprox":
+    return algorithms.fedprox(config.fedprox.mu, **common)
+  return algorithms.get(config.algorithm)(**common)
+
+
+def steps_per_round(config, fed) -> int:
+  """Static step-axis length: tau, or E epochs of the largest client (padded steps are masked)."""
+  if config.local_epochs > 0:
+    largest = max(len(ix) for ix in fed.client_train)
+    return config.local_epochs * max(1, math.ceil(largest / config.batch_size))
+  return config.local_steps
+
+
+def pack(config, fed, ids, round_idx, num_clients_padded, num_steps) -> round_lib.Cohort:
+  batch = fdata.pack_cohort(
+      [fed.client_train[i] for i in ids], list(ids), batch_size=config.batch_size,
+      num_steps=config.local_steps if config.local_epochs == 0 else None,
+      num_epochs=config.local_epochs or None, seed=config.seed, round_idx=round_idx,
+      pad_clients_to=num_clients_padded)
+  pad = num_steps - batch.indices.shape[1]
+  indices, example_mask, step_mask = batch.indices, batch.example_mask, batch.step_mask
+  if pad > 0:
+    indices = np.pad(indices, ((0, 0), (0, pad), (0, 0)))
+    example_mask = np.pad(example_mask, ((0, 0), (0, pad), (0, 0)))
+    step_mask = np.pad(step_mask, ((0, 0), (0, pad)))
+  return round_lib.Cohort(indices.astype(np.int32), example_mask.astype(np.float32),
+                          step_mask.astype(np.float32), batch.client_mask.astype(np.float32),
+                          batch.client_ids.astype(np.int32), batch.num_examples.astype(np.float32))
+
+
+class SyncProgram:
+  """FedAvg-family rounds: sample, train every client from the server model, average."""
+
+  def __init__(self, config, model, params, model_state, fed, mesh):
+    self.config, self.fed, self.mesh = config, fed, mesh
+    self.algorithm = build_algorithm(config, params)
+    has_state = bool(jax.tree_util.tree_leaves(model_state))
+    self.num_steps = steps_per_round(config, fed)
+    self.num_rounds = config.rounds
+    self.eval_every = config.eval_every
+    loss_fn = local.make_loss_fn(model, has_state, config.label_smoothing)
+    schedule = make_lr_schedule(config, config.rounds * self.num_steps)
+    self.train_chunk, self.server_update = round_lib.make_round_fns(
+        loss_fn, self.algorithm, schedule, seed=config.seed, weighting=config.weighting,
+        local_steps=self.num_steps, unroll=config.engine.unroll)
+    self.eval_fn = evaluate.make_eval_fn(model, has_state)
+    self.params, self.model_state = params, model_state
+    self.data_x = sharding.replicate(jnp.asarray(fed.dataset.train_x), mesh)
+    self.data_y = sharding.replicate(jnp.asarray(fed.dataset.train_y, jnp.int32), mesh)
+    cap = config.engine.clients_per_chunk or federation.max_cohort(config, fed.num_clients)
+    self.chunk_size = sharding.padded_size(cap, mesh)
+    self.sizes = leaf_sizes(params)
+    self._gather = jax.jit(round_lib.gather_rows)
+    self._scatter = jax.jit(round_lib.scatter_rows)
+
+  def init_state(self):
+    server = round_lib.ServerState(self.params, self.model_state,
+                                   self.algorithm.server_tx.init(self.params))
+    rows = {}
+    if self.algorithm.client_row_init is not None:
+      row = self.algorithm.client_row_init(self.params)
+      rows = jax.tree_util.tree_map(
+          lambda x: jnp.zeros((self.fed.num_clients,) + x.shape, x.dtype) + x, row)
+    return {"server": sharding.replicate(server, self.mesh), "rows": rows}
+
+  def run_round(self, state, round_idx: int):
+    ids = federation.sample_round(self.config, self.fed.num_clients, round_idx)
+    server, rows = state["server"], state["rows"]
+    sums, loss, count = None, 0.0, 0.0
+    for start in range(0, len(ids), self.chunk_size):
+      group = ids[start:start + self.chunk_size]
+      cohort = sharding.shard_clients(
+          pack(self.config, self.fed, group, round_idx, self.chunk_size, self.num_steps), self.mesh)
+      chunk_rows = self._gather(rows, cohort.client_ids) if rows else {}
+      s, new_rows, stats = self.train_chunk(server, chunk_rows, self.data_x, self.data_y, cohort,
+                                            round_idx)
+      if rows:
+        rows = self._scatter(rows, cohort.client_ids, cohort.client_mask, new_rows)
+      sums = s if sums is None else round_lib.add_sums(sums, s)
+      loss += float(jnp.sum(stats.loss_sum))
+      count += float(jnp.sum(stats.count))
+    if sums is not None:
+      server = self.server_update(server, sums)
+    n = len(ids)
+    up = self.sizes * n * self.algorithm.floats_up_per_model
+    down = self.sizes * n * self.algorithm.floats_down_per_model
+    out = RoundOutput(loss / count if count else 0.0, count, up, down, None,
+                      {"clients": n})
+    return {"server": server, "rows": rows}, out
+
+  def eval_params(self, state):
+    return state["server"].params, state["server"].model_state
+
+  def local_steps_done(self, round_idx: int) -> int:
+    return (round_idx + 1) * self.num_steps
+
+  def host_state(self) -> dict:
+    return {}
+
+  def load_host_state(self, d: dict) -> None:
+    del d
+
+  def summary(self, state, ledger) -> dict:
+    return {}
+
+  def plot(self, workdir, ledger) -> None:
+    pass
+
+
+def build(config, model, params, model_state, fed, mesh):
+  if config.algorithm == "fedlama":
+    from fedjax_lama import fedlama_program  # pylint: disable=g-import-not-at-top
+    return fedlama_program.FedLamaProgram(config, model, params, model_state, fed, mesh)
+  return SyncProgram(config, model, params, model_state, fed, mesh)

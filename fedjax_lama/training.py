@@ -1,0 +1,204 @@
+"""The training loop: the only reader of a config, and the only loop.
+
+`train_and_evaluate(config, workdir)` builds the federation, the model and the
+algorithm's round program, then runs rounds with evaluation, metrics, plots,
+communication accounting and orbax checkpoints. Running it again on the same
+workdir resumes from the last checkpoint; the resumed run ends with exactly
+the parameters and metrics of an uninterrupted one (architecture.md 3).
+"""
+import copy
+import json
+import os
+import time
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+
+from fedjax_lama import checkpointing, comm, federation, metrics, models, programs, rng
+from fedjax_lama import config as config_lib
+from fedjax_lama import data as fdata
+from fedjax_lama.engine import evaluate as evaluation
+from fedjax_lama.engine import sharding
+
+# Fields that may change between a run and its resumption without changing results.
+RESUMABLE_CHANGES = ("checkpoint_every", "plots", "data_dir", "per_client_eval")
+
+
+class TrainingError(RuntimeError):
+  """Training cannot continue (e.g. a NaN loss); the workdir keeps the last checkpoint."""
+
+
+def _config_dict(config) -> dict:
+  return json.loads(config.to_json_best_effort(sort_keys=True))
+
+
+def _check_workdir(workdir: str, config) -> None:
+  """Refuses to mix runs: an existing config.json must match (RESUMABLE_CHANGES aside)."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    try:
+      old = json.load(f)
+    except json.JSONDecodeError as e:
+      raise config_lib.ConfigError(f"{path} is not valid JSON ({e}); move it away or use a new "
+                                   "--workdir") from e
+  new = _config_dict(config)
+  diff = sorted(k for k in set(old) | set(new)
+                if k not in RESUMABLE_CHANGES and old.get(k) != new.get(k))
+  if diff:
+    raise config_lib.ConfigError(
+        f"--workdir={workdir} holds a run with a different config (fields: {', '.join(diff)}); "
+        "use a new --workdir, or the same config to resume")
+
+
+def _build_model(config, dataset):
+  options = dict(config.model_options.to_dict()) if config.model_options else {}
+  if models.uses_conv(config.model):
+    options.setdefault("conv_impl", models.resolve_conv_impl(config.engine.conv_impl))
+  model = models.get(config.model, num_classes=dataset.num_classes, **options)
+  sample = jnp.asarray(dataset.train_x[:1])
+  variables = model.init({"params": rng.root_key(config.seed), "dropout": rng.root_key(config.seed)},
+                         sample, train=False)
+  params = variables["params"]
+  model_state = variables.get("batch_stats", {})
+  return model, params, model_state
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+                       stop_after_round: Optional[int] = None) -> dict:
+  """Runs (or resumes) the experiment described by `config`, writing into `workdir`.
+
+  stop_after_round: stop after that round as if interrupted (used to test resume).
+  Returns the summary dict (also written to workdir/summary.json).
+  """
+  config = copy.deepcopy(config)
+  config_lib.validate(config)
+  data_dir = federation.resolve_data_dir(config)
+  dataset = fdata.load_dataset(config.dataset, data_dir=data_dir, source=config.data_source)
+  config_lib.validate(config, num_classes=dataset.num_classes)
+  fed = federation.build_federation(config, dataset)
+  _check_workdir(workdir, config)  # before anything in the workdir is written
+
+  os.makedirs(workdir, exist_ok=True)
+  config_path = os.path.join(workdir, "config.json")
+  if not os.path.exists(config_path):
+    metrics.write_json(config_path, _config_dict(config))
+
+  mesh = sharding.client_mesh()
+  model, params, model_state = _build_model(config, dataset)
+  program = programs.build(config, model, params, model_state, fed, mesh)
+  layer_names, layer_sizes = comm.layer_table(params)
+  ledger = comm.Ledger(layer_names, layer_sizes)
+
+  state = program.init_state()
+  writer = metrics.JsonlWriter(os.path.join(workdir, "metrics.jsonl"))
+  ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
+  start_round, wall_offset, host = 0, 0.0, {"best_test_accuracy": None, "loss_sum": 0.0,
+                                             "loss_count": 0.0}
+  latest = ckpt.latest_step()
+  if latest is not None:
+    state, meta = ckpt.restore(latest, state)
+    start_round = meta["round"] + 1
+    wall_offset = meta["wall_seconds"]
+    ledger.load(meta["ledger"])
+    host = meta["host"]
+    program.load_host_state(meta.get("program", {}))
+    records = writer.truncate_after(meta["round"])
+    logging.info("Resumed from round %d in %s", meta["round"], workdir)
+  else:
+    records = writer.truncate_after(-1)
+
+  total_rounds = program.num_rounds
+  t_start = time.perf_counter()
+  wall = lambda: wall_offset + time.perf_counter() - t_start
+  round_idx = start_round - 1
+  for round_idx in range(start_round, total_rounds):
+    state, out = program.run_round(state, round_idx)
+    ledger.add(out.floats_up_per_layer, out.floats_down_per_layer, out.bytes)
+    if not np.isfinite(out.train_loss):
+      raise TrainingError(
+          f"non-finite training loss ({out.train_loss}) at round {round_idx}: stopped; the workdir "
+          f"keeps the last checkpoint. Accepted: finite losses; try a smaller config.local_lr "
+          f"(now {config.local_lr}) or config.server_lr (now {config.server_lr})")
+    host["loss_sum"] += out.train_loss * out.train_count
+    host["loss_count"] += out.train_count
+    last = round_idx == total_rounds - 1
+    if (round_idx + 1) % program.eval_every == 0 or last:
+      record = _evaluate(config, program, state, fed, round_idx, out, host, ledger, wall(),
+                         per_client=config.per_client_eval == "every" or
+                         (last and config.per_client_eval == "final"))
+      records.append(record)
+      writer.write(record)
+      eta = (wall() - wall_offset) / (round_idx + 1 - start_round) * (total_rounds - round_idx - 1)
+      logging.info("round %d/%d  test_acc %.4f  test_loss %.4f  train_loss %.4f  %.1fs  ETA %.1fs",
+                   round_idx + 1, total_rounds, record["test_accuracy"], record["test_loss"],
+                   record["train_loss"], record["wall_seconds"], eta)
+    if (round_idx + 1) % config.checkpoint_every == 0 or last:
+      ckpt.save(round_idx, state, {"round": round_idx, "wall_seconds": wall(),
+                                   "ledger": ledger.dump(), "host": host,
+                                   "program": program.host_state()})
+    if stop_after_round is not None and round_idx >= stop_after_round:
+      ckpt.close()
+      return {"interrupted_after_round": round_idx}
+  ckpt.close()
+
+  summary = _summary(config, records, ledger, program, state, wall())
+  metrics.write_json(os.path.join(workdir, "summary.json"), summary)
+  if config.plots:
+    metrics.plot_run(workdir, records, title=f"{config.algorithm} / {config.dataset}")
+    program.plot(workdir, ledger)
+  return summary
+
+
+def _evaluate(config, program, state, fed, round_idx, out, host, ledger, wall_seconds, per_client):
+  params, model_state = program.eval_params(state)
+  ds = fed.dataset
+  res = evaluation.evaluate(program.eval_fn, params, model_state, ds.test_x, ds.test_y,
+                            config.eval_batch_size)
+  best = host["best_test_accuracy"]
+  host["best_test_accuracy"] = res.accuracy if best is None else max(best, res.accuracy)
+  train_loss = host["loss_sum"] / max(host["loss_count"], 1.0)
+  host["loss_sum"], host["loss_count"] = 0.0, 0.0
+  record = {
+      "round": round_idx + 1, "local_steps": program.local_steps_done(round_idx),
+      "test_accuracy": res.accuracy, "test_loss": res.loss, "train_loss": train_loss,
+      "wall_seconds": wall_seconds, **ledger.totals(), **out.extra}
+  if per_client:
+    record.update(_per_client(config, program, params, model_state, fed))
+  return record
+
+
+def _per_client(config, program, params, model_state, fed) -> dict:
+  """Global model accuracy per client: on each client's held-out split when there is one
+  (FedAT's 80/20), else on its training data; mean and variance across clients."""
+  ds = fed.dataset
+  split = fed.client_test if fed.client_test is not None else fed.client_train
+  key = "client_test_accuracy" if fed.client_test is not None else "client_train_accuracy"
+  res = evaluation.evaluate(program.eval_fn, params, model_state, ds.train_x, ds.train_y,
+                            config.eval_batch_size)
+  acc = evaluation.per_client_accuracy(res.correct, split)
+  acc = acc[np.isfinite(acc)]
+  return {f"{key}_mean": float(acc.mean()), f"{key}_var": float(acc.var()),
+          f"{key}_min": float(acc.min())}
+
+
+def _summary(config, records, ledger, program, state, wall_seconds) -> dict:
+  accs = [r["test_accuracy"] for r in records]
+  last = records[-1]
+  summary = {
+      "algorithm": config.algorithm, "dataset": config.dataset, "model": config.model,
+      "final_test_accuracy": accs[-1], "best_test_accuracy": max(accs),
+      "final_test_loss": last["test_loss"], "rounds": program.num_rounds,
+      "local_steps": last["local_steps"], "wall_seconds": wall_seconds,
+      "num_parameters": int(sum(ledger.sizes)), **ledger.totals(),
+      "comm_floats_up_per_layer": dict(zip(ledger.names, ledger.up.tolist())),
+      "comm_floats_down_per_layer": dict(zip(ledger.names, ledger.down.tolist())),
+  }
+  summary.update({k: v for k, v in last.items() if k.startswith("client_")})
+  summary.update(program.summary(state, ledger))
+  return summary
