@@ -10,7 +10,8 @@ import ml_collections
 ALGORITHMS = ("fedavg", "fedprox", "fedlama")
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist", "femnist")
 DATA_SOURCES = ("auto", "files", "tfds", "builtin")
-PARTITIONS = ("iid", "dirichlet", "dirichlet_balanced", "shards", "one_class", "natural", "femnist_writers")
+PARTITIONS = ("iid", "dirichlet", "dirichlet_balanced", "shards", "class_cyclic", "one_class", "natural",
+              "femnist_writers")
 SAMPLINGS = ("fixed", "bernoulli")
 WEIGHTINGS = ("examples", "uniform")
 LR_SCHEDULES = ("constant", "cosine", "step", "exponential")
@@ -119,7 +120,7 @@ def validate(c: ml_collections.ConfigDict, num_classes: int | None = None) -> No
     _fail("active_ratio", c.active_ratio, "a participation fraction in (0, 1]")
   if c.partition in ("dirichlet", "dirichlet_balanced") and not c.dirichlet_concentration > 0:
     _fail("dirichlet_concentration", c.dirichlet_concentration, "a Dirichlet alpha > 0")
-  if c.partition == "shards":
+  if c.partition in ("shards", "class_cyclic"):
     _positive_int(c, "classes_per_client")
     if num_classes is not None and c.classes_per_client > num_classes:
       _fail("classes_per_client", c.classes_per_client,

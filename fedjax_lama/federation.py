@@ -16,7 +16,8 @@ from fedjax_lama.config import ConfigError
 class Federation:
   dataset: "fdata.Dataset"
   client_train: list  # list of int64 index arrays into dataset.train_*
-  client_test: Optional[list]  # per-client held-out indices (into train arrays) or None
+  client_test: Optional[list]  # per-client held-out indices or None
+  client_test_in: str = "train"  # which arrays client_test indexes: "train" or "test"
 
   @property
   def num_clients(self) -> int:
@@ -44,8 +45,22 @@ def build_federation(config, dataset) -> Federation:
   elif name == "femnist_writers":
     if dataset.train_client_ids is None:
       raise ConfigError("config.partition='femnist_writers' needs dataset='femnist'")
-    clients = fdata.femnist_clients(dataset.train_client_ids, num_writers=config.femnist_num_writers,
-                                    writers_per_client=config.femnist_writers_per_client, seed=seed)
+    writers = fdata.femnist_clients(
+        dataset.train_client_ids, num_writers=config.femnist_num_writers,
+        writers_per_client=config.femnist_writers_per_client, seed=seed,
+        test_client_ids=dataset.test_client_ids)
+    # D23: the test set is the held-out data of the selected writers.
+    test_rows = np.sort(np.concatenate(writers.test)) if writers.test is not None else None
+    if test_rows is not None:
+      position = np.full(len(dataset.test_y), -1, np.int64)
+      position[test_rows] = np.arange(len(test_rows))
+      dataset = dataclasses.replace(dataset, test_x=dataset.test_x[test_rows],
+                                    test_y=dataset.test_y[test_rows],
+                                    test_client_ids=dataset.test_client_ids[test_rows])
+      client_test = [position[t] for t in writers.test]
+      return Federation(dataset, [np.asarray(c, np.int64) for c in writers.train], client_test,
+                        "test")
+    clients = writers.train
   elif name == "iid":
     clients = fdata.iid(len(labels), config.num_clients, seed)
   elif name == "dirichlet":
@@ -56,6 +71,8 @@ def build_federation(config, dataset) -> Federation:
                                        seed)
   elif name == "shards":
     clients = fdata.shards(labels, config.num_clients, config.classes_per_client, seed)
+  elif name == "class_cyclic":
+    clients = fdata.class_cyclic(labels, config.num_clients, config.classes_per_client, seed)
   elif name == "one_class":
     clients = fdata.one_class(labels, config.num_clients, seed)
   else:  # validate() already rejects unknown names

@@ -2,7 +2,8 @@
 
 * IDX (MNIST, Fashion-MNIST), gzip-compressed or not.
 * CIFAR-10 / CIFAR-100 "python version" pickles, through a restricted unpickler.
-* scikit-learn's bundled `digits` (no download), the built-in smoke-test dataset.
+* scikit-learn's bundled `digits` (no download), the built-in smoke-test
+  dataset.
 
 All inputs are untrusted (architecture.md section 3): a bad header, a truncated
 payload, a broken gzip stream or a pickle that asks for anything other than
@@ -44,7 +45,8 @@ def _open_maybe_gzip(path: str) -> BinaryIO:
 
 
 def _read_exact(f: BinaryIO, n: int, path: str, what: str) -> bytes:
-  """Reads exactly n bytes in chunks (a lying header cannot force a huge alloc)."""
+  """Reads exactly n bytes."""
+  # In chunks, so that a lying header cannot force a huge allocation.
   parts = []
   remaining = n
   try:
@@ -327,7 +329,11 @@ def read_cifar10(directory: str) -> tuple[np.ndarray, ...]:
 
 
 def read_cifar100(directory: str) -> tuple[np.ndarray, ...]:
-  """Reads `cifar-100-python/` (fine labels): (train_x, train_y, test_x, test_y)."""
+  """Reads `cifar-100-python/` with fine labels.
+
+  Returns:
+    (train_x, train_y, test_x, test_y), uint8 NHWC images and int32 labels.
+  """
   train_x, train_y = read_cifar_batch(
       os.path.join(directory, 'train'), 'fine_labels', 100)
   test_x, test_y = read_cifar_batch(
@@ -372,6 +378,7 @@ def load_digits_arrays(seed: int = 0) -> tuple[np.ndarray, ...]:
   split of 1,437 train / 360 test.
   """
   try:
+    # Imported here: scikit-learn is slow to import and only digits needs it.
     from sklearn import datasets as sk_datasets  # pylint: disable=g-import-not-at-top
   except ImportError as e:  # pragma: no cover
     raise DataError(

@@ -152,6 +152,7 @@ def load_tfds(name: str, data_dir: str | None = None
           f'tfds {name}[{split}]: expected uint8 images [N, H, W, C], got '
           f'{x.dtype} {x.shape}')
     if y.size and (y.min() < 0 or y.max() >= num_classes):
-      raise DataError(f'tfds {name}[{split}]: labels outside [0, {num_classes})')
+      raise DataError(
+          f'tfds {name}[{split}]: labels outside [0, {num_classes})')
   return (np.ascontiguousarray(train_x), train_y.astype(np.int32),
           np.ascontiguousarray(test_x), test_y.astype(np.int32), num_classes)
