@@ -138,9 +138,9 @@ def _sorted_sums(d, s, eligible, rule):
   Ineligible layers sort last (key +inf), so P at eligible positions sums
   eligible layers only while P[-1] is the total D over ALL layers, which is
   what "code" needs (1.3.3) and equals the eligible total for the other rules.
-  d is rescaled by an exact power of two (max d in [0.5, 1)) so that the
-  cross-multiplied products can neither overflow nor underflow; this changes
-  no comparison.
+  d is rescaled by an exact power of two (max d in [0.5, 1)), which changes no
+  rounding, so that the cross-multiplied products stay below S^2 whatever the
+  overall scale of d (no overflow for huge d, no flush-to-zero for tiny d).
   """
   key = -d if rule == "accelerate" else jnp.where(eligible, d, jnp.inf)
   order = jnp.argsort(key, stable=True)
@@ -218,10 +218,12 @@ def select_intervals(discrepancy: ArrayLike,
   return jnp.where(p[-1] > 0, out, base)
 
 
-def selection_curves(discrepancy: ArrayLike,
-                     sizes: ArrayLike,
-                     rule: str = "aaai",
-                     kernel_mask: Optional[ArrayLike] = None) -> SelectionCurves:
+def selection_curves(
+    discrepancy: ArrayLike,
+    sizes: ArrayLike,
+    rule: str = "aaai",
+    kernel_mask: Optional[ArrayLike] = None,
+) -> SelectionCurves:
   """delta_k and lambda_k in the walk order of `rule`, for logging/plots.
 
   These use division and are for display only; `select_intervals` never

@@ -28,7 +28,8 @@ def select_ref(d: Sequence[float],
   if kernel_mask is not None and rule != "code":
     raise ValueError("kernel_mask is only for rule 'code'")
   n = len(d)
-  d = [Fraction(x) for x in d]
+  d = [Fraction(float(x)) for x in d]  # exact: every float is a rational
+  sizes = [int(s) for s in sizes]
   result = [1] * n
   if phi == 1:
     return result
@@ -67,9 +68,9 @@ def select_ref(d: Sequence[float],
 def comm_ratio_ref(mult: Sequence[int], sizes: Sequence[int], phi: int,
                    rule: str) -> Fraction:
   """Steady-state per-window ratio against FedAvg(tau') (section 1.5)."""
-  per_unit = sum(Fraction(s, m) for s, m in zip(sizes, mult))
+  per_unit = sum(Fraction(int(s), int(m)) for s, m in zip(sizes, mult))
   scale = phi if rule == "accelerate" else 1
-  return scale * per_unit / sum(sizes)
+  return scale * per_unit / sum(int(s) for s in sizes)
 
 
 def min_margin(d: Sequence[float], sizes: Sequence[int], rule: str,
@@ -82,7 +83,8 @@ def min_margin(d: Sequence[float], sizes: Sequence[int], rule: str,
   must get it exactly right, and the tests check it separately).
   """
   n = len(d)
-  d = [Fraction(x) for x in d]
+  d = [Fraction(float(x)) for x in d]
+  sizes = [int(s) for s in sizes]
   total_d = sum(d[i] * sizes[i] for i in range(n))
   if total_d == 0 or n == 0:
     return Fraction(1)
