@@ -5,6 +5,7 @@ r"""Command-line entry point: one experiment per command.
 
 Running the same command again on the same --workdir resumes the run.
 """
+import logging as std_logging
 import sys
 
 from absl import app, flags, logging
@@ -20,7 +21,12 @@ flags.mark_flags_as_required(["workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  logging.set_verbosity(logging.INFO)
+  # Progress lines come from the "fedjax_lama" logger; orbax's absl chatter stays quiet.
+  logging.set_verbosity(logging.WARNING)
+  handler = std_logging.StreamHandler(sys.stdout)
+  handler.setFormatter(std_logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+  std_logging.getLogger("fedjax_lama").addHandler(handler)
+  std_logging.getLogger("fedjax_lama").setLevel(std_logging.INFO)
   # Imported here so that --help answers without loading JAX.
   from fedjax_lama import training  # pylint: disable=g-import-not-at-top
   from fedjax_lama.config import ConfigError  # pylint: disable=g-import-not-at-top

@@ -16,13 +16,15 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from absl import logging
+import logging
 
 from fedjax_lama import checkpointing, comm, federation, metrics, models, programs, rng
 from fedjax_lama import config as config_lib
 from fedjax_lama import data as fdata
 from fedjax_lama.engine import evaluate as evaluation
 from fedjax_lama.engine import sharding
+
+logger = logging.getLogger("fedjax_lama")
 
 # Fields that may change between a run and its resumption without changing results.
 RESUMABLE_CHANGES = ("checkpoint_every", "plots", "data_dir", "per_client_eval")
@@ -82,16 +84,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   dataset = fdata.load_dataset(config.dataset, data_dir=data_dir, source=config.data_source)
   config_lib.validate(config, num_classes=dataset.num_classes)
   fed = federation.build_federation(config, dataset)
-  _check_workdir(workdir, config)  # before anything in the workdir is written
+  mesh = sharding.client_mesh()
+  model, params, model_state = _build_model(config, dataset)
+  program = programs.build(config, model, params, model_state, fed, mesh)
 
+  _check_workdir(workdir, config)  # every check passes before the workdir is written
   os.makedirs(workdir, exist_ok=True)
   config_path = os.path.join(workdir, "config.json")
   if not os.path.exists(config_path):
     metrics.write_json(config_path, _config_dict(config))
-
-  mesh = sharding.client_mesh()
-  model, params, model_state = _build_model(config, dataset)
-  program = programs.build(config, model, params, model_state, fed, mesh)
   layer_names, layer_sizes = comm.layer_table(params)
   ledger = comm.Ledger(layer_names, layer_sizes)
 
@@ -108,8 +109,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     ledger.load(meta["ledger"])
     host = meta["host"]
     program.load_host_state(meta.get("program", {}))
-    records = writer.truncate_after(meta["round"])
-    logging.info("Resumed from round %d in %s", meta["round"], workdir)
+    records = writer.truncate_after(meta["round"] + 1)  # records count rounds from 1
+    logger.info("Resumed from round %d in %s", meta["round"], workdir)
   else:
     records = writer.truncate_after(-1)
 
@@ -135,7 +136,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       records.append(record)
       writer.write(record)
       eta = (wall() - wall_offset) / (round_idx + 1 - start_round) * (total_rounds - round_idx - 1)
-      logging.info("round %d/%d  test_acc %.4f  test_loss %.4f  train_loss %.4f  %.1fs  ETA %.1fs",
+      logger.info("round %d/%d  test_acc %.4f  test_loss %.4f  train_loss %.4f  %.1fs  ETA %.1fs",
                    round_idx + 1, total_rounds, record["test_accuracy"], record["test_loss"],
                    record["train_loss"], record["wall_seconds"], eta)
     if (round_idx + 1) % config.checkpoint_every == 0 or last:
@@ -179,8 +180,9 @@ def _per_client(config, program, params, model_state, fed) -> dict:
   ds = fed.dataset
   split = fed.client_test if fed.client_test is not None else fed.client_train
   key = "client_test_accuracy" if fed.client_test is not None else "client_train_accuracy"
-  res = evaluation.evaluate(program.eval_fn, params, model_state, ds.train_x, ds.train_y,
-                            config.eval_batch_size)
+  on_test = fed.client_test is not None and fed.client_test_in == "test"
+  x, y = (ds.test_x, ds.test_y) if on_test else (ds.train_x, ds.train_y)
+  res = evaluation.evaluate(program.eval_fn, params, model_state, x, y, config.eval_batch_size)
   acc = evaluation.per_client_accuracy(res.correct, split)
   acc = acc[np.isfinite(acc)]
   return {f"{key}_mean": float(acc.mean()), f"{key}_var": float(acc.var()),

@@ -11,7 +11,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_lama import rng
 from fedjax_lama.tree import PyTree, tree_where
 
 # loss_fn(params, model_state, x, y, example_mask, key) -> (loss, (new_model_state, num_correct))
@@ -37,12 +36,12 @@ def make_loss_fn(model, has_model_state: bool, label_smoothing: float = 0.0) -> 
 
   def loss_fn(params, model_state, x, y, example_mask, key):
     variables = {"params": params, **({"batch_stats": model_state} if has_model_state else {})}
+    rngs = {"dropout": key} if key is not None else {}
     if has_model_state:
-      logits, updates = model.apply(variables, x, train=True, mutable=["batch_stats"],
-                                    rngs={"dropout": key})
+      logits, updates = model.apply(variables, x, train=True, mutable=["batch_stats"], rngs=rngs)
       new_state = updates["batch_stats"]
     else:
-      logits = model.apply(variables, x, train=True, rngs={"dropout": key})
+      logits = model.apply(variables, x, train=True, rngs=rngs)
       new_state = model_state
     num_classes = logits.shape[-1]
     labels = optax.smooth_labels(jax.nn.one_hot(y, num_classes), label_smoothing) \
@@ -78,16 +77,20 @@ def make_client_train(loss_fn: LossFn, local_tx: optax.GradientTransformation,
                       augment: Optional[Callable[[jax.Array, jax.Array], jax.Array]] = None,
                       unroll: int | bool = 1):
   """Builds `client_train(state, anchor, client_row, data_x, data_y, indices, example_mask,
-  step_mask, key, step_offset) -> (state, StepStats summed over steps)` for ONE client.
+  step_mask, key, step_offset, key_offset=0) -> (state, StepStats summed over steps)` for ONE client.
+
+  step_offset is the global local-step count of the first step (for the LR schedule);
+  step s uses the key fold_in(key, key_offset + s), so a span of steps split into
+  several calls draws the same keys as one call over the whole span.
 
   indices[S, B] are rows of the device-resident training arrays (data_x, data_y);
   the gather happens inside the step, so only indices cross the host boundary.
   """
 
   def client_train(state: LocalState, anchor, client_row, data_x, data_y, indices, example_mask,
-                   step_mask, key, step_offset):
+                   step_mask, key, step_offset, key_offset=0):
     num_steps = indices.shape[0]
-    keys = rng.step_keys(key, num_steps)
+    keys = jax.vmap(lambda s: jax.random.fold_in(key, s))(key_offset + jnp.arange(num_steps))
 
     def step(carry: LocalState, inp):
       idx, emask, smask, k, s = inp
@@ -119,4 +122,4 @@ def make_client_train(loss_fn: LossFn, local_tx: optax.GradientTransformation,
 
 def vmap_clients(client_train):
   """Adds the client axis: state/anchor/data broadcast, per-client rows and batches mapped."""
-  return jax.vmap(client_train, in_axes=(0, None, 0, None, None, 0, 0, 0, 0, None))
+  return jax.vmap(client_train, in_axes=(0, None, 0, None, None, 0, 0, 0, 0, None, None))

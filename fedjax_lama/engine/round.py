@@ -74,7 +74,7 @@ def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, lr_schedule: Cal
     keys = rng.client_keys(rng.round_key(seed, rng.STREAM_TRAIN, round_idx), cohort.client_ids)
     final, stats = client_train(state, server.params, rows, data_x, data_y, cohort.indices,
                                 cohort.example_mask, cohort.step_mask, keys,
-                                round_idx * local_steps)
+                                round_idx * local_steps, 0)
     weights = reduce.client_weights(cohort.client_mask, cohort.num_examples, weighting)
     deltas = jax.vmap(tree_sub, in_axes=(0, None))(final.params, server.params)
     sums = ChunkSums(reduce.weighted_sum(deltas, weights),
