@@ -67,7 +67,7 @@ def base_config() -> ml_collections.ConfigDict:
       "base_interval": 10, "phi": 2, "interval_rule": "aaai", "kernels_only": None,
       "client_sampling": "window", "warmup_windows": 0, "layer_granularity": "tensor",
       "bn_stats_sync": "window", "opt_state_policy": "slot", "fixed_multipliers": None,
-      "total_steps": 0})
+      "total_steps": 0, "local_algorithm": "fedavg"})
   # Run.
   c.eval_every = 1
   c.checkpoint_every = 10
@@ -159,5 +159,9 @@ def _validate_fedlama(c):
                          ("opt_state_policy", ("slot", "reset_on_sample"))):
     if f[field] not in choices:
       _fail(f"fedlama.{field}", f[field], ", ".join(map(repr, choices)))
+  if f.local_algorithm not in ("fedavg", "fedprox"):
+    _fail("fedlama.local_algorithm", f.local_algorithm, "'fedavg', 'fedprox'")
+  if not (isinstance(f.total_steps, int) and f.total_steps >= 0):
+    _fail("fedlama.total_steps", f.total_steps, "an integer >= 0 (0: rounds * window)")
   if not (isinstance(f.warmup_windows, int) and f.warmup_windows >= 0):
     _fail("fedlama.warmup_windows", f.warmup_windows, "an integer >= 0")

@@ -87,7 +87,7 @@ class FedLamaProgram:
   @staticmethod
   def _local_algorithm(config, params):
     """The local optimiser FedLAMA schedules: FedAvg's SGD, or FedProx (AAAI Table 4a)."""
-    name = config.fedlama.get("local_algorithm", "fedavg")
+    name = config.fedlama.local_algorithm
     sub = config.copy_and_resolve_references()
     with sub.unlocked():
       sub.algorithm = name

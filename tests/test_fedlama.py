@@ -93,3 +93,29 @@ def test_adaptive_run_accounts_per_layer(tmp_path):
 def test_window_must_divide_total_steps(tmp_path):
   with pytest.raises(ValueError, match="total_steps"):
     training.train_and_evaluate(_config(**{"fedlama.phi": 3}), str(tmp_path))
+
+
+def test_fedprox_composes_with_fedlama(tmp_path):
+  """AAAI Table 4a runs FedProx + FedLAMA: with mu = 0 it is plain FedLAMA, with mu > 0 it differs."""
+  plain = training.train_and_evaluate(_config(), str(tmp_path / "plain"))
+  prox0 = _config(**{"fedlama.local_algorithm": "fedprox"})
+  prox0.fedprox.mu = 0.0
+  training.train_and_evaluate(prox0, str(tmp_path / "prox0"))
+  _assert_same_run(tmp_path / "plain", tmp_path / "prox0")
+  prox = _config(**{"fedlama.local_algorithm": "fedprox"})
+  prox.fedprox.mu = 1.0
+  s = training.train_and_evaluate(prox, str(tmp_path / "prox"))
+  assert s["final_test_loss"] != plain["final_test_loss"]
+
+
+def test_module_granularity_groups_kernel_and_bias(tmp_path):
+  s = training.train_and_evaluate(_config(**{"fedlama.layer_granularity": "module"}), str(tmp_path))
+  assert len(s["fedlama_layer_names"]) == 3  # three Dense modules of the MLP
+  assert len(s["fedlama_sync_counts"]) == 3
+
+
+def test_top_level_selector_export():
+  import fedjax_lama
+  out = fedjax_lama.select_intervals([3.0, 2.0, 2.0, 0.0625, 1.0, 24.0, 0.125, 1.5],
+                                     [1280, 16, 4608, 20480, 32, 64, 432, 20], 2)
+  np.testing.assert_array_equal(out, [1, 2, 1, 2, 2, 1, 2, 2])
