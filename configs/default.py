@@ -3,6 +3,8 @@
 Runs on a laptop CPU in well under a minute with no download (scikit-learn's
 1,797 real handwritten digits ship with the package).
 """
+import ml_collections
+
 from fedjax_lama.config import base_config
 
 
@@ -11,6 +13,7 @@ def get_config():
   c.algorithm = "fedavg"
   c.dataset = "digits"
   c.model = "mlp"
+  c.model_options = ml_collections.ConfigDict({"hidden_sizes": (128, 128)})
   c.partition = "dirichlet"
   c.dirichlet_concentration = 0.5
   c.min_client_size = 10

@@ -3,6 +3,8 @@
 A FedAvg(tau') baseline is the same config with --config.fedlama.phi=1, and
 FedAvg(phi tau') is --config.fedlama.fixed_multipliers=<phi> (algorithms.md 1.2.4).
 """
+import ml_collections
+
 from fedjax_lama.config import base_config
 
 
@@ -11,6 +13,7 @@ def get_config():
   c.algorithm = "fedlama"
   c.dataset = "digits"
   c.model = "mlp"
+  c.model_options = ml_collections.ConfigDict({"hidden_sizes": (128, 128)})
   c.partition = "dirichlet"
   c.dirichlet_concentration = 0.1
   c.min_client_size = 10

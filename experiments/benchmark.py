@@ -39,9 +39,7 @@ LR = 0.01
 
 def _model(name, conv_impl):
   num_classes = NUM_CLASSES.get(name, 10)
-  if models.uses_conv(name):
-    return models.get(name, num_classes=num_classes, conv_impl=conv_impl), num_classes
-  return models.get(name, num_classes=num_classes), num_classes
+  return models.get(name, num_classes=num_classes, conv_impl=conv_impl), num_classes
 
 
 def _best_time(fn, repeats):

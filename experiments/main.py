@@ -27,6 +27,7 @@ def main(argv):
   handler.setFormatter(std_logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
   std_logging.getLogger("fedjax_lama").addHandler(handler)
   std_logging.getLogger("fedjax_lama").setLevel(std_logging.INFO)
+  std_logging.getLogger("fedjax_lama").propagate = False
   # Imported here so that --help answers without loading JAX.
   from fedjax_lama import training  # pylint: disable=g-import-not-at-top
   from fedjax_lama.config import ConfigError  # pylint: disable=g-import-not-at-top

@@ -60,8 +60,8 @@ def _check_workdir(workdir: str, config) -> None:
 
 def _build_model(config, dataset):
   options = dict(config.model_options.to_dict()) if config.model_options else {}
-  if models.uses_conv(config.model):
-    options.setdefault("conv_impl", models.resolve_conv_impl(config.engine.conv_impl))
+  # Families without convolutions accept and ignore conv_impl.
+  options.setdefault("conv_impl", models.resolve_conv_impl(config.engine.conv_impl))
   model = models.get(config.model, num_classes=dataset.num_classes, **options)
   sample = jnp.asarray(dataset.train_x[:1])
   variables = model.init({"params": rng.root_key(config.seed), "dropout": rng.root_key(config.seed)},
