@@ -82,7 +82,8 @@ class FedLamaProgram:
     self.client_train = local.vmap_clients(local.make_client_train(
         loss_fn, self.algorithm.local_tx, schedule, correction=self.algorithm.correction,
         unroll=config.engine.unroll))
-    self.window_fn = jax.jit(self._window)
+    # The slots are consumed by the window: donating them avoids a copy of m models.
+    self.window_fn = jax.jit(self._window, donate_argnums=(0,))
 
   @staticmethod
   def _local_algorithm(config, params):
