@@ -1,0 +1,96 @@
+"""Models without convolutions: MLPs, logistic regression, the LSTM language
+model (algorithms.md sections 3.6.4 and 4.5.3).
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from fedjax_lama.models import layers
+
+Array = jax.Array
+
+
+class MLP(nn.Module):
+  """Flatten -> [Dense -> ReLU -> Dropout] per hidden size -> Dense(classes).
+
+  With hidden_sizes=(200,), dropout=0.5 and 28x28 inputs this is Fed-LAMB's
+  `mnist_mlp` (4.5.3): 159,010 parameters in 4 tensors.
+  """
+  num_classes: int = 10
+  hidden_sizes: tuple[int, ...] = (128,)
+  dropout: float = 0.0
+  init_style: str = "keras"
+
+  @nn.compact
+  def __call__(self, x: Array, train: bool = False) -> Array:
+    x = x.reshape((x.shape[0], -1))
+    for width in self.hidden_sizes:
+      x = nn.relu(layers.Dense(width, init_style=self.init_style)(x))
+      if self.dropout:
+        x = nn.Dropout(self.dropout)(x, deterministic=not train)
+    return layers.Dense(self.num_classes, init_style=self.init_style)(x)
+
+
+class LogReg(nn.Module):
+  """Logistic regression over a bag-of-words vector (FedAT Sentiment140, 3.6).
+
+  vocab_size * num_classes + num_classes parameters (vocab * 2 + 2 for the
+  binary task). `vocab_size`, when given, is checked against the input width.
+  """
+  num_classes: int = 2
+  vocab_size: int | None = None
+  init_style: str = "keras"
+
+  @nn.compact
+  def __call__(self, x: Array, train: bool = False) -> Array:
+    del train
+    if x.ndim != 2:
+      raise ValueError(
+          f"logreg expects a bag-of-words matrix [batch, vocab_size]; got "
+          f"shape {x.shape}")
+    if self.vocab_size is not None and x.shape[-1] != self.vocab_size:
+      raise ValueError(
+          f"logreg was built with vocab_size={self.vocab_size} but the input "
+          f"has {x.shape[-1]} features")
+    return layers.Dense(self.num_classes, init_style=self.init_style)(
+        x.astype(jnp.float32))
+
+
+def _keras_embedding_init(key, shape, dtype=jnp.float32):
+  """Keras's Embedding default, U(-0.05, 0.05)."""
+  return jax.random.uniform(key, shape, dtype, -0.05, 0.05)
+
+
+class LSTMLM(nn.Module):
+  """FedAT's Reddit next-word model (3.6.4): embedding 10,000 -> 128, LSTM with
+  dropout 0.1, batch normalisation, dense 10,000.
+
+  Input int tokens [batch, time]; output logits [batch, time, vocab]. The
+  paper gives no LSTM width; `hidden_size` defaults to 128, which gives
+  2,701,840 parameters (embedding 1,280,000; LSTM 131,584; BN 256; dense
+  1,290,000). BatchNorm uses Keras defaults (momentum 0.99, eps 1e-3), running
+  statistics in 'batch_stats'. The embedding leaf is named "embedding", not
+  "kernel" (as Keras's "embeddings" is not a kernel either).
+  """
+  num_classes: int = 10_000
+  vocab_size: int = 10_000
+  embed_size: int = 128
+  hidden_size: int = 128
+  dropout: float = 0.1
+
+  @nn.compact
+  def __call__(self, x: Array, train: bool = False) -> Array:
+    if not jnp.issubdtype(x.dtype, jnp.integer) or x.ndim != 2:
+      raise ValueError(
+          f"lstm_lm expects int tokens [batch, time]; got {x.dtype} "
+          f"{x.shape}")
+    x = nn.Embed(self.vocab_size, self.embed_size,
+                 embedding_init=_keras_embedding_init)(x)
+    x = nn.RNN(nn.OptimizedLSTMCell(self.hidden_size))(x)
+    x = nn.Dropout(self.dropout)(x, deterministic=not train)
+    x = nn.BatchNorm(use_running_average=not train, momentum=0.99,
+                     epsilon=1e-3)(x)
+    return layers.Dense(self.num_classes)(x)

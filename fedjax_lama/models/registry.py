@@ -1,0 +1,188 @@
+"""The flat name -> model table (architecture.md 2.4; algorithms.md section 8).
+
+`get(name, num_classes, **options)` returns an unbound `flax.linen.Module`
+whose `__call__(x, train=False)` returns logits. Every model accepts the option
+`conv_impl` ("auto", "lax", "patches", ...; see `layers.resolve_conv_impl`) so
+the engine can pass it uniformly; models without convolutions ignore it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import flax.linen as nn
+
+from fedjax_lama.models import cnn
+from fedjax_lama.models import dense
+from fedjax_lama.models import layers
+from fedjax_lama.models import resnet
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+  """A model family: its builder, accepted options with defaults, a summary."""
+  build: Callable[..., nn.Module]
+  defaults: dict[str, Any]
+  summary: str
+
+
+def _choice(model: str, option: str, value: Any, accepted: tuple[str, ...]):
+  if value not in accepted:
+    raise ValueError(
+        f"model {model!r}: {option}={value!r} is not accepted; use one of "
+        f"{', '.join(repr(a) for a in accepted)}")
+
+
+def _fedat_cnn(name):
+  def build(num_classes, variant, init_style, conv_impl):
+    _choice(name, "variant", variant, ("tf_tutorial", "same_pool3"))
+    return cnn.FedATCNN(num_classes, variant, init_style, conv_impl)
+  return build
+
+
+def _wrn28_10(num_classes, variant, dropout, conv_impl):
+  _choice("wrn28_10", "variant", variant, ("reference", "preact"))
+  if variant == "reference":
+    return resnet.ResNet20(num_classes, widths=(160, 320, 640), blocks=4,
+                           dropout=dropout, bn_epsilon=1e-5,
+                           conv_impl=conv_impl)
+  return resnet.WideResNetPreAct(num_classes, dropout=dropout,
+                                 conv_impl=conv_impl)
+
+
+def _resnet9(num_classes, variant, init_style, conv_impl):
+  _choice("resnet9", "variant", variant, ("he_basic_1111", "dawnbench"))
+  cls = resnet.ResNet9 if variant == "he_basic_1111" else (
+      resnet.ResNet9DawnBench)
+  return cls(num_classes, init_style=init_style, conv_impl=conv_impl)
+
+
+def _lenet(variant):
+  def build(num_classes, init_style, conv_impl):
+    return cnn.LeNet(num_classes, variant, init_style, conv_impl)
+  return build
+
+
+_MODELS: dict[str, _Entry] = {
+    "resnet20": _Entry(
+        lambda num_classes, conv_impl: resnet.ResNet20(
+            num_classes, conv_impl=conv_impl),
+        {}, "FedLAMA reference ResNet20 (1.6.4); 272,762 params (10 classes)"),
+    "wrn28_10": _Entry(
+        _wrn28_10, {"variant": "reference", "dropout": 0.3},
+        "WRN-28-10 (1.6.5); 36,539,124 (100 classes), preact 36,536,884"),
+    "leaf_cnn": _Entry(
+        lambda num_classes, init_style, conv_impl: cnn.LeafCNN(
+            num_classes, init_style, conv_impl),
+        {"init_style": "keras"},
+        "LEAF FEMNIST CNN (1.6.6); 6,603,710 params (62 classes)"),
+    "fedat_cnn": _Entry(
+        _fedat_cnn("fedat_cnn"),
+        {"variant": "tf_tutorial", "init_style": "keras"},
+        "FedAT CNN (3.6.4); 122,570 (32x32x3), 93,322 (28x28x1)"),
+    "cifar_cnn": _Entry(
+        _fedat_cnn("cifar_cnn"),
+        {"variant": "tf_tutorial", "init_style": "torch"},
+        "Fed-LAMB CIFAR CNN (4.5.3), fedat_cnn layout; 122,570"),
+    "mnist_mlp": _Entry(
+        lambda num_classes, dropout, init_style: dense.MLP(
+            num_classes, (200,), dropout, init_style),
+        {"dropout": 0.5, "init_style": "torch"},
+        "Fed-LAMB MNIST MLP 784-200-10 (4.5.3); 159,010"),
+    "mnist_cnn": _Entry(
+        lambda num_classes, dropout, init_style, conv_impl: cnn.MnistCNN(
+            num_classes, dropout, init_style, conv_impl),
+        {"dropout": 0.5, "init_style": "torch"},
+        "Fed-LAMB MNIST CNN (4.5.3); 21,840"),
+    "cifar_lenet": _Entry(
+        _lenet("fedlamb"), {"init_style": "torch"},
+        "Fed-LAMB code's CNNCifar (4.5.3); 62,006"),
+    "fedspeed_lenet": _Entry(
+        _lenet("fedspeed"), {"init_style": "torch"},
+        "FedSpeed code's LeNet (2.3); 797,962 (10 classes)"),
+    "resnet9": _Entry(
+        _resnet9, {"variant": "he_basic_1111", "init_style": "torch"},
+        "Fed-LAMB ResNet-9 (4.5.3); 4,903,242, dawnbench 6,573,120"),
+    "resnet18_gn": _Entry(
+        lambda num_classes, num_groups, conv_impl: resnet.ResNet18GN(
+            num_classes, num_groups, conv_impl),
+        {"num_groups": 2},
+        "FedSpeed ResNet-18-GN (2.3); 11,181,642 (10 classes)"),
+    "logreg": _Entry(
+        lambda num_classes, vocab_size, init_style: dense.LogReg(
+            num_classes, vocab_size, init_style),
+        {"vocab_size": None, "init_style": "keras"},
+        "bag-of-words logistic regression (3.6); vocab*classes+classes"),
+    "lstm_lm": _Entry(
+        lambda num_classes, vocab_size, embed_size, hidden_size, dropout:
+        dense.LSTMLM(num_classes, vocab_size, embed_size, hidden_size,
+                     dropout),
+        {"vocab_size": 10_000, "embed_size": 128, "hidden_size": 128,
+         "dropout": 0.1},
+        "FedAT Reddit LSTM LM (3.6.4); 2,701,840 (10,000 classes)"),
+    "mlp": _Entry(
+        lambda num_classes, hidden_sizes, dropout, init_style: dense.MLP(
+            num_classes, tuple(hidden_sizes), dropout, init_style),
+        {"hidden_sizes": (128,), "dropout": 0.0, "init_style": "keras"},
+        "small MLP (e.g. the built-in 8x8 digits)"),
+}
+
+# Families whose builder takes conv_impl; the others accept and ignore it.
+_CONV = frozenset(n for n, e in _MODELS.items()
+                  if "conv_impl" in e.build.__code__.co_varnames)
+
+
+def names() -> list[str]:
+  """All model names, sorted."""
+  return sorted(_MODELS)
+
+
+def options(name: str) -> dict[str, Any]:
+  """The options `name` accepts, with their defaults (conv_impl included)."""
+  return {**_entry(name).defaults, "conv_impl": "auto"}
+
+
+def _entry(name: str) -> _Entry:
+  if name not in _MODELS:
+    raise ValueError(
+        f"unknown model {name!r}; known models: {', '.join(names())}")
+  return _MODELS[name]
+
+
+def get(name: str, num_classes: int, **opts: Any) -> nn.Module:
+  """Builds model `name` with `num_classes` outputs.
+
+  Args:
+    name: one of `names()`.
+    num_classes: size of the logit axis (for lstm_lm the output vocabulary).
+    **opts: model options, see `options(name)`. `conv_impl` ("auto" by default)
+      is resolved with `layers.resolve_conv_impl`.
+
+  Returns:
+    An unbound flax module; `module.init(rngs, x)` / `module.apply(...)`.
+
+  Raises:
+    ValueError: unknown name, bad num_classes, unknown option or bad value.
+  """
+  entry = _entry(name)
+  if isinstance(num_classes, bool) or not isinstance(num_classes, int) or (
+      num_classes < 1):
+    raise ValueError(
+        f"model {name!r}: num_classes must be a positive int; got "
+        f"{num_classes!r}")
+  unknown = sorted(set(opts) - set(options(name)))
+  if unknown:
+    raise ValueError(
+        f"model {name!r}: unknown option(s) {', '.join(unknown)}; accepted: "
+        f"{', '.join(sorted(options(name)))}")
+  merged = {**entry.defaults, **opts}
+  conv_impl = layers.resolve_conv_impl(merged.pop("conv_impl", "auto"))
+  if "init_style" in merged:
+    layers.initializers(merged["init_style"], 1)  # Validates the name.
+  if "dropout" in merged and not 0.0 <= merged["dropout"] < 1.0:
+    raise ValueError(
+        f"model {name!r}: dropout must be in [0, 1); got {merged['dropout']!r}")
+  if name in _CONV:
+    merged["conv_impl"] = conv_impl
+  return entry.build(num_classes, **merged)

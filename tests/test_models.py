@@ -1,0 +1,563 @@
+"""Tests of the model zoo (algorithms.md section 8) and the CPU convolution plan.
+
+Known answers are the spec's exact parameter counts; the "patches" plan is
+checked against lax convolutions (outputs and gradients), and the engine shape
+jit(vmap(scan)) with "patches" against a per-step loop with "lax".
+"""
+
+import functools
+import math
+
+import flax.linen as nn
+from hypothesis import given, settings, strategies as st
+import jax
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjax_lama import models
+from fedjax_lama.models import layers
+from fedjax_lama.models import resnet
+
+CIFAR = (32, 32, 3)
+MNIST = (28, 28, 1)
+
+# name, num_classes, input shape, options, params, tensors, kernels
+# (algorithms.md section 8 and the sections it points to).
+COUNTS = [
+    ("resnet20", 10, CIFAR, {}, 272_762, 68, 23),
+    ("resnet20", 100, CIFAR, {}, 278_612, 68, 23),
+    ("wrn28_10", 100, CIFAR, {}, 36_539_124, 86, 29),
+    ("wrn28_10", 100, CIFAR, {"variant": "preact"}, 36_536_884, 80, 29),
+    ("wrn28_10", 10, CIFAR, {"variant": "preact"}, 36_479_194, 80, 29),
+    ("leaf_cnn", 62, MNIST, {}, 6_603_710, 8, 4),
+    ("fedat_cnn", 10, CIFAR, {}, 122_570, 10, 5),
+    ("fedat_cnn", 10, MNIST, {}, 93_322, 10, 5),
+    ("fedat_cnn", 10, CIFAR, {"variant": "same_pool3"}, 122_570, 10, 5),
+    ("fedat_cnn", 10, MNIST, {"variant": "same_pool3"}, 93_322, 10, 5),
+    ("mnist_mlp", 10, MNIST, {}, 159_010, 4, 2),
+    ("mnist_cnn", 10, MNIST, {}, 21_840, 8, 4),
+    ("cifar_cnn", 10, CIFAR, {}, 122_570, 10, 5),
+    ("cifar_lenet", 10, CIFAR, {}, 62_006, 10, 5),
+    ("fedspeed_lenet", 10, CIFAR, {}, 797_962, 10, 5),
+    ("resnet9", 10, CIFAR, {}, 4_903_242, 38, 13),
+    ("resnet9", 10, CIFAR, {"variant": "dawnbench"}, 6_573_120, 25, 9),
+    # Stated from the built model (torchvision's ResNet-18 has 11,689,512 for
+    # 1000 classes; GroupNorm has as many parameters as BatchNorm).
+    ("resnet18_gn", 10, CIFAR, {}, 11_181_642, 62, 21),
+    ("resnet18_gn", 100, CIFAR, {}, 11_227_812, 62, 21),
+    ("logreg", 2, (5000,), {"vocab_size": 5000}, 5000 * 2 + 2, 2, 1),
+    # Stated from the built model: embedding 1,280,000 + LSTM 131,584 + BN 256
+    # + dense 1,290,000.
+    ("lstm_lm", 10_000, (20,), {}, 2_701_840, 17, 9),
+    ("mlp", 10, (8, 8, 1), {"hidden_sizes": (32, 16)}, 2_778, 6, 3),
+]
+
+# Running statistics (non-trainable): floats and tensors.
+BATCH_STATS = {"resnet20": (1_600, 44), "wrn28_10": (20_192, 56),
+               "resnet9": (5_760, 24), "lstm_lm": (256, 2)}
+
+CONV_MODELS = ["resnet20", "wrn28_10", "leaf_cnn", "fedat_cnn", "mnist_cnn",
+               "cifar_cnn", "cifar_lenet", "fedspeed_lenet", "resnet9",
+               "resnet18_gn"]
+
+INPUT = {"leaf_cnn": MNIST, "mnist_cnn": MNIST, "mnist_mlp": MNIST,
+         "logreg": (50,), "lstm_lm": (7,), "mlp": (8, 8, 1)}
+
+
+def _sample(name, batch=2, seed=0):
+  shape = INPUT.get(name, CIFAR)
+  rng = np.random.default_rng(seed)
+  if name == "lstm_lm":
+    return jnp.asarray(rng.integers(0, 10_000, size=(batch,) + shape))
+  return jnp.asarray(rng.normal(size=(batch,) + shape), jnp.float32)
+
+
+def _abstract_init(model, x):
+  rngs = {"params": jax.random.PRNGKey(0), "dropout": jax.random.PRNGKey(1)}
+  return jax.eval_shape(lambda x: model.init(rngs, x), x)
+
+
+def _numpy_variables(model, x, seed=0):
+  """Variables of the right tree and shapes, filled from numpy.
+
+  Much cheaper than `model.init` on CPU (no threefry kernels to compile), which
+  keeps the suite short; `init` itself is tested on a few small models.
+  """
+  rng = np.random.default_rng(seed)
+
+  def fill(path, leaf):
+    name = path[-1].key
+    if name == "var":
+      return jnp.ones(leaf.shape, leaf.dtype)
+    if name == "mean":
+      return jnp.zeros(leaf.shape, leaf.dtype)
+    if name == "scale":
+      return jnp.asarray(1 + 0.1 * rng.normal(size=leaf.shape), leaf.dtype)
+    fan_in = math.prod(leaf.shape[:-1]) if leaf.ndim > 1 else 10
+    return jnp.asarray(rng.normal(size=leaf.shape) / math.sqrt(fan_in),
+                       leaf.dtype)
+
+  return jax.tree_util.tree_map_with_path(fill, _abstract_init(model, x))
+
+
+def _size(tree):
+  return sum(math.prod(l.shape) for l in jax.tree_util.tree_leaves(tree))
+
+
+def _leaf_names(tree):
+  return [path[-1].key for path, _ in
+          jax.tree_util.tree_leaves_with_path(tree)]
+
+
+@pytest.mark.parametrize(
+    "name,num_classes,shape,opts,params,tensors,kernels", COUNTS,
+    ids=[f"{c[0]}-{c[1]}-{'x'.join(map(str, c[2]))}-{c[3]}" for c in COUNTS])
+def test_exact_parameter_counts(name, num_classes, shape, opts, params,
+                                tensors, kernels):
+  model = models.get(name, num_classes, **opts)
+  dtype = jnp.int32 if name == "lstm_lm" else jnp.float32
+  variables = _abstract_init(model, jax.ShapeDtypeStruct((1,) + shape, dtype))
+  p = variables["params"]
+  assert _size(p) == params
+  assert len(jax.tree_util.tree_leaves(p)) == tensors
+  assert _leaf_names(p).count("kernel") == kernels
+  if name in BATCH_STATS and opts.get("variant", "reference") == "reference":
+    floats, count = BATCH_STATS[name]
+    assert _size(variables["batch_stats"]) == floats
+    assert len(jax.tree_util.tree_leaves(variables["batch_stats"])) == count
+
+
+def test_resnet20_kernel_shapes_match_spec_table():
+  """algorithms.md 1.6.4: the HWIO kernel shapes and their multiplicities."""
+  model = models.get("resnet20", 10)
+  p = _abstract_init(model, jnp.zeros((1,) + CIFAR))["params"]
+  shapes = sorted(tuple(l.shape) for path, l in
+                  jax.tree_util.tree_leaves_with_path(p)
+                  if path[-1].key == "kernel")
+  expected = sorted(
+      [(3, 3, 3, 16)] + [(3, 3, 16, 16)] * 6 + [(1, 1, 16, 16)]
+      + [(3, 3, 16, 32)] + [(3, 3, 32, 32)] * 5 + [(1, 1, 16, 32)]
+      + [(3, 3, 32, 64)] + [(3, 3, 64, 64)] * 5 + [(1, 1, 32, 64)]
+      + [(64, 10)])
+  assert shapes == expected
+  assert sum(math.prod(s) for s in shapes) == 271_152
+
+
+@pytest.mark.parametrize("name", models.names())
+def test_leaf_names_and_kernel_ranks(name):
+  """Weights of conv/dense layers are "kernel" leaves (FedLAMA's kernel mask)."""
+  model = models.get(name, 10)
+  x = _sample(name, batch=1)
+  p = _abstract_init(model, x)["params"]
+  for path, leaf in jax.tree_util.tree_leaves_with_path(p):
+    key = path[-1].key
+    assert key in ("kernel", "bias", "scale", "embedding"), path
+    if leaf.ndim >= 2:
+      assert key in ("kernel", "embedding"), path
+    else:
+      assert key != "kernel", path
+
+
+@pytest.mark.parametrize("name", CONV_MODELS)
+def test_conv_impls_share_the_parameter_tree(name):
+  shapes = {}
+  impls = (models.CONV_IMPLS if name in ("fedat_cnn", "resnet20")
+           else ("lax", "patches"))
+  for impl in impls:
+    model = models.get(name, 10, conv_impl=impl)
+    variables = _abstract_init(model, _sample(name, batch=1))
+    shapes[impl] = jax.tree_util.tree_map(lambda l: (l.shape, l.dtype),
+                                          variables)
+  for impl in impls:
+    assert shapes[impl] == shapes["lax"], impl
+
+
+def _loss_and_grads(model, variables, x, train):
+  y = jnp.arange(x.shape[0]) % 10
+
+  def loss(params):
+    v = {**variables, "params": params}
+    if train and "batch_stats" in variables:
+      logits, _ = model.apply(v, x, train=True, mutable=["batch_stats"])
+    else:
+      logits = model.apply(v, x, train=False)
+    return optax.softmax_cross_entropy_with_integer_labels(
+        logits, y).mean(), logits
+
+  return jax.jit(jax.value_and_grad(loss, has_aux=True))(variables["params"])
+
+
+@pytest.mark.parametrize("name,with_grads", [
+    ("fedat_cnn", False),
+    pytest.param("fedat_cnn", True, marks=pytest.mark.slow),
+    pytest.param("mnist_cnn", True, marks=pytest.mark.slow),
+    pytest.param("resnet20", True, marks=pytest.mark.slow),
+    pytest.param("leaf_cnn", False, marks=pytest.mark.slow),
+    pytest.param("resnet9", False, marks=pytest.mark.slow),
+    pytest.param("resnet18_gn", False, marks=pytest.mark.slow),
+    pytest.param("fedspeed_lenet", False, marks=pytest.mark.slow)])
+def test_patches_matches_lax_outputs_and_gradients(name, with_grads):
+  x = _sample(name, batch=3)
+  ref_model = models.get(name, 10, conv_impl="lax")
+  variables = _numpy_variables(ref_model, x)
+  train = "batch_stats" in variables  # Batch statistics in the forward pass.
+  (ref_loss, ref_logits), ref_grads = _loss_and_grads(ref_model, variables, x,
+                                                      train)
+  model = models.get(name, 10, conv_impl="patches")
+  (loss, logits), grads = _loss_and_grads(model, variables, x, train)
+  np.testing.assert_allclose(logits, ref_logits, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+  if with_grads:
+    for g, r in zip(jax.tree_util.tree_leaves(grads),
+                    jax.tree_util.tree_leaves(ref_grads)):
+      np.testing.assert_allclose(g, r, rtol=1e-3,
+                                 atol=1e-4 * float(jnp.max(jnp.abs(r))) + 1e-6)
+
+
+# (input HxW, cin, cout, kernel, strides, padding): the cases the zoo uses
+# (SAME stride 2 pads (0, 1) like TF; PyTorch-style explicit padding; 1x1
+# stride-2 projections; 7x7/2 stem) plus odd shapes.
+CONV_CASES = [
+    ((9, 10), 3, 4, (3, 3), (1, 1), "SAME"),
+    ((9, 10), 2, 3, (3, 3), (2, 2), "SAME"),
+    ((8, 8), 2, 3, (3, 3), (2, 2), ((1, 1), (1, 1))),
+    ((9, 9), 3, 2, (1, 1), (2, 2), "VALID"),
+    ((9, 9), 3, 2, (1, 1), (2, 2), "SAME"),
+    ((11, 12), 1, 3, (5, 5), (1, 1), "VALID"),
+    ((11, 12), 2, 2, (5, 5), (1, 1), "SAME"),
+    ((13, 11), 3, 2, (7, 7), (2, 2), ((3, 3), (3, 3))),
+    ((7, 8), 2, 2, (2, 3), (1, 2), ((0, 2), (1, 0))),
+    # Tall maps with >= 8 input and <= 32 output channels take the row-shift
+    # path of "patches".
+    ((16, 10), 8, 4, (3, 3), (1, 1), "SAME"),
+    ((18, 9), 8, 3, (3, 3), (1, 2), "VALID"),
+]
+_ROW_SHIFT_CASES = [c for c in CONV_CASES if c[4][0] == 1]
+
+
+def _conv_case_args(case):
+  hw, cin, cout, k, _, _ = case
+  rng = np.random.default_rng(CONV_CASES.index(case))
+  return (jnp.asarray(rng.normal(size=(2,) + hw + (cin,)), jnp.float32),
+          jnp.asarray(rng.normal(size=k + (cin, cout)), jnp.float32))
+
+
+def _conv_values_and_grads(impl, cases):
+  """sin(conv).sum() of every case and its gradients, in one jit, one plan."""
+  conv = (layers.row_shift_conv if impl == "row_shift"
+          else functools.partial(layers.conv, impl=impl))
+
+  def loss(args):
+    values = [jnp.sum(jnp.sin(conv(x, w, s, p)))
+              for (x, w), (_, _, _, _, s, p) in zip(args, cases)]
+    return sum(values), values
+
+  (_, values), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(
+      [_conv_case_args(c) for c in cases])
+  return list(zip(values, grads))
+
+
+def _assert_conv_plan_matches_lax(impl, cases, reference):
+  missing = [c for c in cases if c not in reference]
+  if missing:
+    reference.update(zip(missing, _conv_values_and_grads("lax", missing)))
+  got = _conv_values_and_grads(impl, cases)
+  for case, (v, (gx, gw)) in zip(cases, got):
+    rv, (rgx, rgw) = reference[case]
+    np.testing.assert_allclose(v, rv, rtol=1e-4, atol=1e-4, err_msg=str(case))
+    np.testing.assert_allclose(gx, rgx, rtol=1e-4, atol=1e-4,
+                               err_msg=str(case))
+    np.testing.assert_allclose(gw, rgw, rtol=1e-4, atol=1e-4,
+                               err_msg=str(case))
+
+
+@pytest.fixture(scope="module")
+def lax_conv_reference():
+  """case -> lax values and gradients, filled on demand (one jit per batch)."""
+  return {}
+
+
+# The 5x5 SAME and 7x7/2 cases compile slowly; they run with -m slow.
+_FAST_CONV_CASES = [c for c in CONV_CASES if c[3][0] < 5 or c[5] == "VALID"]
+
+
+@pytest.mark.parametrize("impl,cases", [
+    ("patches", _FAST_CONV_CASES),
+    pytest.param("patches", CONV_CASES, marks=pytest.mark.slow),
+    # "patches" takes the row-shift path on the last two cases only.
+    ("im2col", CONV_CASES[-2:]),
+    ("row_shift", [c for c in _ROW_SHIFT_CASES if c in _FAST_CONV_CASES]),
+    pytest.param("row_shift", _ROW_SHIFT_CASES, marks=pytest.mark.slow),
+    # The benchmark-only plans, on the cheaper cases (compile time).
+    pytest.param("patches_xla", CONV_CASES[:5] + CONV_CASES[-3:],
+                 marks=pytest.mark.slow),
+    pytest.param("shifted_sum", CONV_CASES[:5] + CONV_CASES[-3:],
+                 marks=pytest.mark.slow)])
+def test_conv_plans_equal_lax_conv(impl, cases, lax_conv_reference):
+  """Every plan computes the same convolution, input and kernel gradients."""
+  _assert_conv_plan_matches_lax(impl, cases, lax_conv_reference)
+
+
+@pytest.mark.parametrize("window,strides,padding", [
+    ((2, 2), (2, 2), "VALID"), ((3, 3), (2, 2), ((1, 1), (1, 1))),
+    ((3, 3), (1, 1), "SAME"), ((2, 2), (2, 2), "SAME")])
+def test_max_pool_plans_agree(window, strides, padding):
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 9, 11, 3)),
+                  jnp.float32)
+  f = lambda impl: jax.jit(jax.value_and_grad(lambda x: jnp.sum(jnp.sin(
+      layers.max_pool(x, window, strides, padding, impl)))))(x)
+  (v, g), (rv, rg) = f("patches"), f("lax")
+  np.testing.assert_allclose(v, rv, rtol=1e-6)
+  np.testing.assert_allclose(g, rg, rtol=1e-6, atol=1e-7)
+
+
+def test_vmapped_scan_with_patches_equals_per_step_loop_with_lax():
+  """The engine shape jit(vmap(scan)) under "patches" reproduces FedJAX's loop."""
+  clients, steps, batch, lr = 2, 3, 4, 0.05
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(clients, steps, batch) + CIFAR), jnp.float32)
+  y = jnp.asarray(rng.integers(0, 10, size=(clients, steps, batch)))
+
+  def sgd(model):
+    def step(p, xy):
+      g = jax.grad(lambda p: optax.softmax_cross_entropy_with_integer_labels(
+          model.apply(p, xy[0]), xy[1]).mean())(p)
+      return jax.tree_util.tree_map(lambda a, b: a - lr * b, p, g), None
+    return step
+
+  lax_model = models.get("fedat_cnn", 10, conv_impl="lax")
+  params = _numpy_variables(lax_model, x[0, 0])
+  step = jax.jit(lambda p, xb, yb: sgd(lax_model)(p, (xb, yb))[0])
+  expected = []
+  for c in range(clients):
+    p = params
+    for k in range(steps):
+      p = step(p, x[c, k], y[c, k])
+    expected.append(p)
+  expected = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *expected)
+
+  local = lambda p, xs, ys: lax.scan(
+      sgd(models.get("fedat_cnn", 10, conv_impl="patches")), p, (xs, ys))[0]
+  got = jax.jit(jax.vmap(local, in_axes=(None, 0, 0)))(params, x, y)
+  for g, e in zip(jax.tree_util.tree_leaves(got),
+                  jax.tree_util.tree_leaves(expected)):
+    np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,num_classes,out", [
+    ("fedat_cnn", 10, (2, 10)), ("mnist_cnn", 10, (2, 10)),
+    ("mnist_mlp", 10, (2, 10)), ("logreg", 2, (2, 2)),
+    ("lstm_lm", 10_000, (2, 7, 10_000)), ("mlp", 10, (2, 10)),
+    pytest.param("cifar_lenet", 10, (2, 10), marks=pytest.mark.slow),
+    pytest.param("resnet20", 10, (2, 10), marks=pytest.mark.slow),
+    pytest.param("leaf_cnn", 62, (2, 62), marks=pytest.mark.slow),
+    pytest.param("resnet9", 10, (2, 10), marks=pytest.mark.slow)])
+def test_output_shapes_and_deterministic_apply(name, num_classes, out):
+  model = models.get(name, num_classes, conv_impl="patches")
+  x = _sample(name)
+  variables = _numpy_variables(model, x)
+  apply = jax.jit(model.apply)
+  y = apply(variables, x)
+  assert y.shape == out and y.dtype == jnp.float32
+  assert np.all(np.isfinite(y))
+  np.testing.assert_array_equal(y, apply(variables, x))
+
+
+@pytest.mark.parametrize("name", ["mlp"])
+def test_init_is_a_function_of_the_key(name):
+  model = models.get(name, 10)
+  x = _sample(name)
+  init = jax.jit(model.init)
+  v1, v2, v3 = (init(jax.random.PRNGKey(k), x) for k in (3, 3, 4))
+  jax.tree_util.tree_map(np.testing.assert_array_equal, v1, v2)
+  assert all(not np.array_equal(a, b) for a, b in zip(
+      jax.tree_util.tree_leaves(v1["params"]),
+      jax.tree_util.tree_leaves(v3["params"])) if np.any(a != 0))
+
+
+@pytest.mark.parametrize("name,shape", [
+    ("resnet18_gn", CIFAR), ("wrn28_10", CIFAR)])
+def test_output_shapes_of_big_models_abstractly(name, shape):
+  model = models.get(name, 100)
+  x = jax.ShapeDtypeStruct((2,) + shape, jnp.float32)
+  variables = _abstract_init(model, x)
+  out = jax.eval_shape(
+      lambda v, x: model.apply(v, x, train=True, mutable=["batch_stats"],
+                               rngs={"dropout": jax.random.PRNGKey(0)}),
+      variables, x)
+  assert out[0].shape == (2, 100)
+
+
+def test_batchnorm_train_updates_running_stats_eval_uses_them():
+  """Train mode normalises with batch statistics and updates the running ones
+  with Keras momentum 0.99 (1.6.4); eval mode uses the running ones.
+
+  A narrow, shallow instance of the resnet20 class keeps the test fast.
+  """
+  model = resnet.ResNet20(10, widths=(4, 8), blocks=1, conv_impl="lax")
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(4, 12, 12, 3)) * 2
+                  + 0.5, jnp.float32)
+  variables = _numpy_variables(model, x)
+  with pytest.raises(Exception):  # batch_stats must be declared mutable.
+    model.apply(variables, x, train=True)
+  train_apply = jax.jit(functools.partial(model.apply, train=True,
+                                          mutable=["batch_stats"]))
+  eval_apply = jax.jit(model.apply)
+  logits, updates = train_apply(variables, x)
+  new = updates["batch_stats"]
+  # The stem BN's new mean is 0.99 * 0 + 0.01 * the batch mean of the stem conv.
+  stem = lax.conv_general_dilated(
+      x, variables["params"]["Conv_0"]["kernel"], (1, 1), "SAME",
+      dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  np.testing.assert_allclose(new["BatchNorm_0"]["mean"],
+                             0.01 * stem.mean(axis=(0, 1, 2)), rtol=1e-4,
+                             atol=1e-7)
+  np.testing.assert_allclose(
+      new["BatchNorm_0"]["var"], 0.99 + 0.01 * stem.var(axis=(0, 1, 2)),
+      rtol=1e-4)
+  eval_logits = eval_apply(variables, x)  # train=False: running stats.
+  assert not np.allclose(eval_logits, logits)
+  # Eval mode treats examples independently; train mode does not.
+  other = x.at[1:].set(-x[1:])
+  np.testing.assert_allclose(eval_apply(variables, other)[0], eval_logits[0],
+                             rtol=1e-5, atol=1e-6)
+  assert not np.allclose(train_apply(variables, other)[0][0], logits[0])
+
+
+@pytest.mark.parametrize(
+    "name", ["mnist_mlp", pytest.param("mnist_cnn", marks=pytest.mark.slow)])
+def test_dropout_uses_the_dropout_rng_in_train_mode_only(name):
+  model = models.get(name, 10)
+  x = _sample(name, batch=4)
+  variables = _numpy_variables(model, x)
+  apply = jax.jit(functools.partial(model.apply, train=True))
+  train = lambda k: apply(variables, x, rngs={"dropout": jax.random.PRNGKey(k)})
+  np.testing.assert_array_equal(train(1), train(1))
+  assert not np.allclose(train(1), train(2))
+  assert not np.allclose(train(1), jax.jit(model.apply)(variables, x))
+  with pytest.raises(Exception):  # No dropout rng in train mode.
+    apply(variables, x)
+
+
+def test_mnist_cnn_dropout_drops_whole_channels():
+  """Channel dropout (4.5.3): a dropped feature map is zero everywhere."""
+  model = models.get("mnist_cnn", 10)
+  x = _sample("mnist_cnn", batch=2)
+  variables = _numpy_variables(model, x)
+  # The second conv's output, as the dropout layer sees it.
+  _, state = jax.jit(functools.partial(
+      model.apply, train=True, capture_intermediates=True,
+      rngs={"dropout": jax.random.PRNGKey(0)}))(variables, x)
+  inter = state["intermediates"]
+  before = inter["Conv_1"]["__call__"][0]
+  y = inter["Dropout_0"]["__call__"][0]
+  np.testing.assert_allclose(y[y != 0], 2 * before[y != 0], rtol=1e-6)
+  y = jnp.where(y != 0, 2.0, 0.0)
+  per_map = y.reshape(2, 64, 20)
+  dropped, kept = (per_map == 0).all(axis=1), (per_map == 2).all(axis=1)
+  assert np.all(dropped | kept) and dropped.any() and kept.any()
+
+
+def test_init_styles():
+  shapes = ((3, 3, 32, 64), (1024, 64))
+
+  def sample(key):
+    out = {}
+    for style in ("torch", "keras"):
+      out[style] = []
+      for shape in shapes:
+        kernel_init, bias_init = layers.initializers(style,
+                                                     math.prod(shape[:-1]))
+        out[style].append((kernel_init(key, shape),
+                           bias_init(key, shape[-1:])))
+    return out
+
+  draws = jax.jit(sample)(jax.random.PRNGKey(0))
+  for shape, (kernel, bias) in zip(shapes, draws["torch"]):
+    # U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for kernels and biases alike.
+    bound = 1 / math.sqrt(math.prod(shape[:-1]))
+    assert np.abs(kernel).max() <= bound and np.abs(bias).max() <= bound
+    assert np.abs(kernel).max() > 0.9 * bound and np.any(bias != 0)
+  for shape, (kernel, bias) in zip(shapes, draws["keras"]):
+    # Glorot-uniform, zero biases.
+    fan_in, fan_out = math.prod(shape[:-1]), math.prod(shape[:-2]) * shape[-1]
+    bound = math.sqrt(6 / (fan_in + fan_out))
+    assert np.abs(kernel).max() <= bound and np.all(bias == 0)
+    assert np.abs(kernel).max() > 0.9 * bound
+
+
+@settings(max_examples=10, deadline=None)
+@given(vocab=st.integers(1, 3000), classes=st.integers(1, 5))
+def test_logreg_count_is_vocab_times_classes_plus_classes(vocab, classes):
+  model = models.get("logreg", classes, vocab_size=vocab)
+  p = _abstract_init(model, jnp.zeros((1, vocab)))["params"]
+  assert _size(p) == vocab * classes + classes
+
+
+def test_logreg_rejects_a_mismatched_vocabulary():
+  model = models.get("logreg", 2, vocab_size=10)
+  with pytest.raises(ValueError, match="vocab_size=10"):
+    model.init(jax.random.PRNGKey(0), jnp.zeros((1, 11)))
+
+
+def test_lstm_lm_rejects_float_input():
+  with pytest.raises(ValueError, match="int tokens"):
+    models.get("lstm_lm", 10_000).init(jax.random.PRNGKey(0),
+                                       jnp.zeros((1, 5)))
+
+
+def test_unknown_name_lists_known_models():
+  with pytest.raises(ValueError, match="unknown model 'resnet21'.*resnet20"):
+    models.get("resnet21", 10)
+
+
+def test_unknown_or_bad_options_are_named():
+  with pytest.raises(ValueError, match="unknown option.*widht.*accepted"):
+    models.get("resnet20", 10, widht=3)
+  with pytest.raises(ValueError, match="variant='wide'.*'reference'"):
+    models.get("wrn28_10", 100, variant="wide")
+  with pytest.raises(ValueError, match="variant.*'dawnbench'"):
+    models.get("resnet9", 10, variant="resnet9")
+  with pytest.raises(ValueError, match="conv_impl='cudnn'"):
+    models.get("fedat_cnn", 10, conv_impl="cudnn")
+  with pytest.raises(ValueError, match="init_style='he'"):
+    models.get("cifar_cnn", 10, init_style="he")
+  with pytest.raises(ValueError, match="num_classes"):
+    models.get("fedat_cnn", 0)
+  with pytest.raises(ValueError, match="dropout"):
+    models.get("mnist_mlp", 10, dropout=1.5)
+
+
+def test_every_model_accepts_conv_impl():
+  for name in models.names():
+    assert "conv_impl" in models.options(name)
+    models.get(name, 10, conv_impl="auto")
+
+
+def test_resolve_conv_impl():
+  assert models.resolve_conv_impl("auto", "cpu") == "patches"
+  assert models.resolve_conv_impl("auto", "gpu") == "lax"
+  assert models.resolve_conv_impl("auto", "tpu") == "lax"
+  assert models.resolve_conv_impl("auto") == (
+      "patches" if jax.default_backend() == "cpu" else "lax")
+  assert models.resolve_conv_impl("lax") == "lax"
+  with pytest.raises(ValueError, match="'auto'"):
+    models.resolve_conv_impl("fast")
+
+
+def test_conv_patches_orders_patch_channels_as_hwio():
+  """Known answer: a 2x2 kernel with one non-zero tap selects that shift."""
+  x = jnp.arange(1 * 3 * 3 * 2, dtype=jnp.float32).reshape(1, 3, 3, 2)
+  w = jnp.zeros((2, 2, 2, 1)).at[1, 0, 1, 0].set(1.0)  # tap (1, 0), channel 1
+  for conv in (layers.im2col_conv, layers.row_shift_conv):
+    y = conv(x, w, (1, 1), "VALID")
+    np.testing.assert_array_equal(y[0, :, :, 0], x[0, 1:, :2, 1])
+
+
+def test_row_shift_conv_rejects_stride_along_h():
+  with pytest.raises(ValueError, match="stride 1 along H"):
+    layers.row_shift_conv(jnp.zeros((1, 8, 8, 2)), jnp.zeros((3, 3, 2, 2)),
+                          (2, 1), "SAME")
