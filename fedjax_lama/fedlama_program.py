@@ -83,7 +83,12 @@ class FedLamaProgram:
         loss_fn, self.algorithm.local_tx, schedule, correction=self.algorithm.correction,
         unroll=config.engine.unroll))
     # The slots are consumed by the window: donating them avoids a copy of m models.
-    self.window_fn = jax.jit(self._window, donate_argnums=(0,))
+    # Outputs keep the state's placement (slots split over clients, the rest replicated),
+    # so window 2 reuses window 1's executable.
+    replicated = sharding.replicated_sharding(mesh)
+    state_shardings = FedLamaState(sharding.clients_sharding(mesh), *[replicated] * 6)
+    self.window_fn = jax.jit(self._window, donate_argnums=(0,),
+                             out_shardings=(state_shardings, replicated, replicated, replicated))
 
   @staticmethod
   def _local_algorithm(config, params):
@@ -101,11 +106,11 @@ class FedLamaProgram:
                              broadcast_clients(self.model_state, m),
                              broadcast_clients(self.algorithm.local_tx.init(self.params), m))
     num_layers = len(self.spec.sizes)
-    state = FedLamaState(sharding.shard_clients(slots, self.mesh), self.params, self.model_state,
-                         jnp.zeros(num_layers, jnp.float32),
-                         self.fixed if self.fixed is not None else self.base,
-                         jnp.zeros(num_layers, jnp.int32), jnp.zeros((), jnp.int32))
-    return state
+    rest = sharding.replicate(
+        (self.params, self.model_state, jnp.zeros(num_layers, jnp.float32),
+         self.fixed if self.fixed is not None else self.base,
+         jnp.zeros(num_layers, jnp.int32), jnp.zeros((), jnp.int32)), self.mesh)
+    return FedLamaState(sharding.shard_clients(slots, self.mesh), *rest)
 
   # ---- one window, jitted ----------------------------------------------------------------
   def _window(self, state: FedLamaState, data_x, data_y, cohorts: round_lib.Cohort, window):
@@ -149,7 +154,7 @@ class FedLamaProgram:
       selected = sel.select_intervals(d, jnp.asarray(self.spec.sizes), self.phi, self.rule,
                                       self.kernel_mask)
       new_mult = jnp.where(window >= f.warmup_windows, selected, self.base).astype(jnp.int32)
-    new_state = FedLamaState(slots, u, global_stats, d, new_mult, counts, window + 1)
+    new_state = FedLamaState(slots, u, global_stats, d, new_mult, counts, state.window + 1)
     return new_state, stats_sum, mult, sync
 
   # ---- host side -------------------------------------------------------------------------
@@ -176,15 +181,13 @@ class FedLamaProgram:
 
   def run_round(self, state: FedLamaState, window: int):
     cohorts = self._pack_window(window)
-    cohorts = jax.tree_util.tree_map(
-        lambda a: jax.device_put(a, jax.sharding.NamedSharding(
-            self.mesh, jax.sharding.PartitionSpec(None, sharding.AXIS))), cohorts)
+    n_real = int(cohorts.client_mask[0].sum())
+    cohorts = sharding.shard_clients(cohorts, self.mesh, axis=1)
     mult = np.asarray(state.multipliers)
     counts_before = np.asarray(state.sync_counts)
     state, stats, _, _ = self.window_fn(state, self.data_x, self.data_y, cohorts, window)
     stats = np.asarray(stats)
     synced = np.asarray(state.sync_counts) - counts_before  # per layer, this window
-    n_real = int(np.asarray(cohorts.client_mask)[0].sum())
     per_layer = synced * self.spec.sizes * n_real
     # Per-layer floats into the ledger's per-leaf layout (tensor granularity: identical).
     leaf_floats = self._per_leaf(per_layer)

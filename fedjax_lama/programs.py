@@ -14,8 +14,9 @@ import numpy as np
 import optax
 
 from fedjax_lama import algorithms, federation
+from fedjax_lama import config as config_lib
 from fedjax_lama import data as fdata
-from fedjax_lama.engine import evaluate, local, round as round_lib, sharding
+from fedjax_lama.engine import client_store, evaluate, local, round as round_lib, sharding
 from fedjax_lama.tree import leaf_sizes
 
 
@@ -81,65 +82,122 @@ def pack(config, fed, ids, round_idx, num_clients_padded, num_steps) -> round_li
                           batch.client_ids.astype(np.int32), batch.num_examples.astype(np.float32))
 
 
-class SyncProgram:
-  """FedAvg-family rounds: sample, train every client from the server model, average."""
+class _RoundTotals(NamedTuple):
+  """A round's running sums over its chunks, kept on device until the round ends."""
+  sums: round_lib.ChunkSums
+  loss_sum: jax.Array
+  count: jax.Array
 
-  def __init__(self, config, model, params, model_state, fed, mesh):
+
+def _add_chunk(totals: _RoundTotals, sums: round_lib.ChunkSums,
+               stats: round_lib.ClientStats) -> _RoundTotals:
+  return _RoundTotals(round_lib.add_sums(totals.sums, sums),
+                      totals.loss_sum + jnp.sum(stats.loss_sum),
+                      totals.count + jnp.sum(stats.count))
+
+
+class SyncProgram:
+  """FedAvg-family rounds: sample, train every client from the server model, average.
+
+  A round runs its cohort in chunks of `chunk_size` clients (config.engine.clients_per_chunk,
+  default the whole static cohort), each chunk a fixed-shape packed cohort split over the
+  "clients" mesh axis. Per chunk the host makes O(1) dispatches whatever the number of
+  clients: one transfer of the packed arrays, the jitted chunk, one jitted accumulation
+  (plus one gather and one scatter when the algorithm keeps per-client rows); the round
+  ends with one server update and one device->host read of the loss. Sums are (weighted
+  sum, weight) pairs, so chunked and unchunked rounds reduce the same quantities
+  (architecture.md 2.2, "Chunking"). Jitted outputs keep the placement of their inputs
+  (server replicated, per-client arrays split over clients), so every round after the
+  first reuses the first round's executables.
+
+  Per-client persistent state (algorithm.client_row_init) lives in a
+  `client_store.ClientStore`, on device or, with config.engine.client_state_on_host, in
+  host memory. `run_round` consumes its `state`: the store is updated in place.
+  """
+
+  def __init__(self, config, model, params, model_state, fed, mesh,
+               algorithm: Optional[algorithms.Algorithm] = None):
+    """algorithm: overrides the one named by config.algorithm (tests, custom algorithms)."""
     self.config, self.fed, self.mesh = config, fed, mesh
-    self.algorithm = build_algorithm(config, params)
+    self.algorithm = algorithm if algorithm is not None else build_algorithm(config, params)
+    self.on_host = config.engine.get("client_state_on_host", False)
+    if not isinstance(self.on_host, bool):
+      raise config_lib.ConfigError(
+          f"config.engine.client_state_on_host={self.on_host!r} is not accepted; accepted: "
+          "True or False")
     has_state = bool(jax.tree_util.tree_leaves(model_state))
     self.num_steps = steps_per_round(config, fed)
     self.num_rounds = config.rounds
     self.eval_every = config.eval_every
     loss_fn = local.make_loss_fn(model, has_state, config.label_smoothing)
     schedule = make_lr_schedule(config, config.rounds * self.num_steps)
-    self.train_chunk, self.server_update = round_lib.make_round_fns(
+    train_chunk, server_update = round_lib.make_round_fns(
         loss_fn, self.algorithm, schedule, seed=config.seed, weighting=config.weighting,
         local_steps=self.num_steps, unroll=config.engine.unroll)
+    replicated = sharding.replicated_sharding(mesh)
+    clients = sharding.clients_sharding(mesh)
+    self.train_chunk = jax.jit(train_chunk, out_shardings=(replicated, clients, clients))
+    self.server_update = jax.jit(server_update, out_shardings=replicated)
+    self._add_chunk = jax.jit(_add_chunk, out_shardings=replicated)
     self.eval_fn = evaluate.make_eval_fn(model, has_state)
     self.params, self.model_state = params, model_state
-    self.data_x = sharding.replicate(jnp.asarray(fed.dataset.train_x), mesh)
-    self.data_y = sharding.replicate(jnp.asarray(fed.dataset.train_y, jnp.int32), mesh)
+    self.data_x = sharding.replicate(np.asarray(fed.dataset.train_x), mesh)
+    self.data_y = sharding.replicate(np.asarray(fed.dataset.train_y, np.int32), mesh)
     cap = config.engine.clients_per_chunk or federation.max_cohort(config, fed.num_clients)
     self.chunk_size = sharding.padded_size(cap, mesh)
     self.sizes = leaf_sizes(params)
-    self._gather = jax.jit(round_lib.gather_rows)
-    self._scatter = jax.jit(round_lib.scatter_rows)
+    zeros = lambda t: jax.tree_util.tree_map(lambda x: np.zeros(np.shape(x), np.float32), t)
+    self._zero_totals = sharding.replicate(_RoundTotals(
+        round_lib.ChunkSums(zeros(params), zeros(model_state), np.float32(0)),
+        np.float32(0), np.float32(0)), mesh)
+    self.store: Optional[client_store.ClientStore] = None
 
   def init_state(self):
     server = round_lib.ServerState(self.params, self.model_state,
                                    self.algorithm.server_tx.init(self.params))
     rows = {}
     if self.algorithm.client_row_init is not None:
-      row = self.algorithm.client_row_init(self.params)
-      rows = jax.tree_util.tree_map(
-          lambda x: jnp.zeros((self.fed.num_clients,) + x.shape, x.dtype) + x, row)
+      self.store = client_store.ClientStore.create(
+          self.algorithm.client_row_init(self.params), self.fed.num_clients, self.mesh,
+          on_host=self.on_host)
+      rows = self.store.rows
     return {"server": sharding.replicate(server, self.mesh), "rows": rows}
+
+  def _adopt_rows(self, rows):
+    """The store behind `rows`: ours, or a new one for rows restored from a checkpoint."""
+    if self.algorithm.client_row_init is None:
+      return None
+    if self.store is None or rows is not self.store.rows:
+      self.store = None  # drop the old rows before adopting the new ones
+      # The state hands its rows over (no second copy of N rows on host).
+      self.store = client_store.ClientStore(rows, self.mesh, on_host=self.on_host,
+                                            num_clients=self.fed.num_clients, copy=False)
+    return self.store
 
   def run_round(self, state, round_idx: int):
     ids = federation.sample_round(self.config, self.fed.num_clients, round_idx)
-    server, rows = state["server"], state["rows"]
-    sums, loss, count = None, 0.0, 0.0
+    server = state["server"]
+    store = self._adopt_rows(state["rows"])
+    totals = self._zero_totals
     for start in range(0, len(ids), self.chunk_size):
       group = ids[start:start + self.chunk_size]
-      cohort = sharding.shard_clients(
-          pack(self.config, self.fed, group, round_idx, self.chunk_size, self.num_steps), self.mesh)
-      chunk_rows = self._gather(rows, cohort.client_ids) if rows else {}
-      s, new_rows, stats = self.train_chunk(server, chunk_rows, self.data_x, self.data_y, cohort,
-                                            round_idx)
-      if rows:
-        rows = self._scatter(rows, cohort.client_ids, cohort.client_mask, new_rows)
-      sums = s if sums is None else round_lib.add_sums(sums, s)
-      loss += float(jnp.sum(stats.loss_sum))
-      count += float(jnp.sum(stats.count))
-    if sums is not None:
-      server = self.server_update(server, sums)
+      packed = pack(self.config, self.fed, group, round_idx, self.chunk_size, self.num_steps)
+      cohort = sharding.shard_clients(packed, self.mesh)
+      rows = store.gather(packed.client_ids) if store is not None else {}
+      sums, new_rows, stats = self.train_chunk(server, rows, self.data_x, self.data_y, cohort,
+                                               round_idx)
+      if store is not None:
+        store.scatter(packed.client_ids, packed.client_mask, new_rows)
+      totals = self._add_chunk(totals, sums, stats)
+    if len(ids):
+      server = self.server_update(server, totals.sums)
+    loss, count = (float(v) for v in jax.device_get((totals.loss_sum, totals.count)))
     n = len(ids)
     up = self.sizes * n * self.algorithm.floats_up_per_model
     down = self.sizes * n * self.algorithm.floats_down_per_model
     out = RoundOutput(loss / count if count else 0.0, count, up, down, None,
                       {"clients": n})
-    return {"server": server, "rows": rows}, out
+    return {"server": server, "rows": store.rows if store is not None else {}}, out
 
   def eval_params(self, state):
     return state["server"].params, state["server"].model_state

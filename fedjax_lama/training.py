@@ -89,9 +89,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   program = programs.build(config, model, params, model_state, fed, mesh)
 
   _check_workdir(workdir, config)  # every check passes before the workdir is written
+  primary = jax.process_index() == 0  # multi-host: one writer of the plain files
   os.makedirs(workdir, exist_ok=True)
   config_path = os.path.join(workdir, "config.json")
-  if not os.path.exists(config_path):
+  if primary and not os.path.exists(config_path):
     metrics.write_json(config_path, _config_dict(config))
   layer_names, layer_sizes = comm.layer_table(params)
   ledger = comm.Ledger(layer_names, layer_sizes)
@@ -109,10 +110,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     ledger.load(meta["ledger"])
     host = meta["host"]
     program.load_host_state(meta.get("program", {}))
-    records = writer.truncate_after(meta["round"] + 1)  # records count rounds from 1
+    done = meta["round"] + 1  # records count rounds from 1
+    records = (writer.truncate_after(done) if primary else
+               [r for r in writer.read() if r["round"] <= done])
     logger.info("Resumed from round %d in %s", meta["round"], workdir)
   else:
-    records = writer.truncate_after(-1)
+    records = writer.truncate_after(-1) if primary else []
 
   total_rounds = program.num_rounds
   t_start = time.perf_counter()
@@ -134,7 +137,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                          per_client=config.per_client_eval == "every" or
                          (last and config.per_client_eval == "final"))
       records.append(record)
-      writer.write(record)
+      if primary:
+        writer.write(record)
       eta = (wall() - wall_offset) / (round_idx + 1 - start_round) * (total_rounds - round_idx - 1)
       logger.info("round %d/%d  test_acc %.4f  test_loss %.4f  train_loss %.4f  %.1fs  ETA %.1fs",
                    round_idx + 1, total_rounds, record["test_accuracy"], record["test_loss"],
@@ -149,8 +153,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   ckpt.close()
 
   summary = _summary(config, records, ledger, program, state, wall())
-  metrics.write_json(os.path.join(workdir, "summary.json"), summary)
-  if config.plots:
+  if primary:
+    metrics.write_json(os.path.join(workdir, "summary.json"), summary)
+  if primary and config.plots:
     metrics.plot_run(workdir, records, title=f"{config.algorithm} / {config.dataset}")
     program.plot(workdir, ledger)
   return summary

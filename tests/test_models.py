@@ -1,4 +1,4 @@
-"""Tests of the model zoo (algorithms.md section 8) and the CPU convolution plan.
+"""Tests of the model zoo (algorithms.md section 8) and the CPU conv plans.
 
 Known answers are the spec's exact parameter counts; the "patches" plan is
 checked against lax convolutions (outputs and gradients), and the engine shape
@@ -148,7 +148,7 @@ def test_resnet20_kernel_shapes_match_spec_table():
 
 @pytest.mark.parametrize("name", models.names())
 def test_leaf_names_and_kernel_ranks(name):
-  """Weights of conv/dense layers are "kernel" leaves (FedLAMA's kernel mask)."""
+  """Conv/dense weights are "kernel" leaves (FedLAMA's kernel mask)."""
   model = models.get(name, 10)
   x = _sample(name, batch=1)
   p = _abstract_init(model, x)["params"]
@@ -315,7 +315,7 @@ def test_max_pool_plans_agree(window, strides, padding):
 
 
 def test_vmapped_scan_with_patches_equals_per_step_loop_with_lax():
-  """The engine shape jit(vmap(scan)) under "patches" reproduces FedJAX's loop."""
+  """jit(vmap(scan)) under "patches" reproduces FedJAX's per-step loop."""
   clients, steps, batch, lr = 2, 3, 4, 0.05
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.normal(size=(clients, steps, batch) + CIFAR), jnp.float32)

@@ -1,19 +1,32 @@
 """The client axis sharded over a 1-D device mesh named "clients".
 
-With one device every helper is a no-op placement, so single-device and
-multi-device runs share one code path (architecture.md 2.2, "Sharding").
+Arrays with a leading client axis (packed cohorts, per-client rows, FedLAMA's
+slots) are split over the mesh; server state and the training arrays are
+replicated. With one device every helper is a no-op placement, so single-device
+and multi-device runs share one code path (architecture.md 2.2, "Sharding").
+
+Multi-host: `jax.devices()` lists the devices of every process, so
+`client_mesh()` spans all hosts. Every host packs the same cohort (sampling and
+packing are pure functions of (seed, round)), and `shard_clients` /
+`replicate` build each global array from that host-local copy with
+`jax.make_array_from_callback`, each process filling only the shards of its own
+devices. `to_host` brings a global array back to every host.
 """
 import math
 from typing import Optional, Sequence
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from fedjax_lama.tree import PyTree
 
 AXIS = "clients"
 
 
 def client_mesh(devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
+  """A 1-D mesh named "clients" over `devices` (default: every device of every host)."""
   devices = list(devices) if devices is not None else jax.devices()
   return Mesh(np.array(devices), (AXIS,))
 
@@ -24,12 +37,68 @@ def padded_size(num_clients: int, mesh: Mesh, multiple: int = 1) -> int:
   return max(m, -(-num_clients // m) * m)
 
 
-def shard_clients(tree, mesh: Mesh):
-  """Places arrays with a leading client axis split over the mesh."""
-  sharding = NamedSharding(mesh, P(AXIS))
-  return jax.tree_util.tree_map(lambda x: jax.device_put(x, sharding), tree)
+def clients_sharding(mesh: Mesh, axis: int = 0) -> NamedSharding:
+  """Splits array axis `axis` (the client axis) over the mesh; other axes are whole."""
+  return NamedSharding(mesh, P(*([None] * axis), AXIS))
 
 
-def replicate(tree, mesh: Mesh):
-  sharding = NamedSharding(mesh, P())
-  return jax.tree_util.tree_map(lambda x: jax.device_put(x, sharding), tree)
+def replicated_sharding(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def put(x, sharding: NamedSharding) -> jax.Array:
+  """Places one array; host data must be the same global value on every process.
+
+  Single process: `jax.device_put`. Multi-process (the sharding names devices of
+  other hosts): every host holds the full value, and each one fills the shards
+  of its own devices, which is what `make_array_from_callback` does.
+  """
+  if isinstance(x, jax.Array) and x.sharding == sharding:
+    return x
+  if sharding.is_fully_addressable:
+    return jax.device_put(x, sharding)
+  host = to_host(x) if isinstance(x, jax.Array) else np.asarray(x)
+  return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def shard_clients(tree: PyTree, mesh: Mesh, axis: int = 0) -> PyTree:
+  """Places arrays with a client axis (`axis`, default leading) split over the mesh.
+
+  The client axis must be a multiple of the device count (see `padded_size`).
+  """
+  sharding = clients_sharding(mesh, axis)
+  for leaf in jax.tree_util.tree_leaves(tree):
+    if np.shape(leaf)[axis] % mesh.size:
+      raise ValueError(f"client axis {axis} of an array of shape {np.shape(leaf)} is not a "
+                       f"multiple of the {mesh.size} devices of the mesh; pad the cohort to "
+                       f"sharding.padded_size(...)")
+  return _put_tree(tree, sharding)
+
+
+def _put_tree(tree: PyTree, sharding: NamedSharding) -> PyTree:
+  if sharding.is_fully_addressable:
+    return jax.device_put(tree, sharding)  # one call: the transfers are batched
+  return jax.tree_util.tree_map(lambda x: put(x, sharding), tree)
+
+
+def replicate(tree: PyTree, mesh: Mesh) -> PyTree:
+  """Places a full copy of every array on every device of the mesh."""
+  return _put_tree(tree, replicated_sharding(mesh))
+
+
+def shardings_of(tree: PyTree) -> PyTree:
+  """The sharding of every leaf: `out_shardings` that keep a state where it was placed.
+
+  A jitted round whose outputs carry the placement of its inputs sees the same
+  input types every round, so it compiles once (tests/test_compilation.py).
+  """
+  return jax.tree_util.tree_map(lambda x: x.sharding, tree)
+
+
+def to_host(x) -> np.ndarray:
+  """The full value of an array as numpy, on every process (an all-gather across hosts)."""
+  if not isinstance(x, jax.Array) or x.is_fully_addressable:
+    return np.asarray(x)
+  if x.sharding.is_fully_replicated:
+    return np.asarray(x.addressable_data(0))
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))

@@ -1,9 +1,11 @@
-"""Small convolutional networks of the seed papers (algorithms.md sections 1.6.6,
-2.3, 3.6.4 and 4.5.3).
+"""Small convolutional networks of the seed papers (algorithms.md 1.6.6, 2.3,
+3.6.4 and 4.5.3).
 
 Every model takes NHWC float32 images and returns logits. The convolution plan
 (`conv_impl`) changes how convolutions and pooling are computed, never the
-parameters (see `layers`).
+parameters (see `layers`). Where a paper has conv -> ReLU -> max-pool we compute
+max-pool -> ReLU: the two are equal exactly (ReLU is monotone), and the ReLU
+and its gradient mask get 4x smaller.
 """
 
 from __future__ import annotations
@@ -41,11 +43,10 @@ class FedATCNN(nn.Module):
     del train  # No dropout or normalisation.
     same = self.variant == "same_pool3"
     pad = "SAME" if same else "VALID"
-    conv = lambda f: layers.Conv(f, (3, 3), padding=pad, init_style=self.init_style,
+    conv = lambda f: layers.Conv(f, (3, 3), padding=pad,
+                                 init_style=self.init_style,
                                  conv_impl=self.conv_impl)
     pool = lambda y: layers.max_pool(y, (2, 2), impl=self.conv_impl)
-    # relu(pool(x)) == pool(relu(x)) exactly (ReLU is monotone); pooling first
-    # makes the ReLU and its gradient mask 4x smaller.
     x = nn.relu(pool(conv(32)(x)))
     x = nn.relu(pool(conv(64)(x)))
     x = conv(64)(x)
@@ -69,7 +70,7 @@ class LeafCNN(nn.Module):
     for f in (32, 64):
       x = layers.Conv(f, (5, 5), padding="SAME", init_style=self.init_style,
                       conv_impl=self.conv_impl)(x)
-      x = layers.max_pool(nn.relu(x), (2, 2), impl=self.conv_impl)
+      x = nn.relu(layers.max_pool(x, (2, 2), impl=self.conv_impl))
     x = nn.relu(layers.Dense(2048, init_style=self.init_style)(_flatten(x)))
     return layers.Dense(self.num_classes, init_style=self.init_style)(x)
 
@@ -87,7 +88,8 @@ class MnistCNN(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
-    conv = lambda f: layers.Conv(f, (5, 5), padding="VALID", init_style=self.init_style,
+    conv = lambda f: layers.Conv(f, (5, 5), padding="VALID",
+                                 init_style=self.init_style,
                                  conv_impl=self.conv_impl)
     x = nn.relu(layers.max_pool(conv(10)(x), (2, 2), impl=self.conv_impl))
     x = conv(20)(x)
@@ -108,7 +110,7 @@ class LeNet(nn.Module):
   62,006 parameters for 10 classes.
   variant "fedspeed" (2.3, FedSpeed's `LeNet`): conv 5x5 64, pool, conv 5x5 64,
   pool, dense 384, 192, classes; 797,962 parameters for 10 classes.
-  All convs VALID with bias; ReLU before each pool.
+  All convs VALID with bias; ReLU and 2x2 max-pool after each.
   """
   num_classes: int = 10
   variant: str = "fedlamb"
@@ -123,7 +125,7 @@ class LeNet(nn.Module):
     for f in convs:
       x = layers.Conv(f, (5, 5), padding="VALID", init_style=self.init_style,
                       conv_impl=self.conv_impl)(x)
-      x = layers.max_pool(nn.relu(x), (2, 2), impl=self.conv_impl)
+      x = nn.relu(layers.max_pool(x, (2, 2), impl=self.conv_impl))
     x = _flatten(x)
     for f in dense:
       x = nn.relu(layers.Dense(f, init_style=self.init_style)(x))

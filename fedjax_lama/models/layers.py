@@ -2,24 +2,29 @@
 
 Why this module exists (architecture.md section 4, "the conv-in-loop trap"): on
 XLA:CPU a `lax.conv` inside a rolled `lax.scan` runs 15-20x slower than in
-straight-line code, and the simulator runs local training as
-`jit(vmap(scan(step)))`. `Conv` therefore has two implementations that share one
-parameter tree (`kernel` in HWIO, `bias`):
+straight-line code (under `vmap` it becomes a grouped convolution, and its
+kernel gradient a naive loop nest), and the simulator runs local training as
+`jit(vmap(scan(step)))`. `Conv` therefore has several implementations
+("plans") that share one parameter tree (`kernel` in HWIO, `bias`) and compute
+the same function to float32 rounding:
 
-* ``"lax"``: `lax.conv_general_dilated` (best on GPU/TPU, and in straight-line
-  CPU code);
-* ``"patches"``: im2col from static shifted slices of the (padded) input,
-  concatenated on channels, then one matmul with the HWIO kernel reshaped to
-  (kh*kw*cin, cout). Under `vmap` over clients this is a batched matmul, and its
-  gradient is pad + add plus matmuls, with no transposed convolution.
+* "lax": `lax.conv_general_dilated`; the plan for GPU and TPU.
+* "patches": convolution from static slices + matmuls only. Per layer it
+  uses `im2col_conv` (the kh*kw shifted slices concatenated on channels, one
+  matmul with the HWIO kernel reshaped to (kh*kw*cin, cout)) or, where it
+  measured faster, `row_shift_conv` (slices along W only, one wider matmul,
+  then a sum of row-shifted blocks). Under `vmap` over clients the matmuls
+  become batched matmuls, and the gradients are pads, adds and matmuls: no
+  transposed convolution anywhere. The plan for CPU.
+* "im2col": `im2col_conv` for every layer (to measure "patches" against).
+* "patches_xla": `lax.conv_general_dilated_patches` + matmul (its backward is
+  a convolution again) and "shifted_sum": a sum over kernel offsets of
+  slice @ kernel[i, j]. Both exist to be measured (experiments/conv_plans.py);
+  both were slower.
 
-Two further values are accepted for benchmarks (`experiments/conv_plans.py`):
-``"patches_xla"`` (`lax.conv_general_dilated_patches` + matmul; its backward is a
-convolution again) and ``"shifted_sum"`` (sum over kernel offsets of
-slice @ kernel[i, j]; no im2col buffer, but kh*kw thin matmuls).
-
-Max pooling follows the convolution plan: `reduce_window` with ``"lax"``,
-reshape + max (or a max over strided slices) otherwise.
+Max pooling follows the plan: `reduce_window` with "lax"; reshape + max (or a
+max over strided slices) otherwise, which gained 1.7x on the FedAT CNN in
+`jit(vmap(scan))` on CPU.
 """
 
 from __future__ import annotations
@@ -37,8 +42,8 @@ Array = jax.Array
 Initializer = Callable[..., Array]
 Padding = Union[str, Sequence[tuple[int, int]]]
 
-# Accepted by `Conv.conv_impl` / `max_pool(impl=...)`. "lax" and "patches" are
-# the supported plans; the last two exist to be measured against them.
+# Accepted by `Conv.conv_impl` / `conv` / `max_pool` (and "auto"). "lax" and
+# "patches" are the supported plans; the others exist to be measured.
 CONV_IMPLS = ("lax", "patches", "im2col", "patches_xla", "shifted_sum")
 INIT_STYLES = ("keras", "torch", "torchvision", "flax")
 _DN = ("NHWC", "HWIO", "NHWC")
@@ -93,7 +98,8 @@ def initializers(style: str, fan_in: int) -> tuple[Initializer, Initializer]:
   if style == "flax":
     return nn.initializers.lecun_normal(), nn.initializers.zeros
   raise ValueError(
-      f"init_style={style!r} is not accepted; use one of {', '.join(INIT_STYLES)}")
+      f"init_style={style!r} is not accepted; use one of "
+      f"{', '.join(INIT_STYLES)}")
 
 
 def _pads(spatial: Sequence[int], window: Sequence[int],
@@ -116,8 +122,8 @@ def im2col_conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
                 padding: Padding = "SAME") -> Array:
   """NHWC x HWIO convolution as full im2col from static slices + one matmul.
 
-  The patch channels are ordered (kh, kw, cin), which is the row-major flattening
-  of an HWIO kernel, so no transpose of the kernel is needed.
+  The patch channels are ordered (kh, kw, cin), the row-major flattening of
+  an HWIO kernel, so the kernel needs no transpose.
   """
   kh, kw, cin, cout = kernel.shape
   pads = _pads(x.shape[1:3], (kh, kw), strides, padding)
@@ -216,6 +222,7 @@ def conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
          padding: Padding = "SAME", impl: str = "lax") -> Array:
   """NHWC x HWIO 2-D convolution with the chosen plan (see module docstring)."""
   strides = tuple(strides)
+  impl = resolve_conv_impl(impl)
   if impl == "lax":
     pads = _pads(x.shape[1:3], kernel.shape[:2], strides, padding)
     return lax.conv_general_dilated(x, kernel, strides, pads,
@@ -228,8 +235,7 @@ def conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
     return conv_patches_xla(x, kernel, strides, padding)
   if impl == "shifted_sum":
     return conv_shifted_sum(x, kernel, strides, padding)
-  resolve_conv_impl(impl)  # Raises the error that names the accepted values.
-  raise AssertionError(impl)
+  raise AssertionError(impl)  # resolve_conv_impl accepted an unknown plan.
 
 
 def max_pool(x: Array, window: Sequence[int] = (2, 2),
@@ -242,7 +248,7 @@ def max_pool(x: Array, window: Sequence[int] = (2, 2),
   """
   window = tuple(window)
   strides = tuple(strides) if strides is not None else window
-  if impl == "lax":
+  if resolve_conv_impl(impl) == "lax":
     if isinstance(padding, str):
       return nn.max_pool(x, window, strides, padding=padding)
     return nn.max_pool(x, window, strides, padding=tuple(padding))
@@ -266,7 +272,7 @@ def max_pool(x: Array, window: Sequence[int] = (2, 2),
 class Conv(nn.Module):
   """2-D convolution, NHWC input, `kernel` HWIO and `bias` leaves.
 
-  Both plans create the same parameters, so a checkpoint or a FedLAMA kernel
+  Every plan creates the same parameters, so a checkpoint or a FedLAMA kernel
   mask does not depend on `conv_impl`.
 
   Attributes:
@@ -277,7 +283,7 @@ class Conv(nn.Module):
       stride 2 pads (0, 1) like TensorFlow.
     use_bias: add a `bias` leaf.
     init_style: one of `INIT_STYLES` (see `initializers`).
-    conv_impl: one of `CONV_IMPLS` (already resolved; no "auto").
+    conv_impl: "auto" or one of `CONV_IMPLS`.
   """
   features: int
   kernel_size: tuple[int, int] = (3, 3)

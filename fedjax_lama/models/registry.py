@@ -21,10 +21,14 @@ from fedjax_lama.models import resnet
 
 @dataclasses.dataclass(frozen=True)
 class _Entry:
-  """A model family: its builder, accepted options with defaults, a summary."""
+  """A model family: builder, accepted options with defaults, a summary.
+
+  `build(num_classes, **options)` also takes `conv_impl` when `conv` is true.
+  """
   build: Callable[..., nn.Module]
   defaults: dict[str, Any]
   summary: str
+  conv: bool = True
 
 
 def _choice(model: str, option: str, value: Any, accepted: tuple[str, ...]):
@@ -89,7 +93,7 @@ _MODELS: dict[str, _Entry] = {
         lambda num_classes, dropout, init_style: dense.MLP(
             num_classes, (200,), dropout, init_style),
         {"dropout": 0.5, "init_style": "torch"},
-        "Fed-LAMB MNIST MLP 784-200-10 (4.5.3); 159,010"),
+        "Fed-LAMB MNIST MLP 784-200-10 (4.5.3); 159,010", conv=False),
     "mnist_cnn": _Entry(
         lambda num_classes, dropout, init_style, conv_impl: cnn.MnistCNN(
             num_classes, dropout, init_style, conv_impl),
@@ -113,25 +117,22 @@ _MODELS: dict[str, _Entry] = {
         lambda num_classes, vocab_size, init_style: dense.LogReg(
             num_classes, vocab_size, init_style),
         {"vocab_size": None, "init_style": "keras"},
-        "bag-of-words logistic regression (3.6); vocab*classes+classes"),
+        "bag-of-words logistic regression (3.6); vocab*classes+classes",
+        conv=False),
     "lstm_lm": _Entry(
         lambda num_classes, vocab_size, embed_size, hidden_size, dropout:
         dense.LSTMLM(num_classes, vocab_size, embed_size, hidden_size,
                      dropout),
         {"vocab_size": 10_000, "embed_size": 128, "hidden_size": 128,
          "dropout": 0.1},
-        "FedAT Reddit LSTM LM (3.6.4); 2,701,840 (10,000 classes)"),
+        "FedAT Reddit LSTM LM (3.6.4); 2,701,840 (10,000 classes)",
+        conv=False),
     "mlp": _Entry(
         lambda num_classes, hidden_sizes, dropout, init_style: dense.MLP(
             num_classes, tuple(hidden_sizes), dropout, init_style),
         {"hidden_sizes": (128,), "dropout": 0.0, "init_style": "keras"},
-        "small MLP (e.g. the built-in 8x8 digits)"),
+        "small MLP (e.g. the built-in 8x8 digits)", conv=False),
 }
-
-# Families whose builder takes conv_impl; the others accept and ignore it.
-_CONV = frozenset(n for n, e in _MODELS.items()
-                  if "conv_impl" in e.build.__code__.co_varnames)
-
 
 def names() -> list[str]:
   """All model names, sorted."""
@@ -183,6 +184,6 @@ def get(name: str, num_classes: int, **opts: Any) -> nn.Module:
   if "dropout" in merged and not 0.0 <= merged["dropout"] < 1.0:
     raise ValueError(
         f"model {name!r}: dropout must be in [0, 1); got {merged['dropout']!r}")
-  if name in _CONV:
+  if entry.conv:  # The others accept conv_impl and ignore it.
     merged["conv_impl"] = conv_impl
   return entry.build(num_classes, **merged)

@@ -255,9 +255,9 @@ class ResNet18GN(nn.Module):
     x = layers.Conv(64, (7, 7), (2, 2), padding=((3, 3), (3, 3)),
                     use_bias=False, init_style="torchvision",
                     conv_impl=self.conv_impl)(x)
-    x = nn.relu(norm()(x))
-    x = layers.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)),
+    x = layers.max_pool(norm()(x), (3, 3), (2, 2), padding=((1, 1), (1, 1)),
                         impl=self.conv_impl)
+    x = nn.relu(x)  # relu(max_pool(.)) == max_pool(relu(.)); 4x fewer ReLUs.
     for stage, width in enumerate((64, 128, 256, 512)):
       for block in range(2):
         x = _BasicBlock(width, 2 if stage > 0 and block == 0 else 1,

@@ -1,0 +1,207 @@
+r"""Engine vs per-step loop vs centralized ceiling over a grid; client-state memory.
+
+COMMANDS (from the repository root):
+
+  python -m experiments.benchmark_suite --quick            # a few minutes on a 2-core CPU
+  python -m experiments.benchmark_suite --out=suite.json   # the full grid (hours on CPU)
+  python -m experiments.benchmark_suite --models=resnet20 --clients_grid=32 --steps_grid=5,20 \
+      --conv_impl=lax
+  python -m experiments.benchmark_suite --memory           # peak RSS, 1,000 clients' rows
+
+Throughput (architecture.md 4): for every (model, clients, steps) of the grid,
+`experiments.benchmark.run` times, side by side in one process, the engine's
+round (one jitted vmapped scan + server mean, convolution plan
+`models.resolve_conv_impl(--conv_impl)`), the per-client Python loop of a
+jitted SGD step (FedJAX's default backend) and the centralized ceiling (one
+model, one jitted step over the whole cohort's batch, per local step; with
+lax convolutions and with the engine's plan, the faster counts; --quick
+measures the engine's plan only and one timed round per plan). It prints a
+markdown table of samples/s with the ratios engine/loop and engine/ceiling, and
+one JSON line (also written to --out).
+
+Memory (--memory): per-client persistent state of `--memory_clients` clients of
+`--memory_row` parameters' shape (ResNet20's 272,762 float32 each, 1.09 GB for
+1,000), kept by `engine.client_store.ClientStore` on device and on host, each
+in its own subprocess; a few rounds of gather -> update -> scatter on cohorts
+of `--memory_cohort` clients. Reports peak RSS (resource.getrusage), the RSS
+before the store exists, the store's bytes and the bytes that live on device.
+
+Absolute numbers from a shared machine are noise; compare the ratios, measured
+in one run. On a GPU, name the GPU (device_kind is in the JSON).
+"""
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+from absl import app, flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments import benchmark
+from fedjax_lama import models
+from fedjax_lama.data import sample_clients
+from fedjax_lama.engine import client_store, sharding
+
+FLAGS = flags.FLAGS
+# --batch, --repeats, --conv_impl and --unroll are experiments.benchmark's flags.
+flags.DEFINE_bool("quick", False, "8 clients x 5 steps, 1 timed round per plan: minutes on CPU.")
+flags.DEFINE_list("models", ["fedat_cnn", "resnet20"], "Models of the grid.")
+flags.DEFINE_list("clients_grid", ["8", "32", "128"], "Clients per round, one run each.")
+flags.DEFINE_list("steps_grid", ["5", "20"], "Local steps per client, one run each.")
+flags.DEFINE_string("out", "", "Write the JSON results here too.")
+flags.DEFINE_bool("memory", False, "Measure client-state memory instead of throughput.")
+flags.DEFINE_integer("memory_clients", 1000, "Clients holding a row of state.")
+flags.DEFINE_string("memory_row", "resnet20", "Model whose parameters' shape is one row.")
+flags.DEFINE_integer("memory_cohort", 32, "Clients gathered and scattered per round.")
+flags.DEFINE_integer("memory_rounds", 5, "Rounds of gather/update/scatter.")
+flags.DEFINE_enum("memory_worker", "", ["", "host", "device"], "Internal: one placement.")
+
+# --quick: the smallest grid point, one timed round per plan, the ceiling with the
+# engine's convolution plan only.
+QUICK = {"clients": [8], "steps": [5], "repeats": 1, "ceiling_impls": ("engine",)}
+FULL_CEILING = ("lax", "engine")
+
+
+def throughput(model_names, clients, steps, batch, repeats, conv_impl, unroll=1,
+               ceiling_impls=FULL_CEILING) -> list[dict]:
+  rows = []
+  for name in model_names:
+    for c in clients:
+      for k in steps:
+        r = benchmark.run(name, clients=c, steps=k, batch=batch, repeats=repeats,
+                          conv_impl=conv_impl, unroll=unroll, ceiling_impls=ceiling_impls)
+        print(f"  {name} {c} clients x {k} steps: engine/loop {r['ratio']:.2f}, "
+              f"engine/ceiling {r['engine_vs_ceiling']:.2f}", file=sys.stderr, flush=True)
+        rows.append(r)
+  return rows
+
+
+def markdown(rows: list[dict]) -> str:
+  lines = ["| model | clients | steps | batch | engine plan | engine samples/s | loop samples/s "
+           "| ceiling samples/s | engine/loop | engine/ceiling | engine first call s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(
+        f"| {r['model']} | {r['clients']} | {r['steps']} | {r['batch']} | "
+        f"{r['engine_conv_impl']} | {r['engine_samples_per_s']:.0f} | "
+        f"{r['loop_samples_per_s']:.0f} | {r['ceiling_samples_per_s']:.0f} "
+        f"({r['ceiling_conv_impl']}) | {r['ratio']:.2f} | {r['engine_vs_ceiling']:.2f} | "
+        f"{r['first_call_s']['engine']:.1f} |")
+  return "\n".join(lines)
+
+
+# ---- memory ------------------------------------------------------------------------------
+
+def _rss_mb() -> float:
+  """Current resident set size (Linux /proc; falls back to the peak)."""
+  try:
+    with open("/proc/self/statm") as f:
+      return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+  except OSError:
+    return _peak_rss_mb()
+
+
+def _peak_rss_mb() -> float:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _row_template(name: str):
+  """One client's row: zeros shaped like `name`'s parameters (shapes only, nothing trained)."""
+  model = models.get(name, num_classes=10, conv_impl="lax")
+  shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 32, 32, 3)),
+                                             train=False))["params"]
+  return jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+
+
+def memory_worker(on_host: bool, num_clients: int, row_name: str, cohort: int, rounds: int):
+  row = _row_template(row_name)
+  mesh = sharding.client_mesh()
+  cohort = sharding.padded_size(cohort, mesh)
+  update = jax.jit(lambda rows: jax.tree_util.tree_map(lambda a: a + 1.0, rows),
+                   out_shardings=sharding.clients_sharding(mesh))
+  jax.block_until_ready(update(sharding.shard_clients(
+      jax.tree_util.tree_map(lambda r: np.zeros((cohort,) + r.shape, r.dtype), row), mesh)))
+  rss_before = _rss_mb()
+  t0 = time.perf_counter()
+  store = client_store.ClientStore.create(row, num_clients, mesh, on_host=on_host)
+  jax.block_until_ready(store.rows)
+  create_s = time.perf_counter() - t0
+  mask = np.ones(cohort, np.float32)
+  times = []
+  for r in range(rounds):
+    ids = sample_clients(num_clients, cohort, 0, r)
+    t0 = time.perf_counter()
+    rows = update(store.gather(ids))
+    store.scatter(ids, mask, rows)
+    jax.block_until_ready(store.rows)
+    times.append(time.perf_counter() - t0)
+  device_bytes = (store.nbytes if not on_host else 0) + cohort * sum(
+      x.nbytes for x in jax.tree_util.tree_leaves(row))
+  stats = jax.devices()[0].memory_stats() or {}
+  return {"placement": "host" if on_host else "device", "clients": num_clients,
+          "row_floats": int(sum(x.size for x in jax.tree_util.tree_leaves(row))),
+          "store_mb": store.nbytes / 2**20, "device_resident_mb": device_bytes / 2**20,
+          "rss_before_store_mb": rss_before, "peak_rss_mb": _peak_rss_mb(),
+          "create_s": create_s, "round_s_best": min(times), "cohort": cohort,
+          "device_peak_bytes_in_use": stats.get("peak_bytes_in_use"),
+          "platform": jax.default_backend()}
+
+
+def memory(num_clients, row_name, cohort, rounds) -> list[dict]:
+  results = []
+  for placement in ("device", "host"):
+    cmd = [sys.executable, "-m", "experiments.benchmark_suite", f"--memory_worker={placement}",
+           f"--memory_clients={num_clients}", f"--memory_row={row_name}",
+           f"--memory_cohort={cohort}", f"--memory_rounds={rounds}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode:
+      raise RuntimeError(f"{placement} memory run failed:\n{proc.stderr[-3000:]}")
+    results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+  return results
+
+
+def memory_markdown(rows: list[dict]) -> str:
+  lines = ["| placement | clients | floats/row | store MB | on device MB | RSS before store MB "
+           "| peak RSS MB | peak - before MB | create s | gather+update+scatter s/round |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(
+        f"| {r['placement']} | {r['clients']} | {r['row_floats']:,} | {r['store_mb']:.0f} | "
+        f"{r['device_resident_mb']:.0f} | {r['rss_before_store_mb']:.0f} | "
+        f"{r['peak_rss_mb']:.0f} | {r['peak_rss_mb'] - r['rss_before_store_mb']:.0f} | "
+        f"{r['create_s']:.2f} | {r['round_s_best']:.3f} |")
+  return "\n".join(lines)
+
+
+def main(argv):
+  del argv
+  if FLAGS.memory_worker:
+    print(json.dumps(memory_worker(FLAGS.memory_worker == "host", FLAGS.memory_clients,
+                                   FLAGS.memory_row, FLAGS.memory_cohort, FLAGS.memory_rounds)))
+    return
+  if FLAGS.memory:
+    rows = memory(FLAGS.memory_clients, FLAGS.memory_row, FLAGS.memory_cohort,
+                  FLAGS.memory_rounds)
+    print(memory_markdown(rows))
+    result = {"memory": rows}
+  else:
+    clients = QUICK["clients"] if FLAGS.quick else [int(c) for c in FLAGS.clients_grid]
+    steps = QUICK["steps"] if FLAGS.quick else [int(k) for k in FLAGS.steps_grid]
+    repeats = QUICK["repeats"] if FLAGS.quick else FLAGS.repeats
+    ceiling = QUICK["ceiling_impls"] if FLAGS.quick else FULL_CEILING
+    rows = throughput(FLAGS.models, clients, steps, FLAGS.batch, repeats, FLAGS.conv_impl,
+                      FLAGS.unroll, ceiling)
+    print(markdown(rows))
+    result = {"throughput": rows}
+  if FLAGS.out:
+    with open(FLAGS.out, "w") as f:
+      json.dump(result, f, indent=1)
+  print(json.dumps(result))
+
+
+if __name__ == "__main__":
+  app.run(main)
