@@ -1,29 +1,35 @@
 r"""Convolution plans for local training on CPU, measured side by side.
 
-COMMAND (from the repository root; about 5 to 8 minutes on the 2-core machine):
+COMMAND (from the repository root; 15 to 20 minutes on the shared 2-core
+machine, most of it in the lax plans and in compiles):
 
-  python -m experiments.conv_plans
-  python -m experiments.conv_plans --models=fedat_cnn --clients=32 --steps=10
+  python -m experiments.conv_plans                 # fedat_cnn 32x10, resnet20 8x5
+  python -m experiments.conv_plans --chunks=1      # + lax.map over clients
   python -m experiments.conv_plans --models=resnet20 --clients=8 --steps=5 \
       --impls=patches --unrolls=1,2 --with_lax_scan
 
 What it measures (architecture.md section 4): C clients x K local steps of
-plain SGD (lr 0.01) on batches of B, random CIFAR-shaped data, for
+plain SGD (lr 0.01) on batches of B = 32, random CIFAR-shaped data, for
   loop[lax]        Python loop over clients and steps of one jitted SGD step
                    with lax convolutions: what FedJAX does. THE BASELINE.
-  loop[<impl>]     the same loop with another convolution plan (shows how
-                   much comes from the plan and how much from vmap/scan).
+  loop[<impl>]     the same loop with the first of the plans (how much comes
+                   from the plan and how much from vmap/scan).
   central[<impl>]  the centralized ceiling: K jitted steps of one shared model
                    on the whole cohort's batch (C*B).
   vmap_scan[<impl>,u<n>]  jit(vmap over clients(lax.scan over steps,
                    unroll=n)): the simulator's engine shape.
+  chunked_scan[<impl>,c<k>]  jit(lax.map over chunks of k clients(vmap(scan))):
+                   the engine's client chunking (k = 1: no vmap at all).
 All plans run in one process, interleaved: one warm-up call each (reported as
 "first", compile included), then `--repeats` rounds over all plans; the best
 time of each is kept. Ratios are to loop[lax] and to the best central plan.
-Every vmap_scan plan is checked against loop[lax] (max |params difference|).
+Every plan that trains per client is checked against loop[lax] (max |params
+difference|; up to ~lr * |grad| where float rounding flips a max-pool winner).
 The last line of output is one JSON object with every number.
 
-Absolute samples/s on a shared 2-core machine are noise; compare ratios.
+Absolute samples/s on a shared 2-core machine are noise (other jobs run on the
+same cores, and the per-step loop suffers from them more than one big call);
+compare ratios from one run, and run it more than once.
 """
 
 from __future__ import annotations
@@ -165,7 +171,7 @@ def run_config(name: str, clients: int, steps: int, batch: int, lr: float,
     outputs[plan] = jax.block_until_ready(run())
     first[plan] = time.perf_counter() - t0
     best[plan] = float("inf")
-    print(f"  warm-up {plan:26s} {first[plan]:7.1f} s", flush=True)
+    print(f"  warm-up {plan:30s} {first[plan]:7.1f} s", flush=True)
   for _ in range(repeats):
     for plan, (run, _) in plans.items():
       t0 = time.perf_counter()
@@ -174,7 +180,7 @@ def run_config(name: str, clients: int, steps: int, batch: int, lr: float,
   base = best["loop[lax]"]
   ceiling = min(t for p, t in best.items() if plans[p][1] == "central")
   rows = []
-  print(f"  {'plan':26s} {'samples/s':>10s} {'x loop[lax]':>11s} "
+  print(f"  {'plan':30s} {'samples/s':>10s} {'x loop[lax]':>11s} "
         f"{'x central':>9s} {'first s':>8s} {'max|dparams|':>12s}")
   for plan, t in best.items():
     diff = (_max_diff(outputs[plan], outputs["loop[lax]"])
@@ -184,7 +190,7 @@ def run_config(name: str, clients: int, steps: int, batch: int, lr: float,
            "first_call_s": first[plan], "best_s": t,
            "max_param_diff_vs_loop": diff}
     rows.append(row)
-    print(f"  {plan:26s} {row['samples_per_s']:10.0f} "
+    print(f"  {plan:30s} {row['samples_per_s']:10.0f} "
           f"{row['ratio_to_loop']:11.2f} {row['ratio_to_central']:9.2f} "
           f"{first[plan]:8.1f} {'' if diff is None else f'{diff:12.1e}'}",
           flush=True)
