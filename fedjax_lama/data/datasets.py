@@ -2,27 +2,43 @@
 
 Images come back as float32 NHWC in [0, 1] and labels as int32, whatever the
 source (original files, tensorflow-datasets, or scikit-learn's bundled digits).
-Normalisation and augmentation belong to the training code, which knows the
-paper's recipe. FEMNIST also carries the natural writer of every example, from
-which `femnist_clients` builds the FedLAMA clients (algorithms.md D23).
+Text datasets come back as int32 token arrays (`Dataset.input_kind` says
+which). Normalisation and augmentation belong to the training code, which
+knows the paper's recipe. Datasets with natural clients (FEMNIST writers,
+Sentiment140 accounts, Shakespeare roles, Reddit users) also carry the client
+of every example, from which the 'natural' partition and `femnist_clients`
+build the federation (algorithms.md D23, 3.6.1).
 """
 
 import dataclasses
 import os
 import warnings
+from typing import Any, Mapping
 
 import numpy as np
 
+from fedjax_lama.data import femnist_h5
 from fedjax_lama.data import leaf
+from fedjax_lama.data import leaf_text
 from fedjax_lama.data import readers
 from fedjax_lama.data import seeding
+from fedjax_lama.data import sentiment140
 from fedjax_lama.data import tfds_loader
+from fedjax_lama.data import tinyimagenet
 from fedjax_lama.data.errors import DataError
 
 DATA_DIR_ENV = 'FEDJAX_LAMA_DATA_DIR'
 DATASET_NAMES = ('digits', 'mnist', 'fashion_mnist', 'cifar10', 'cifar100',
-                 'femnist', 'emnist')
+                 'femnist', 'emnist', 'sentiment140', 'shakespeare', 'reddit',
+                 'tinyimagenet')
 SOURCES = ('auto', 'files', 'tfds', 'builtin')
+
+# What `Dataset.train_x` holds (see `Dataset`).
+INPUT_IMAGE = 'image'
+INPUT_BOW_COUNTS = 'bow_counts'
+INPUT_BOW_TOKENS = 'bow_tokens'
+INPUT_TOKENS = 'tokens'
+INPUT_KINDS = (INPUT_IMAGE, INPUT_BOW_COUNTS, INPUT_BOW_TOKENS, INPUT_TOKENS)
 
 _NUM_CLASSES = {'digits': 10, 'mnist': 10, 'fashion_mnist': 10, 'cifar10': 10,
                 'cifar100': 100, 'femnist': leaf.FEMNIST_NUM_CLASSES}
@@ -35,9 +51,14 @@ _SOURCES_OF = {
     'cifar100': ('files', 'tfds'),
     'femnist': ('files',),
     'emnist': ('tfds',),
+    'sentiment140': ('files',),
+    'shakespeare': ('files',),
+    'reddit': ('files',),
+    'tinyimagenet': ('files',),
 }
 _IDX_NAMES = ('train-images-idx3-ubyte', 'train-labels-idx1-ubyte',
               't10k-images-idx3-ubyte', 't10k-labels-idx1-ubyte')
+# 'femnist_h5' is the TFF HDF5 layout of 'femnist' (see `_find_femnist`).
 _SUBDIRS = {
     'mnist': ('mnist', os.path.join('MNIST', 'raw'), ''),
     'fashion_mnist': ('fashion_mnist', 'fashion-mnist',
@@ -47,7 +68,27 @@ _SUBDIRS = {
     'cifar100': (os.path.join('cifar100', 'cifar-100-python'),
                  'cifar-100-python', 'cifar100'),
     'femnist': ('femnist_leaf', 'femnist', os.path.join('femnist', 'data'), ''),
+    'femnist_h5': ('femnist_tff', 'fed_emnist', 'femnist', ''),
+    'sentiment140': ('sentiment140', 'sent140', ''),
+    'shakespeare': ('shakespeare_leaf', 'shakespeare',
+                    os.path.join('shakespeare', 'data'), ''),
+    'reddit': ('reddit_leaf', 'reddit', os.path.join('reddit', 'data'), ''),
+    'tinyimagenet': ('tiny-imagenet-200',
+                     os.path.join('tinyimagenet', 'tiny-imagenet-200'),
+                     'tinyimagenet', ''),
 }
+# LEAF JSON datasets: `<dir>/{train,test}/*.json[.gz]`.
+_LEAF_FORMAT = ('femnist', 'shakespeare', 'reddit')
+# Files whose presence alone marks a directory as (part of) the dataset; a
+# directory holding some of them but not all is reported, not skipped.
+_REQUIRED = {
+    'femnist_h5': (femnist_h5.TRAIN_FILE, femnist_h5.TEST_FILE),
+    'sentiment140': (sentiment140.TRAIN_FILE, sentiment140.TEST_FILE),
+    'tinyimagenet': (tinyimagenet.WNIDS_FILE, 'train',
+                     tinyimagenet.VAL_ANNOTATIONS,
+                     os.path.join('val', 'images')),
+}
+_DISTINCTIVE = {'femnist_h5': 2, 'sentiment140': 2, 'tinyimagenet': 1}
 _PREPARE_HINT = {
     'mnist': 'the four MNIST IDX files (train-images-idx3-ubyte.gz, '
              'train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, '
@@ -57,6 +98,35 @@ _PREPARE_HINT = {
                'test_batch)',
     'cifar100': 'the extracted cifar-100-python.tar.gz (train, test)',
     'femnist': 'LEAF FEMNIST output (train/*.json[.gz], test/*.json[.gz])',
+    'femnist_h5': "TFF's federated EMNIST files (fed_emnist_train.h5, "
+                  'fed_emnist_test.h5, from fed_emnist.tar.bz2)',
+    'sentiment140': 'the two CSV files of trainingandtestdata.zip '
+                    f'({sentiment140.TRAIN_FILE}, {sentiment140.TEST_FILE})',
+    'shakespeare': 'LEAF Shakespeare output (train/*.json, test/*.json)',
+    'reddit': 'LEAF Reddit data (train/*.json, test/*.json; optionally '
+              'vocab/reddit_vocab.pck)',
+    'tinyimagenet': 'the extracted tiny-imagenet-200.zip (wnids.txt, train/, '
+                    'val/)',
+}
+
+# Options each dataset accepts in `load_dataset(..., options=...)`, with
+# their defaults.
+DATASET_OPTIONS = {
+    'femnist': {'format': 'auto'},
+    'sentiment140': {
+        'vocab_size': sentiment140.DEFAULT_VOCAB_SIZE,
+        'representation': 'counts',
+        'lowercase': True,
+        'max_tokens': sentiment140.DEFAULT_MAX_TOKENS,
+        'max_dense_bytes': 1 << 31,
+    },
+    'shakespeare': {'target': 'sequence'},
+    'reddit': {'vocab_size': leaf_text.DEFAULT_REDDIT_VOCAB_SIZE},
+}
+_OPTION_CHOICES = {
+    ('femnist', 'format'): ('auto', 'leaf', 'h5'),
+    ('sentiment140', 'representation'): ('counts', 'tokens'),
+    ('shakespeare', 'target'): leaf_text.SHAKESPEARE_TARGETS,
 }
 
 
@@ -66,15 +136,25 @@ class Dataset:
 
   Attributes:
     name: the dataset name given to `load_dataset`.
-    train_x: float32 [N, H, W, C] in [0, 1].
-    train_y: int32 [N].
-    test_x: float32 [M, H, W, C] in [0, 1].
-    test_y: int32 [M].
-    num_classes: number of classes.
-    train_client_ids: int32 [N], the natural writer of every training example
-      (FEMNIST), else None.
+    train_x: what the model consumes, by `input_kind`: 'image': float32
+      [N, H, W, C] in [0, 1]; 'bow_counts': float32 [N, vocab] bag-of-words
+      counts; 'bow_tokens': int32 [N, L] vocabulary ids padded with `pad_id`
+      (-1), whose counts are the bag of words (`sentiment140.bag_of_words`);
+      'tokens': int32 [N, L] token ids (next-token data).
+    train_y: int32 [N] class labels, or int32 [N, L] next-token targets for
+      sequence data (targets equal to `pad_id` are padding).
+    test_x: like train_x, [M, ...].
+    test_y: like train_y, [M, ...].
+    num_classes: number of classes (the vocabulary size for next-token data).
+    train_client_ids: int32 [N], the natural client (writer, account, user)
+      of every training example, else None.
     test_client_ids: int32 [M], likewise for the test split.
-    client_names: the writer name of each natural client id (FEMNIST).
+    client_names: the name of each natural client id.
+    input_kind: one of INPUT_KINDS (above).
+    vocab: for text datasets, the token of each id.
+    pad_id: the padding id of token arrays, if they are padded.
+    info: facts about the loading worth reporting (dropped rows, the
+      vocabulary source, ...).
   """
   name: str
   train_x: np.ndarray
@@ -85,6 +165,10 @@ class Dataset:
   train_client_ids: np.ndarray | None = None
   test_client_ids: np.ndarray | None = None
   client_names: list[str] | None = None
+  input_kind: str = INPUT_IMAGE
+  vocab: list[str] | None = None
+  pad_id: int | None = None
+  info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def _to_unit_float(images: np.ndarray) -> np.ndarray:
@@ -109,6 +193,8 @@ def _expected_files(name: str, directory: str) -> list[str]:
             readers.CIFAR10_TRAIN_FILES + (readers.CIFAR10_TEST_FILE,)]
   if name == 'cifar100':
     return [os.path.join(directory, f) for f in ('train', 'test')]
+  if name in _REQUIRED:
+    return [os.path.join(directory, f) for f in _REQUIRED[name]]
   return [os.path.join(directory, s, '*.json[.gz]') for s in leaf.LEAF_SPLITS]
 
 
@@ -117,10 +203,12 @@ def _present(name: str, directory: str) -> list[bool]:
   if name in ('mnist', 'fashion_mnist'):
     return [os.path.isfile(os.path.join(directory, f + '.gz')) or
             os.path.isfile(os.path.join(directory, f)) for f in _IDX_NAMES]
-  if name == 'femnist':
+  if name in _LEAF_FORMAT:
     return [bool(leaf.leaf_files(os.path.join(directory, s)))
             for s in leaf.LEAF_SPLITS]
-  return [os.path.isfile(p) for p in _expected_files(name, directory)]
+  # TinyImageNet's list includes directories; everything else is a file.
+  exists = os.path.exists if name == 'tinyimagenet' else os.path.isfile
+  return [exists(p) for p in _expected_files(name, directory)]
 
 
 def _find_files(name: str, data_dir: str | None) -> str | None:
@@ -135,7 +223,8 @@ def _find_files(name: str, data_dir: str | None) -> str | None:
     present = _present(name, directory)
     if all(present):
       return directory
-    if any(present) and name != 'femnist':
+    partial = any(present[:_DISTINCTIVE.get(name, len(present))])
+    if partial and name not in _LEAF_FORMAT:
       missing = [p for p, ok in zip(_expected_files(name, directory), present)
                  if not ok]
       raise DataError(
@@ -144,22 +233,39 @@ def _find_files(name: str, data_dir: str | None) -> str | None:
   return None
 
 
-def _missing_files_message(name: str, data_dir: str | None) -> str:
+def _find_femnist(data_dir: str | None, fmt: str) -> tuple[str, str] | None:
+  """(format, directory) of FEMNIST: LEAF JSON first, then TFF HDF5."""
+  if fmt in ('auto', 'leaf'):
+    directory = _find_files('femnist', data_dir)
+    if directory is not None:
+      return 'leaf', directory
+  if fmt in ('auto', 'h5'):
+    directory = _find_files('femnist_h5', data_dir)
+    if directory is not None:
+      return 'h5', directory
+  return None
+
+
+def _missing_files_message(name: str, data_dir: str | None,
+                           layouts: tuple[str, ...] | None = None) -> str:
+  layouts = layouts or (name,)
   if data_dir is None:
     where = (f'no data_dir was given and ${DATA_DIR_ENV} is not set, so no '
              'files were looked for')
   else:
     options = '\n'.join(
-        f'  {", ".join(_expected_files(name, d))}'
-        for d in _candidate_dirs(name, data_dir))
+        f'  {", ".join(_expected_files(layout, d))}'
+        for layout in layouts for d in _candidate_dirs(layout, data_dir))
     where = f'expected one of these file sets:\n{options}'
-  return (f'{name}: dataset files not found; {where}\nPut '
-          f'{_PREPARE_HINT[name]} there (see BUILD.md, "Data").')
+  hints = ' or '.join(_PREPARE_HINT[layout] for layout in layouts)
+  return (f'{name}: dataset files not found; {where}\nPut {hints} there (see '
+          'BUILD.md, "Data").')
 
 
-def _load_files(name: str, directory: str) -> Dataset:
-  num_classes = _NUM_CLASSES[name]
+def _load_files(name: str, directory: str,
+                options: Mapping[str, Any]) -> Dataset:
   if name in ('mnist', 'fashion_mnist'):
+    num_classes = _NUM_CLASSES[name]
     paths = []
     for f in _IDX_NAMES:
       gz = os.path.join(directory, f + '.gz')
@@ -171,18 +277,40 @@ def _load_files(name: str, directory: str) -> Dataset:
           f'{directory}: train images {train_x.shape[1:]} and test images '
           f'{test_x.shape[1:]} differ in shape')
   elif name == 'cifar10':
+    num_classes = 10
     train_x, train_y, test_x, test_y = readers.read_cifar10(directory)
   elif name == 'cifar100':
+    num_classes = 100
     train_x, train_y, test_x, test_y = readers.read_cifar100(directory)
-  else:
-    return _load_femnist(directory)
+  elif name == 'tinyimagenet':
+    train_x, train_y, test_x, test_y, num_classes = (
+        tinyimagenet.read_tinyimagenet(directory))
+  elif name == 'femnist':
+    return _load_femnist(leaf.read_femnist_leaf(directory), directory,
+                         'leaf')
+  elif name == 'femnist_h5':
+    return _load_femnist(femnist_h5.read_femnist_h5(directory), directory,
+                         'h5')
+  elif name == 'sentiment140':
+    return _load_sentiment140(directory, options)
+  elif name == 'shakespeare':
+    return _load_shakespeare(directory, options)
+  elif name == 'reddit':
+    return _load_reddit(directory, options)
+  else:  # pragma: no cover  (load_dataset checks the name)
+    raise ValueError(name)
   return Dataset(name, _to_unit_float(_as_nhwc(train_x)), train_y,
                  _to_unit_float(_as_nhwc(test_x)), test_y, num_classes)
 
 
-def _load_femnist(directory: str) -> Dataset:
-  """FEMNIST with natural writer ids shared by the train and test splits."""
-  splits = leaf.read_femnist_leaf(directory)
+def _natural_clients(splits: Mapping[str, Any], directory: str,
+                     what: str = 'writers'
+                     ) -> tuple[list[str], dict[str, tuple[np.ndarray, ...]]]:
+  """Concatenates per-user splits; client ids shared by train and test.
+
+  Train users are numbered in their order, test-only users after them.
+  Returns (names, {split: (x, y, client_ids)}).
+  """
   names = list(splits['train'].users)
   index = {u: i for i, u in enumerate(names)}
   for u in splits['test'].users:
@@ -192,15 +320,84 @@ def _load_femnist(directory: str) -> Dataset:
   arrays = {}
   for s, split in splits.items():
     if not split.users:
-      raise DataError(f'{directory}/{s}: no writers')
+      raise DataError(f'{os.path.join(directory, s)}: no {what}')
     ids = [np.full(len(y), index[u], np.int32)
            for u, y in zip(split.users, split.y)]
     arrays[s] = (np.concatenate(split.x), np.concatenate(split.y),
                  np.concatenate(ids))
+  return names, arrays
+
+
+def _load_femnist(splits: dict[str, leaf.LeafSplit], directory: str,
+                  fmt: str) -> Dataset:
+  """FEMNIST with natural writer ids shared by the train and test splits."""
+  names, arrays = _natural_clients(splits, directory)
   return Dataset('femnist', arrays['train'][0], arrays['train'][1],
                  arrays['test'][0], arrays['test'][1],
                  leaf.FEMNIST_NUM_CLASSES, arrays['train'][2],
-                 arrays['test'][2], names)
+                 arrays['test'][2], names,
+                 info={'format': fmt, 'directory': directory})
+
+
+def _load_sentiment140(directory: str, options: Mapping[str, Any]) -> Dataset:
+  """FedAT's Sentiment140 (3.6.1): one client per account, bag of words."""
+  vocab_size = options['vocab_size']
+  s = sentiment140.read_sentiment140(directory, vocab_size,
+                                     options['lowercase'],
+                                     options['max_tokens'])
+  info = {'directory': directory,
+          'test_neutral_dropped': s.test_neutral_dropped,
+          'truncated_tweets': s.truncated,
+          'vocab_size': vocab_size}
+  if s.truncated:
+    warnings.warn(
+        f'sentiment140: {s.truncated} tweets have more than '
+        f'max_tokens={options["max_tokens"]} in-vocabulary tokens; their '
+        'tails are dropped', stacklevel=3)
+  if options['representation'] == 'tokens':
+    train_x, test_x, kind, pad = (s.train_tokens, s.test_tokens,
+                                  INPUT_BOW_TOKENS, sentiment140.PAD_ID)
+  else:
+    rows = s.train_y.size + s.test_y.size
+    need = rows * vocab_size * 4
+    if need > options['max_dense_bytes']:
+      raise DataError(
+          f'sentiment140: dense bag-of-words counts of {rows} tweets x '
+          f'vocab_size={vocab_size} need {need / 2**30:.1f} GiB, above '
+          f'max_dense_bytes={options["max_dense_bytes"]}; use '
+          "options={'representation': 'tokens'} (int32 ids to count per "
+          'batch), a smaller vocab_size, or a larger max_dense_bytes')
+    train_x = sentiment140.bag_of_words(s.train_tokens, vocab_size)
+    test_x = sentiment140.bag_of_words(s.test_tokens, vocab_size)
+    kind, pad = INPUT_BOW_COUNTS, None
+  return Dataset('sentiment140', train_x, s.train_y, test_x, s.test_y,
+                 sentiment140.NUM_CLASSES, s.train_users, s.test_users,
+                 s.users, kind, s.vocab, pad, info)
+
+
+def _load_shakespeare(directory: str, options: Mapping[str, Any]) -> Dataset:
+  target = options['target']
+  splits = {s: leaf_text.read_shakespeare_split(os.path.join(directory, s),
+                                                target)
+            for s in leaf.LEAF_SPLITS}
+  names, arrays = _natural_clients(splits, directory, 'users')
+  return Dataset('shakespeare', arrays['train'][0], arrays['train'][1],
+                 arrays['test'][0], arrays['test'][1],
+                 len(leaf_text.SHAKESPEARE_VOCAB), arrays['train'][2],
+                 arrays['test'][2], names, INPUT_TOKENS,
+                 list(leaf_text.SHAKESPEARE_VOCAB), None,
+                 {'directory': directory, 'target': target})
+
+
+def _load_reddit(directory: str, options: Mapping[str, Any]) -> Dataset:
+  splits, vocab = leaf_text.read_reddit(directory, options['vocab_size'])
+  names, arrays = _natural_clients(splits, directory, 'users')
+  return Dataset('reddit', arrays['train'][0], arrays['train'][1],
+                 arrays['test'][0], arrays['test'][1], vocab.size,
+                 arrays['train'][2], arrays['test'][2], names, INPUT_TOKENS,
+                 vocab.tokens(), vocab.pad_id,
+                 {'directory': directory, 'vocab_source': vocab.source,
+                  'unk_id': vocab.unk_id})
 
 
 def _load_tfds(name: str, data_dir: str | None) -> Dataset:
@@ -215,25 +412,70 @@ def _load_builtin(name: str) -> Dataset:
   return Dataset(name, train_x, train_y, test_x, test_y, 10)
 
 
+def _check_options(name: str, options: Mapping[str, Any] | None
+                   ) -> dict[str, Any]:
+  """`options` merged over the dataset's defaults, each value validated."""
+  defaults = DATASET_OPTIONS.get(name, {})
+  options = dict(options or {})
+  unknown = sorted(set(options) - set(defaults))
+  if unknown:
+    accepted = ', '.join(sorted(defaults)) or 'none'
+    raise ValueError(
+        f'dataset {name!r}: unknown option(s) {", ".join(unknown)}; '
+        f'accepted: {accepted}')
+  merged = {**defaults, **options}
+  for key, value in merged.items():
+    choices = _OPTION_CHOICES.get((name, key))
+    if choices is not None:
+      if value not in choices:
+        raise ValueError(
+            f'dataset {name!r}: option {key}={value!r} is not accepted; use '
+            f'one of {list(choices)}')
+    elif isinstance(defaults[key], bool):
+      if not isinstance(value, bool):
+        raise ValueError(
+            f'dataset {name!r}: option {key} must be True or False, got '
+            f'{value!r}')
+    elif isinstance(value, bool) or not isinstance(
+        value, (int, np.integer)) or value < (3 if key == 'vocab_size' else 1):
+      low = 3 if key == 'vocab_size' else 1
+      raise ValueError(
+          f'dataset {name!r}: option {key} must be an int >= {low}, got '
+          f'{value!r}')
+  return merged
+
+
 def load_dataset(name: str, data_dir: str | None = None,
-                 source: str = 'auto') -> Dataset:
+                 source: str = 'auto',
+                 options: Mapping[str, Any] | None = None) -> Dataset:
   """Loads a dataset into host numpy arrays.
 
   Args:
     name: one of DATASET_NAMES. 'digits' is scikit-learn's bundled 8x8 digits
-      (no download); 'femnist' reads LEAF JSON files; 'emnist' comes from tfds.
+      (no download); 'femnist' reads LEAF JSON files, else TFF's federated
+      EMNIST HDF5 files; 'emnist' comes from tfds; 'sentiment140' reads the
+      original CSVs; 'shakespeare' and 'reddit' read LEAF JSON;
+      'tinyimagenet' reads the `tiny-imagenet-200` release.
     data_dir: directory of the original files (e.g. `data_dir/mnist/*.gz`,
       `data_dir/cifar10/cifar-10-batches-py/`, `data_dir/femnist_leaf/`, or the
-      files directly in `data_dir`), also passed to tfds as its data_dir.
-      Defaults to $FEDJAX_LAMA_DATA_DIR when set.
+      files directly in `data_dir`; BUILD.md lists every layout), also passed
+      to tfds as its data_dir. Defaults to $FEDJAX_LAMA_DATA_DIR when set.
     source: 'auto' (files if present, else tfds; builtin for digits), 'files',
       'tfds' or 'builtin'.
+    options: dataset-specific options, see DATASET_OPTIONS:
+      femnist `format` ('auto': LEAF JSON if found, else HDF5; 'leaf'; 'h5');
+      sentiment140 `vocab_size` (10,000), `representation` ('counts': dense
+      float32 bag of words, refused above `max_dense_bytes`; 'tokens': int32
+      ids), `lowercase`, `max_tokens`; shakespeare `target` ('sequence' or
+      'last'); reddit `vocab_size` (used when no reddit_vocab.pck is found).
 
   Returns:
-    A `Dataset` with float32 NHWC images in [0, 1] and int32 labels.
+    A `Dataset`: float32 NHWC images in [0, 1] or int32 token arrays (see
+    `Dataset.input_kind`), int32 labels.
 
   Raises:
-    ValueError: unknown name or source, or a source that cannot provide name.
+    ValueError: unknown name, source or option, or a source that cannot
+      provide name.
     DataError: files missing (the message lists the expected paths and how to
       prepare them) or malformed.
   """
@@ -247,14 +489,24 @@ def load_dataset(name: str, data_dir: str | None = None,
     raise ValueError(
         f'source {source!r} cannot provide dataset {name!r}; accepted: '
         f'{["auto"] + list(possible)}')
+  options = _check_options(name, options)
   if data_dir is None:
     data_dir = os.environ.get(DATA_DIR_ENV) or None
   if 'builtin' in possible:
     return _load_builtin(name)
+  if name == 'femnist':
+    found = _find_femnist(data_dir, options['format'])
+    if found is None:
+      layouts = {'auto': ('femnist', 'femnist_h5'), 'leaf': ('femnist',),
+                 'h5': ('femnist_h5',)}[options['format']]
+      raise DataError(_missing_files_message(name, data_dir, layouts))
+    fmt, directory = found
+    return _load_files('femnist' if fmt == 'leaf' else 'femnist_h5',
+                       directory, options)
   if source in ('auto', 'files') and 'files' in possible:
     directory = _find_files(name, data_dir)
     if directory is not None:
-      return _load_files(name, directory)
+      return _load_files(name, directory, options)
     if source == 'files' or 'tfds' not in possible:
       raise DataError(_missing_files_message(name, data_dir))
   if source == 'auto' and 'files' in possible:
