@@ -9,6 +9,17 @@ do), then prints a markdown table of final / best accuracy and comm_ratio (float
 communicated relative to FedAvg(tau') over the same steps), mean +- std over seeds,
 and writes it with the per-run JSON to --out. Runs already finished in --out are
 reused (each run is resumable), so an interrupted sweep continues where it stopped.
+
+Early stopping as AAAI reports it (algorithms.md D25, 1.5): early_stop_step is the first
+evaluation at which FedLAMA(tau', phi) beats the best accuracy of FedAvg(phi tau') in the
+same seed; the table gives the accuracy there and comm_ratio_budget = C(T) / C_ref(T_budget)
+(evaluate often enough, --eval_steps, for it to mean something).
+
+Composition (AAAI Table 4): the base config's local algorithm and compressor apply to every
+run, e.g. FedPAQ vs FedPAQ + FedLAMA:
+  python -m experiments.fedlama_compare --config=configs/fedlama_fmnist_cnn.py \
+      --config.compressor.name=qsgd --phis=2,4 --seeds=0 --out=/tmp/fedpaq_fmnist
+and FedProx vs FedProx + FedLAMA with --config.fedlama.local_algorithm=fedprox.
 """
 import json
 import os
@@ -28,9 +39,18 @@ flags.DEFINE_string("out", None, "Output directory.")
 flags.mark_flags_as_required(["out"])
 
 
+def base_name(config) -> str:
+  """The schedule FedLAMA is compared with: FedAvg, FedProx or FedPAQ (AAAI Tables 3, 4)."""
+  if config.compressor.name == "qsgd":
+    return "FedPAQ"
+  return "FedProx" if config.fedlama.local_algorithm == "fedprox" else "FedAvg"
+
+
 def run_variants(base, phis, total_steps):
   """(label, config) pairs: FedAvg(tau'), FedAvg(phi tau'), FedLAMA(tau', phi)."""
   tau = base.fedlama.base_interval
+  name = base_name(base)
+  lama = "FedLAMA" if name == "FedAvg" else f"{name}+FedLAMA"
   out = []
 
   def variant(label, interval, phi, fixed=None):
@@ -43,12 +63,26 @@ def run_variants(base, phis, total_steps):
     c.eval_every = max(1, every // window)
     out.append((label, c))
 
-  variant(f"FedAvg({tau})", tau, 1)
+  variant(f"{name}({tau})", tau, 1)
   for phi in phis:
-    variant(f"FedAvg({phi * tau})", phi * tau, 1)
+    variant(f"{name}({phi * tau})", phi * tau, 1)
   for phi in phis:
-    variant(f"FedLAMA({tau},{phi})", tau, phi)
+    variant(f"{lama}({tau},{phi})", tau, phi)
   return out
+
+
+def early_stop(lama_records, baseline_best, total_steps):
+  """D25: first evaluation beating the baseline's best; None when it never does."""
+  for r in lama_records:
+    if r["test_accuracy"] > baseline_best:
+      return {"step": r["local_steps"], "accuracy": r["test_accuracy"],
+              "comm_ratio_budget": r["comm_ratio"] * r["local_steps"] / total_steps}
+  return None
+
+
+def _records(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
 
 
 def main(argv):
@@ -57,7 +91,8 @@ def main(argv):
   base = FLAGS.config
   phis = [int(p) for p in FLAGS.phis]
   total = FLAGS.total_steps or base.fedlama.total_steps
-  results = {}
+  results, workdirs = {}, {}
+  name = base_name(base)
   for seed in [int(s) for s in FLAGS.seeds]:
     for label, c in run_variants(base, phis, total):
       c.seed = seed
@@ -72,20 +107,38 @@ def main(argv):
             f"{s['best_test_accuracy']:.4f} floats_up {s['comm_floats_up']} "
             f"wall {s['wall_seconds']:.0f}s", flush=True)
       results.setdefault(label, []).append(s)
+      workdirs.setdefault(label, []).append(workdir)
   tau = base.fedlama.base_interval
   ref = {s["seed"] if "seed" in s else i: s["comm_floats_up"]
-         for i, s in enumerate(results[f"FedAvg({tau})"])}
-  rows, table = [], ["| run | final acc (mean ± std) | best acc (mean ± std) | comm_ratio | wall s/run |",
-                     "|---|---|---|---|---|"]
+         for i, s in enumerate(results[f"{name}({tau})"])}
+  rows, table = [], ["| run | final acc (mean ± std) | best acc (mean ± std) | comm_ratio | "
+                     "uplink bits / float32 FedAvg(tau') | early stop: step, acc, C ratio "
+                     "(per seed) | wall s/run |", "|---|---|---|---|---|---|---|"]
   for label, runs in results.items():
     final = np.array([r["final_test_accuracy"] for r in runs])
     best = np.array([r["best_test_accuracy"] for r in runs])
     ratio = np.array([r["comm_floats_up"] / ref[i] for i, r in enumerate(runs)])
+    bits = [r.get("comm_bits_up") for r in runs]
+    bits_ratio = (np.array([b / (32 * ref[i]) for i, b in enumerate(bits)])
+                  if all(b is not None for b in bits) else None)
     wall = np.mean([r["wall_seconds"] for r in runs])
+    stops = []
+    if "FedLAMA(" in label:
+      phi = int(label.rsplit(",", 1)[1].rstrip(")"))
+      baseline = results[f"{name}({phi * tau})"]
+      stops = [early_stop(_records(w), b["best_test_accuracy"], total)
+               for w, b in zip(workdirs[label], baseline)]
     rows.append({"run": label, "final": final.tolist(), "best": best.tolist(),
-                 "comm_ratio": ratio.tolist(), "wall_seconds": float(wall)})
+                 "comm_ratio": ratio.tolist(),
+                 "bits_ratio": None if bits_ratio is None else bits_ratio.tolist(),
+                 "early_stop": stops, "wall_seconds": float(wall)})
+    stop_text = "; ".join("not reached" if e is None else
+                          f"{e['step']}, {e['accuracy']:.4f}, {e['comm_ratio_budget']:.4f}"
+                          for e in stops) or "-"
+    bits_text = "-" if bits_ratio is None else f"{bits_ratio.mean():.4f}"
     table.append(f"| {label} | {final.mean():.4f} ± {final.std():.4f} | {best.mean():.4f} ± "
-                 f"{best.std():.4f} | {ratio.mean():.4f} | {wall:.0f} |")
+                 f"{best.std():.4f} | {ratio.mean():.4f} | {bits_text} | {stop_text} | "
+                 f"{wall:.0f} |")
   text = "\n".join(table)
   print(text)
   os.makedirs(FLAGS.out, exist_ok=True)

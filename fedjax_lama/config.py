@@ -7,8 +7,11 @@ import math
 
 import ml_collections
 
-ALGORITHMS = ("fedavg", "fedprox", "fedlama")
-DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist", "femnist")
+ALGORITHMS = ("fedavg", "fedprox", "fedpaq", "fedlama")
+DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist", "femnist",
+            "sentiment140", "shakespeare", "reddit", "tinyimagenet")
+COMPRESSORS = ("auto", "identity", "qsgd")
+AUGMENTATIONS = ("none", "crop_flip")
 DATA_SOURCES = ("auto", "files", "tfds", "builtin")
 PARTITIONS = ("iid", "dirichlet", "dirichlet_balanced", "shards", "class_cyclic", "one_class", "natural",
               "femnist_writers")
@@ -31,6 +34,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.dataset = "digits"
   c.data_dir = ""  # "" -> $FEDJAX_LAMA_DATA_DIR, else ./data
   c.data_source = "auto"
+  # Reader options (fedjax_lama.data.DATASET_OPTIONS), e.g. {"vocab_size": 10000}.
+  c.dataset_options = ml_collections.ConfigDict()
+  # Input normalisation and on-device training augmentation (fedjax_lama.data.augment):
+  # "crop_flip" is the CIFAR recipe (pad 4, random crop, horizontal flip, fresh per client
+  # and step); "per_channel" standardises with the training split's channel mean and std,
+  # "per_pixel" with its per-pixel statistics (the FedLAMA reference code).
+  c.augmentation = "none"
+  c.normalization = "none"
   c.partition = "dirichlet"
   c.dirichlet_concentration = 0.5
   c.min_client_size = 10
@@ -63,6 +74,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.weighting = "examples"
   # Algorithm-specific.
   c.fedprox = ml_collections.ConfigDict({"mu": 0.01})
+  # Uplink compressor of the client updates (algorithms.md 5.10, 5.12). "auto": "qsgd" for
+  # algorithm="fedpaq" (FedAvg + QSGD, 16 levels per leaf), else "identity". FedPAQ + FedLAMA
+  # (AAAI Table 4b) is algorithm="fedlama" with name="qsgd".
+  c.compressor = ml_collections.ConfigDict({"name": "auto", "levels": 16, "block": "leaf"})
   c.fedlama = ml_collections.ConfigDict({
       "base_interval": 10, "phi": 2, "interval_rule": "aaai", "kernels_only": None,
       "client_sampling": "window", "warmup_windows": 0, "layer_granularity": "tensor",
@@ -134,12 +149,22 @@ def validate(c: ml_collections.ConfigDict, num_classes: int | None = None) -> No
   for field in ("local_momentum", "server_momentum"):
     if not 0.0 <= c[field] < 1.0:
       _fail(field, c[field], "a momentum in [0, 1)")
+  _one_of(c, "augmentation", AUGMENTATIONS)
+  _one_of(c, "normalization", ("none", "per_channel", "per_pixel"))
+  _one_of(c, "compressor.name", COMPRESSORS)
+  _one_of(c, "compressor.block", ("leaf", "global"))
+  levels = c.compressor.levels
+  if not (isinstance(levels, int) and not isinstance(levels, bool) and 1 <= levels <= 65535):
+    _fail("compressor.levels", levels, "an integer number of quantization levels in [1, 65535]")
   if c.weight_decay < 0:
     _fail("weight_decay", c.weight_decay, "a number >= 0")
   if c.algorithm == "fedprox" and c.fedprox.mu < 0:
     _fail("fedprox.mu", c.fedprox.mu, "a number >= 0")
   if c.algorithm == "fedlama":
     _validate_fedlama(c)
+    if c.compressor.name == "qsgd" and c.compressor.block != "leaf":
+      _fail("compressor.block", c.compressor.block,
+            "'leaf' with algorithm='fedlama' (a partial synchronisation sends whole leaves)")
 
 
 def _validate_fedlama(c):

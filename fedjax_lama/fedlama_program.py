@@ -23,8 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_lama import federation, layers, programs, rng
+from fedjax_lama import compress, federation, layers, programs, rng
 from fedjax_lama.config import ConfigError
+from fedjax_lama.data import augment
 from fedjax_lama.algorithms import interval_selection as sel
 from fedjax_lama.engine import evaluate, layer_sync, local, reduce, round as round_lib, sharding
 from fedjax_lama.tree import broadcast_clients
@@ -81,7 +82,11 @@ class FedLamaProgram:
     schedule = programs.make_lr_schedule(config, total)
     self.client_train = local.vmap_clients(local.make_client_train(
         loss_fn, self.algorithm.local_tx, schedule, correction=self.algorithm.correction,
-        unroll=config.engine.unroll))
+        augment=augment.from_config(config, fed.dataset), unroll=config.engine.unroll))
+    # FedPAQ + FedLAMA (AAAI Table 4b): synchronised leaves travel as Q(x_i - u).
+    self.compressor = compress.from_config(config)
+    self.uplink_key = compress.base_key(config.seed)
+    self.leaf_bits = compress.leaf_bits(self.compressor, params)
     # The slots are consumed by the window: donating them avoids a copy of m models.
     # Outputs keep the state's placement (slots split over clients, the rest replicated),
     # so window 2 reuses window 1's executable.
@@ -106,10 +111,12 @@ class FedLamaProgram:
                              broadcast_clients(self.model_state, m),
                              broadcast_clients(self.algorithm.local_tx.init(self.params), m))
     num_layers = len(self.spec.sizes)
-    rest = sharding.replicate(
+    # Copies: the window donates its state, which must never delete self.params.
+    own = lambda t: jax.tree_util.tree_map(jnp.copy, t)
+    rest = sharding.replicate(own(
         (self.params, self.model_state, jnp.zeros(num_layers, jnp.float32),
          self.fixed if self.fixed is not None else self.base,
-         jnp.zeros(num_layers, jnp.int32), jnp.zeros((), jnp.int32)), self.mesh)
+         jnp.zeros(num_layers, jnp.int32), jnp.zeros((), jnp.int32))), self.mesh)
     return FedLamaState(sharding.shard_clients(slots, self.mesh), *rest)
 
   # ---- one window, jitted ----------------------------------------------------------------
@@ -137,7 +144,8 @@ class FedLamaProgram:
                                          jnp.sum(st.count), 0.0])
       weights = reduce.client_weights(c.client_mask, c.num_examples, self.config.weighting)
       sync = jnp.mod(r + 1, mult) == 0
-      params, u, d = layer_sync.layer_masked_mean(slots.params, weights, sync, intervals, d, u,
+      sent = self._uplink(slots.params, u, sync, window * self.phi + r, c.client_ids)
+      params, u, d = layer_sync.layer_masked_mean(sent, weights, sync, intervals, d, u,
                                                   self.spec.leaf_to_layer)
       counts = counts + sync.astype(jnp.int32)
       slots = slots._replace(params=params)
@@ -156,6 +164,22 @@ class FedLamaProgram:
       new_mult = jnp.where(window >= f.warmup_windows, selected, self.base).astype(jnp.int32)
     new_state = FedLamaState(slots, u, global_stats, d, new_mult, counts, state.window + 1)
     return new_state, stats_sum, mult, sync
+
+  def _uplink(self, local_params, u, sync, sub_round, client_ids):
+    """What the server receives of each slot's layers: x_i itself (identity), or for the
+    layers due now u + Q(x_i - u) with per (sub-round, client, leaf) draws (algorithms.md
+    5.12 "With FedLAMA"). The discrepancy d_l is then measured on what the server holds.
+    Layers not due keep the slot's own copy (it is not sent)."""
+    if self.compressor.name == "identity":
+      return local_params
+    deltas = jax.tree_util.tree_map(lambda x, g: x - g[None], local_params, u)
+    decoded = compress.compress_clients(self.compressor, self.uplink_key, sub_round, client_ids,
+                                        deltas)
+    leaves, treedef = jax.tree_util.tree_flatten(local_params)
+    out = [jnp.where(sync[layer], g[None] + q, x) for x, g, q, layer in zip(
+        leaves, treedef.flatten_up_to(u), treedef.flatten_up_to(decoded),
+        self.spec.leaf_to_layer)]
+    return jax.tree_util.tree_unflatten(treedef, out)
 
   # ---- host side -------------------------------------------------------------------------
   def _pack_window(self, window: int) -> round_lib.Cohort:
@@ -195,13 +219,23 @@ class FedLamaProgram:
     total_steps = (window + 1) * self.window_steps
     comm_ratio = float(np.sum(self.spec.sizes * np.asarray(state.sync_counts))) / (
         total_steps / self.config.fedlama.base_interval * float(np.sum(self.spec.sizes)))
+    # The curves the selection just walked (v1 Fig. 1 / AAAI Fig. 2), in walk order.
+    curves = sel.selection_curves(np.asarray(state.discrepancy), self.spec.sizes, self.rule,
+                                  self.kernel_mask)
     extra = {"clients": n_real, "fedlama_relaxed_layers": int(relaxed.sum()),
+             "fedlama_discrepancy": np.asarray(state.discrepancy).tolist(),
+             "fedlama_next_multipliers": np.asarray(state.multipliers).tolist(),
+             "fedlama_curve_order": np.asarray(curves.order).tolist(),
+             "fedlama_delta": np.asarray(curves.delta).tolist(),
+             "fedlama_lambda": np.asarray(curves.lam).tolist(),
              "fedlama_relaxed_share": float(self.spec.sizes[relaxed].sum() / self.spec.sizes.sum()),
              "comm_ratio": comm_ratio,
              "bn_stat_floats": self._bn_floats(n_real)}
     loss = stats[0] / stats[2] if stats[2] else 0.0
+    leaf_syncs = synced[self.spec.leaf_to_layer]
+    bits_up = int(np.sum(leaf_syncs * self.leaf_bits)) * n_real
     return state, programs.RoundOutput(float(loss), float(stats[2]), leaf_floats, leaf_floats,
-                                       None, extra)
+                                       None, extra, bits_up=bits_up)
 
   def _per_leaf(self, per_layer: np.ndarray) -> np.ndarray:
     """Splits per-unit floats over the unit's leaves in proportion to their sizes."""
@@ -247,6 +281,7 @@ class FedLamaProgram:
   def plot(self, workdir, ledger) -> None:
     del ledger
     plot_layer_comm(workdir, self.spec.sizes, self._final_counts)
+    plot_selection_curves(workdir, self.rule)
 
   _final_counts = None
 
@@ -277,4 +312,40 @@ def plot_layer_comm(workdir, sizes, counts):
   axes[1].set_yscale("log")
   fig.tight_layout()
   fig.savefig(os.path.join(workdir, "fedlama_layer_comm.png"))
+  plt.close(fig)
+
+
+def plot_selection_curves(workdir, rule):
+  """delta_k and 1 - lambda_k against k at the logged window ends (v1 Fig. 1, AAAI Fig. 2).
+
+  For "aaai" the layers left of the crossing get the long interval."""
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    records = [r for r in map(json.loads, f) if r.get("fedlama_delta")]
+  if not records:
+    return
+  picks = records if len(records) <= 4 else [records[i] for i in
+                                             np.linspace(0, len(records) - 1, 4).astype(int)]
+  fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+  for r in picks:
+    k = np.arange(1, len(r["fedlama_delta"]) + 1)
+    line, = ax.plot(k, r["fedlama_delta"], label=f"delta, step {r['local_steps']}")
+    other = (np.asarray(r["fedlama_lambda"]) if rule in ("v1", "accelerate")
+             else 1 - np.asarray(r["fedlama_lambda"]))
+    ax.plot(k, other, "--", color=line.get_color(),
+            label=("lambda" if rule in ("v1", "accelerate") else "1 - lambda") +
+            f", step {r['local_steps']}")
+  ax.set_xlabel("k (layers in the rule's order)")
+  ax.set_ylabel("fraction")
+  ax.set_title(f"FedLAMA selection curves (rule {rule!r})")
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(os.path.join(workdir, "fedlama_curves.png"))
   plt.close(fig)

@@ -13,9 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_lama import algorithms, federation
+from fedjax_lama import algorithms, compress, federation
 from fedjax_lama import config as config_lib
 from fedjax_lama import data as fdata
+from fedjax_lama.data import augment
 from fedjax_lama.engine import client_store, evaluate, local, round as round_lib, sharding
 from fedjax_lama.tree import leaf_sizes
 
@@ -25,8 +26,9 @@ class RoundOutput(NamedTuple):
   train_count: float               # number of real examples trained on
   floats_up_per_layer: np.ndarray  # this round, summed over clients
   floats_down_per_layer: np.ndarray
-  bytes: Optional[int]             # None: 4 bytes per float
+  bytes: Optional[int]             # None: bits_up / 8 + 4 bytes per float down
   extra: dict                      # algorithm-specific metrics for metrics.jsonl
+  bits_up: Optional[int] = None    # None: 32 bits per float up (no compressor)
 
 
 def make_lr_schedule(config, total_steps: int):
@@ -120,6 +122,8 @@ class SyncProgram:
     """algorithm: overrides the one named by config.algorithm (tests, custom algorithms)."""
     self.config, self.fed, self.mesh = config, fed, mesh
     self.algorithm = algorithm if algorithm is not None else build_algorithm(config, params)
+    self.compressor = compress.from_config(config)
+    self.leaf_bits = compress.leaf_bits(self.compressor, params)
     self.on_host = config.engine.get("client_state_on_host", False)
     if not isinstance(self.on_host, bool):
       raise config_lib.ConfigError(
@@ -133,7 +137,8 @@ class SyncProgram:
     schedule = make_lr_schedule(config, config.rounds * self.num_steps)
     train_chunk, server_update = round_lib.make_round_fns(
         loss_fn, self.algorithm, schedule, seed=config.seed, weighting=config.weighting,
-        local_steps=self.num_steps, unroll=config.engine.unroll)
+        local_steps=self.num_steps, unroll=config.engine.unroll, compressor=self.compressor,
+        augment=augment.from_config(config, fed.dataset))
     replicated = sharding.replicated_sharding(mesh)
     clients = sharding.clients_sharding(mesh)
     self.train_chunk = jax.jit(train_chunk, out_shardings=(replicated, clients, clients))
@@ -195,8 +200,9 @@ class SyncProgram:
     n = len(ids)
     up = self.sizes * n * self.algorithm.floats_up_per_model
     down = self.sizes * n * self.algorithm.floats_down_per_model
+    bits_up = int(self.leaf_bits.sum()) * n * self.algorithm.floats_up_per_model
     out = RoundOutput(loss / count if count else 0.0, count, up, down, None,
-                      {"clients": n})
+                      {"clients": n}, bits_up=int(bits_up))
     return {"server": server, "rows": store.rows if store is not None else {}}, out
 
   def eval_params(self, state):

@@ -13,6 +13,7 @@ import numpy as np
 STREAM_INIT = 0
 STREAM_TRAIN = 1
 STREAM_EVAL = 2
+STREAM_UPLINK = 3  # compressor draws (algorithms.md 5.10: round, client id, leaf)
 
 
 def root_key(seed: int) -> jax.Array:

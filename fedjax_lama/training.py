@@ -21,6 +21,7 @@ import logging
 from fedjax_lama import checkpointing, comm, federation, metrics, models, programs, rng
 from fedjax_lama import config as config_lib
 from fedjax_lama import data as fdata
+from fedjax_lama.data import augment
 from fedjax_lama.engine import evaluate as evaluation
 from fedjax_lama.engine import sharding
 
@@ -83,6 +84,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   data_dir = federation.resolve_data_dir(config)
   dataset = fdata.load_dataset(config.dataset, data_dir=data_dir, source=config.data_source)
   config_lib.validate(config, num_classes=dataset.num_classes)
+  dataset = augment.normalize_dataset(dataset, config.normalization)
   fed = federation.build_federation(config, dataset)
   mesh = sharding.client_mesh()
   model, params, model_state = _build_model(config, dataset)
@@ -123,7 +125,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   round_idx = start_round - 1
   for round_idx in range(start_round, total_rounds):
     state, out = program.run_round(state, round_idx)
-    ledger.add(out.floats_up_per_layer, out.floats_down_per_layer, out.bytes)
+    ledger.add(out.floats_up_per_layer, out.floats_down_per_layer, out.bytes, out.bits_up)
     if not np.isfinite(out.train_loss):
       raise TrainingError(
           f"non-finite training loss ({out.train_loss}) at round {round_idx}: stopped; the workdir "

@@ -9,9 +9,9 @@ way (both jitted, or both op by op: XLA's fusion can change the last bit).
 
 Conventions shared by both functions:
 - `stacked` is a params pytree whose leaves have a leading client axis C
-  (possibly sharded over devices). Only elementwise ops, `jnp.where` and sums
-  over axis 0 are used, so jit/GSPMD turn the reductions into the only
-  cross-device collectives; there is no Python loop over clients (only over
+  (possibly sharded over devices). Only elementwise ops, `jnp.where`, row sums
+  and dots over axis 0 (`reduce.client_sum`) are used, so jit/GSPMD turn the
+  client-axis reductions into the only cross-device collectives; there is no Python loop over clients (only over
   leaves, which is static).
 - `weights` [C] are >= 0 with a positive sum; they are normalised inside as
   sum_i w_i x_i / sum_i w_i ("divide once at the end"). Rows with weight 0
@@ -29,6 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_lama.engine import reduce
+
 PyTree = Any  # A params pytree; "stacked" means leaves carry a client axis.
 
 
@@ -36,17 +38,10 @@ def _acc_dtype(dtype) -> jnp.dtype:
   return jnp.promote_types(dtype, jnp.float32)
 
 
-def _as_column(w: jax.Array, ndim: int) -> jax.Array:
-  """Weights reshaped to broadcast against a leaf with `ndim` dimensions."""
-  return w.reshape(w.shape + (1,) * (ndim - 1))
-
-
 def _leaf_mean(x: jax.Array, w: jax.Array, total: jax.Array) -> jax.Array:
   """sum_i w_i x_i / sum_i w_i over axis 0, in the accumulation dtype."""
   acc = _acc_dtype(x.dtype)
-  wc = _as_column(w.astype(acc), x.ndim)
-  xs = jnp.where(wc > 0, x.astype(acc), 0)
-  return jnp.sum(wc * xs, axis=0) / total.astype(acc)
+  return reduce.client_sum(x.astype(acc), w.astype(acc)) / total.astype(acc)
 
 
 def _leaf_sq_dist(x: jax.Array, mean: jax.Array, w: jax.Array,

@@ -19,18 +19,23 @@ def client_weights(client_mask: jax.Array, num_examples: jax.Array, weighting: s
   raise ValueError(f"weighting={weighting!r}; accepted: 'examples', 'uniform'")
 
 
-def weighted_sum(stacked: PyTree, weights: jax.Array) -> PyTree:
-  """sum_i w_i x_i over the leading client axis of every leaf.
+def client_sum(x: jax.Array, weights: jax.Array) -> jax.Array:
+  """sum_i w_i x_i over the leading client axis of one array, rows with w_i <= 0 excluded.
 
-  Zero weights are applied with `where` first, so a padded client holding NaN or
-  inf contributes exactly nothing.
+  Written as a dot over the client axis: XLA:CPU fuses `sum(w * x, axis=0)` into a
+  reduction that is 5x slower for 13 clients of a 6.4M-float tensor, and for some
+  producers (a masked cast) ~100x slower (30 s per leaf). Zero weights are applied
+  with `where` first, so a padded client holding NaN or inf contributes nothing.
+  HIGHEST precision keeps float32 on accelerators (no bf16/TF32 passes).
   """
+  w = weights.astype(x.dtype)
+  xs = jnp.where(w.reshape((-1,) + (1,) * (x.ndim - 1)) > 0, x, 0)
+  return jnp.tensordot(w, xs, axes=1, precision=jax.lax.Precision.HIGHEST)
 
-  def leaf_sum(x):
-    w = weights.reshape((-1,) + (1,) * (x.ndim - 1)).astype(x.dtype)
-    return jnp.sum(jnp.where(w > 0, x * w, 0), axis=0)
 
-  return jax.tree_util.tree_map(leaf_sum, stacked)
+def weighted_sum(stacked: PyTree, weights: jax.Array) -> PyTree:
+  """sum_i w_i x_i over the leading client axis of every leaf (see `client_sum`)."""
+  return jax.tree_util.tree_map(lambda x: client_sum(x, weights), stacked)
 
 
 def weighted_mean(stacked: PyTree, weights: jax.Array) -> PyTree:

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_lama import rng
+from fedjax_lama import compress, rng
 from fedjax_lama.algorithms.base import Algorithm
 from fedjax_lama.engine import local, reduce
 from fedjax_lama.tree import PyTree, broadcast_clients, tree_sub
@@ -60,8 +60,14 @@ def scatter_rows(store: PyTree, client_ids: jax.Array, client_mask: jax.Array, r
 
 def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, lr_schedule: Callable, *,
                    seed: int, weighting: str, local_steps: int, unroll=1,
-                   augment: Optional[Callable] = None):
-  """Returns (train_chunk, server_update), both jitted."""
+                   augment: Optional[Callable] = None,
+                   compressor: Optional[compress.Compressor] = None):
+  """Returns (train_chunk, server_update), both jitted.
+
+  compressor: applied to each client's update delta before aggregation (FedPAQ); None or
+  the identity sends it as it is.
+  """
+  uplink_key = compress.base_key(seed)
   client_train = local.vmap_clients(local.make_client_train(
       loss_fn, algorithm.local_tx, lr_schedule, correction=algorithm.correction,
       augment=augment, unroll=unroll))
@@ -77,6 +83,9 @@ def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, lr_schedule: Cal
                                 round_idx * local_steps, 0)
     weights = reduce.client_weights(cohort.client_mask, cohort.num_examples, weighting)
     deltas = jax.vmap(tree_sub, in_axes=(0, None))(final.params, server.params)
+    if compressor is not None:
+      deltas = compress.compress_clients(compressor, uplink_key, round_idx, cohort.client_ids,
+                                         deltas)
     sums = ChunkSums(reduce.weighted_sum(deltas, weights),
                      reduce.weighted_sum(final.model_state, weights), jnp.sum(weights))
     new_rows = rows
