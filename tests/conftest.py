@@ -11,9 +11,14 @@ def shared_data_dir() -> pathlib.Path:
   return pathlib.Path(os.environ.get("FEDJAX_LAMA_DATA_DIR", REPO.parent / "shared" / "data"))
 
 
-@pytest.fixture
-def data_dir():
+def shared_data_dir_or_skip() -> str:
+  """The real datasets' directory; skips the calling test when it is absent."""
   path = shared_data_dir()
   if not path.exists():
     pytest.skip(f"real datasets not found at {path} (set FEDJAX_LAMA_DATA_DIR)")
-  return path
+  return str(path)
+
+
+@pytest.fixture
+def data_dir():
+  return pathlib.Path(shared_data_dir_or_skip())

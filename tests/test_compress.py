@@ -122,12 +122,7 @@ def _digits(**overrides):
   c = config_lib.base_config()
   c.num_clients, c.rounds, c.local_steps, c.plots = 8, 3, 3, False
   c.weighting = "uniform"
-  for k, v in overrides.items():
-    if "." in k:
-      a, b = k.split(".")
-      c[a][b] = v
-    else:
-      c[k] = v
+  c.update_from_flattened_dict(overrides)
   return c
 
 

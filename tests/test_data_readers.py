@@ -13,17 +13,10 @@ import numpy as np
 import pytest
 
 from fedjax_lama import data
+from tests.conftest import shared_data_dir_or_skip
 from fedjax_lama.data import readers
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-
-def _shared_data_dir() -> str:
-  path = os.environ.get('FEDJAX_LAMA_DATA_DIR') or os.path.join(
-      _REPO, '..', 'shared', 'data')
-  if not os.path.isdir(path):
-    pytest.skip(f'shared data not found at {path}')
-  return path
 
 
 # ----------------------------------------------------------------------------
@@ -138,7 +131,7 @@ _MNIST_TEST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
 
 
 def test_real_mnist_known_counts():
-  ds = data.load_dataset('mnist', _shared_data_dir(), source='files')
+  ds = data.load_dataset('mnist', shared_data_dir_or_skip(), source='files')
   assert ds.train_x.shape == (60000, 28, 28, 1)
   assert ds.test_x.shape == (10000, 28, 28, 1)
   assert ds.train_x.dtype == np.float32 and ds.train_y.dtype == np.int32
@@ -151,7 +144,7 @@ def test_real_mnist_known_counts():
 
 
 def test_real_fashion_mnist_balanced():
-  ds = data.load_dataset('fashion_mnist', _shared_data_dir())
+  ds = data.load_dataset('fashion_mnist', shared_data_dir_or_skip())
   np.testing.assert_array_equal(np.bincount(ds.train_y), [6000] * 10)
   np.testing.assert_array_equal(np.bincount(ds.test_y), [1000] * 10)
   assert ds.train_x.shape == (60000, 28, 28, 1)
@@ -463,7 +456,7 @@ def test_leaf_malformed(tmp_path, case):
 
 @pytest.fixture(scope='module')
 def real_femnist():
-  return data.load_dataset('femnist', _shared_data_dir(), source='files')
+  return data.load_dataset('femnist', shared_data_dir_or_skip(), source='files')
 
 
 def test_real_femnist_subset(real_femnist):

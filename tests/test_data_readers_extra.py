@@ -14,20 +14,13 @@ import numpy as np
 import pytest
 
 from fedjax_lama import data
+from tests.conftest import shared_data_dir_or_skip
 from fedjax_lama.data import femnist_h5
 from fedjax_lama.data import leaf_text
 from fedjax_lama.data import sentiment140
 from fedjax_lama.data import tinyimagenet
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-
-def _shared_data_dir() -> str:
-  path = os.environ.get('FEDJAX_LAMA_DATA_DIR') or os.path.join(
-      _REPO, '..', 'shared', 'data')
-  if not os.path.isdir(path):
-    pytest.skip(f'shared data not found at {path}')
-  return path
 
 
 def _raises_naming(path, fn, *args, match=None, **kwargs):
@@ -93,7 +86,7 @@ def test_femnist_h5_roundtrip(tmp_path):
 def test_femnist_h5_matches_real_leaf(tmp_path):
   """The real LEAF subset written in TFF's layout loads to the same data."""
   pytest.importorskip('h5py')
-  leaf_ds = data.load_dataset('femnist', _shared_data_dir(),
+  leaf_ds = data.load_dataset('femnist', shared_data_dir_or_skip(),
                               options={'format': 'leaf'})
   for split, fname in femnist_h5.H5_FILES.items():
     x = getattr(leaf_ds, f'{split}_x')[..., 0]

@@ -18,12 +18,7 @@ def tiny_config(**overrides):
   c.eval_every = 2
   c.checkpoint_every = 2
   c.plots = False
-  for k, v in overrides.items():
-    if "." in k:
-      a, b = k.split(".")
-      c[a][b] = v
-    else:
-      c[k] = v
+  c.update_from_flattened_dict(overrides)
   return c
 
 

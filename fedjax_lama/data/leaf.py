@@ -49,15 +49,17 @@ def leaf_files(directory: str) -> list[str]:
   return sorted(files)
 
 
-def _load_json(path: str) -> Any:
-  raw = readers.read_bytes(path, max_bytes=1 << 31)
+def load_json(path: str, max_bytes: int = 1 << 31) -> Any:
+  """A JSON file of at most max_bytes; DataError naming the file if it is not JSON."""
+  raw = readers.read_bytes(path, max_bytes=max_bytes)
   try:
     return json.loads(raw)
   except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8.
     raise DataError(f'{path}: invalid JSON ({e})') from e
 
 
-def _check_leaf_file(obj: Any, path: str) -> None:
+def check_leaf_file(obj: Any, path: str) -> None:
+  """The LEAF layout: users (list), user_data (dict), num_samples matching users."""
   if not isinstance(obj, dict):
     raise DataError(f'{path}: expected a JSON object, got {type(obj).__name__}')
   for key, kind in (('users', list), ('user_data', dict)):
@@ -86,8 +88,8 @@ def read_leaf_split(directory: str) -> LeafSplit:
   users, xs, ys = [], [], []
   seen = {}
   for path in files:
-    obj = _load_json(path)
-    _check_leaf_file(obj, path)
+    obj = load_json(path)
+    check_leaf_file(obj, path)
     num_samples = obj.get('num_samples')
     for i, user in enumerate(obj['users']):
       if not isinstance(user, str):

@@ -30,7 +30,6 @@ token row; the user of each row is its natural client.
 """
 
 import dataclasses
-import json
 import os
 from typing import Any, Callable, Iterable
 
@@ -81,24 +80,9 @@ def _read_users(directory: str, check_num_samples: bool
     raise DataError(f'{directory}: no LEAF *.json or *.json.gz files found')
   out, seen = [], {}
   for path in files:
-    raw = readers.read_bytes(path, max_bytes=1 << 32)
-    try:
-      obj = json.loads(raw)
-    except (ValueError, RecursionError) as e:
-      raise DataError(f'{path}: invalid JSON ({e})') from e
-    del raw
-    if not isinstance(obj, dict):
-      raise DataError(
-          f'{path}: expected a JSON object, got {type(obj).__name__}')
-    for key, kind in (('users', list), ('user_data', dict)):
-      if not isinstance(obj.get(key), kind):
-        raise DataError(
-            f'{path}: missing or malformed "{key}" (a JSON {kind.__name__} '
-            'is required)')
+    obj = leaf.load_json(path, max_bytes=1 << 32)
+    leaf.check_leaf_file(obj, path)
     num_samples = obj.get('num_samples')
-    if num_samples is not None and (not isinstance(num_samples, list) or
-                                    len(num_samples) != len(obj['users'])):
-      raise DataError(f'{path}: "num_samples" does not match "users"')
     for i, user in enumerate(obj['users']):
       if not isinstance(user, str):
         raise DataError(f'{path}: user names must be strings, got {user!r}')
