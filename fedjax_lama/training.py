@@ -7,6 +7,7 @@ workdir resumes from the last checkpoint; the resumed run ends with exactly
 the parameters and metrics of an uninterrupted one (architecture.md 3).
 """
 import copy
+import dataclasses
 import json
 import os
 import time
@@ -23,6 +24,7 @@ from fedjax_lama import config as config_lib
 from fedjax_lama import data as fdata
 from fedjax_lama.data import augment
 from fedjax_lama.engine import evaluate as evaluation
+from fedjax_lama.engine import local
 from fedjax_lama.engine import sharding
 
 logger = logging.getLogger("fedjax_lama")
@@ -59,11 +61,104 @@ def _check_workdir(workdir: str, config) -> None:
         "use a new --workdir, or the same config to resume")
 
 
-def _build_model(config, dataset):
+# What each model consumes (fedjax_lama.data.INPUT_KINDS); the others take images only.
+_MODEL_INPUTS = {
+    "logreg": (fdata.INPUT_BOW_COUNTS, fdata.INPUT_BOW_TOKENS),
+    "lstm_lm": (fdata.INPUT_TOKENS,),
+    "mlp": (fdata.INPUT_IMAGE, fdata.INPUT_BOW_COUNTS),
+}
+# Partitions that read one class label per example.
+_LABEL_PARTITIONS = ("dirichlet", "dirichlet_balanced", "shards", "class_cyclic", "one_class")
+
+
+def _model_inputs(model: str) -> tuple:
+  return _MODEL_INPUTS.get(model, (fdata.INPUT_IMAGE,))
+
+
+def _load_dataset(config, data_dir: str) -> "fdata.Dataset":
+  """`load_dataset` with config.dataset_options, checked against the model and partition.
+
+  Bad options and model/dataset mismatches raise ConfigError naming the fields;
+  next-token padding targets become local.PAD_TARGET (see `_pad_targets`).
+  """
+  opts = config.get("dataset_options")
+  options = opts.to_dict() if isinstance(opts, ml_collections.ConfigDict) else dict(opts or {})
+  try:
+    dataset = fdata.load_dataset(config.dataset, data_dir=data_dir, source=config.data_source,
+                                 options=options or None)
+  except (fdata.DataError, config_lib.ConfigError):
+    raise
+  except ValueError as e:  # unknown option or bad value: a config problem, not a file problem
+    raise config_lib.ConfigError(
+        f"config.dataset={config.dataset!r}, config.data_source={config.data_source!r}, "
+        f"config.dataset_options={options!r}: {e}") from e
+  _check_model_and_partition(config, dataset)
+  return _pad_targets(dataset)
+
+
+def _check_model_and_partition(config, dataset) -> None:
+  kind = dataset.input_kind
+  if kind not in _model_inputs(config.model):
+    fits = [m for m in models.names() if kind in _model_inputs(m)]
+    raise config_lib.ConfigError(
+        f"config.model={config.model!r} takes {'/'.join(_model_inputs(config.model))} inputs, but "
+        f"config.dataset={config.dataset!r} gives {kind!r} inputs of shape "
+        f"{np.shape(dataset.train_x)[1:]} per example; accepted for this dataset: config.model in "
+        f"{', '.join(repr(m) for m in fits)}")
+  if np.ndim(dataset.train_y) != 1 and config.partition in _LABEL_PARTITIONS:
+    raise config_lib.ConfigError(
+        f"config.partition={config.partition!r} needs one class label per example, but "
+        f"config.dataset={config.dataset!r} has next-token targets of shape "
+        f"{np.shape(dataset.train_y)[1:]} per example; accepted: 'natural', 'iid'")
+
+
+def _pad_targets(dataset) -> "fdata.Dataset":
+  """Next-token targets equal to dataset.pad_id (Reddit's <PAD> 0) -> local.PAD_TARGET.
+
+  The engine treats targets < 0 as padding (local.make_loss_fn, evaluate), so
+  the jitted programs need no per-dataset pad id. Inputs are left as they are:
+  <PAD> stays a token the model embeds.
+  """
+  pad = dataset.pad_id
+  if np.ndim(dataset.train_y) != 2 or pad is None or pad < 0:
+    return dataset
+  remap = lambda y: np.where(y == pad, local.PAD_TARGET, y).astype(np.int32)
+  return dataclasses.replace(dataset, train_y=remap(dataset.train_y),
+                             test_y=remap(dataset.test_y))
+
+
+def _dataset_vocab_size(model: str, dataset) -> Optional[int]:
+  """The vocabulary size `model` must be built with for `dataset`, or None if none applies."""
+  if model == "lstm_lm":
+    return int(dataset.num_classes)  # token ids and next-token classes share one vocabulary
+  if model == "logreg" and dataset.input_kind == fdata.INPUT_BOW_COUNTS:
+    return int(np.shape(dataset.train_x)[1])
+  if model == "logreg" and dataset.input_kind == fdata.INPUT_BOW_TOKENS:
+    return int(dataset.info.get("vocab_size") or len(dataset.vocab))
+  return None
+
+
+def _model_options(config, dataset) -> dict:
+  """config.model_options, with the vocabulary size taken from the dataset when unset."""
   options = dict(config.model_options.to_dict()) if config.model_options else {}
+  vocab = _dataset_vocab_size(config.model, dataset)
+  if vocab is not None:
+    given = options.setdefault("vocab_size", vocab)
+    if given != vocab:
+      how = (" (set by config.dataset_options.vocab_size)"
+             if "vocab_size" in fdata.DATASET_OPTIONS.get(config.dataset, {}) else "")
+      raise config_lib.ConfigError(
+          f"config.model_options.vocab_size={given!r} is not accepted for config.model="
+          f"{config.model!r} on config.dataset={config.dataset!r}; accepted: {vocab}, the "
+          f"dataset's vocabulary{how}, or leave it unset")
   # Families without convolutions accept and ignore conv_impl.
   options.setdefault("conv_impl", models.resolve_conv_impl(config.engine.conv_impl))
-  model = models.get(config.model, num_classes=dataset.num_classes, **options)
+  return options
+
+
+def _build_model(config, dataset):
+  model = models.get(config.model, num_classes=dataset.num_classes,
+                     **_model_options(config, dataset))
   sample = jnp.asarray(dataset.train_x[:1])
   variables = model.init({"params": rng.root_key(config.seed), "dropout": rng.root_key(config.seed)},
                          sample, train=False)
@@ -82,7 +177,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   config = copy.deepcopy(config)
   config_lib.validate(config)
   data_dir = federation.resolve_data_dir(config)
-  dataset = fdata.load_dataset(config.dataset, data_dir=data_dir, source=config.data_source)
+  dataset = _load_dataset(config, data_dir)
   config_lib.validate(config, num_classes=dataset.num_classes)
   dataset = augment.normalize_dataset(dataset, config.normalization)
   fed = federation.build_federation(config, dataset)

@@ -31,8 +31,60 @@ class StepStats(NamedTuple):
   count: jax.Array
 
 
-def make_loss_fn(model, has_model_state: bool, label_smoothing: float = 0.0) -> LossFn:
-  """Masked mean cross-entropy of a flax module in training mode."""
+# Targets below zero are padding, never a class: sequence datasets whose padding
+# target is a vocabulary id (Reddit's <PAD> 0) are remapped to it by the training
+# code, so the engine needs no per-dataset pad id.
+PAD_TARGET = -1
+
+
+def align_logits(logits: jax.Array, y: jax.Array) -> jax.Array:
+  """Per-position logits [B, L, K] with one label per row [B] -> last position.
+
+  That is LEAF's Shakespeare task (predict the character after the window,
+  option target='last') with a sequence model; every other pairing passes.
+  """
+  if logits.ndim == y.ndim + 2:
+    return logits[:, -1]
+  return logits
+
+
+def token_mask(y: jax.Array, example_mask: jax.Array,
+               pad_id: Optional[int] = None) -> jax.Array:
+  """float32 [B, L]: 1 for scored targets of real examples (y >= 0, y != pad_id)."""
+  valid = y >= 0
+  if pad_id is not None:
+    valid = valid & (y != pad_id)
+  return example_mask[:, None] * valid.astype(jnp.float32)
+
+
+def token_losses(logits: jax.Array, y: jax.Array, label_smoothing: float = 0.0) -> jax.Array:
+  """Cross-entropy per target position; padded targets get the loss of class 0 (masked later)."""
+  safe = jnp.maximum(y, 0)
+  if label_smoothing:
+    labels = optax.smooth_labels(jax.nn.one_hot(safe, logits.shape[-1]), label_smoothing)
+    return optax.softmax_cross_entropy(logits, labels)
+  return optax.softmax_cross_entropy_with_integer_labels(logits, safe)
+
+
+def make_loss_fn(model, has_model_state: bool, label_smoothing: float = 0.0,
+                 pad_id: Optional[int] = None) -> LossFn:
+  """Masked mean cross-entropy of a flax module in training mode.
+
+  Labels y [B] (one class per example): the mean over real examples
+  (example_mask), `num_correct` counts examples.
+  Next-token targets y [B, L] (logits [B, L, K]): the mean over scored tokens,
+  mask = example_mask[:, None] * (y >= 0) * (y != pad_id); `num_correct`
+  counts tokens. Targets < 0 (PAD_TARGET) are always padding; `pad_id` adds a
+  vocabulary id that is (None: none). Padded positions change neither the
+  loss nor its gradient. Out-of-vocabulary targets (Reddit's <UNK>) are scored
+  like any other token; LEAF's Reddit accuracy instead counts a correct <UNK>
+  prediction as wrong.
+  The engine (make_client_train) weights each step's mean by its number of
+  real EXAMPLES, so the reported training loss of sequence data is a mean of
+  per-step token means weighted by examples: the per-token mean when every
+  row has the same number of scored tokens (Shakespeare), close to it
+  otherwise (Reddit's padded rows).
+  """
 
   def loss_fn(params, model_state, x, y, example_mask, key):
     variables = {"params": params, **({"batch_stats": model_state} if has_model_state else {})}
@@ -43,6 +95,13 @@ def make_loss_fn(model, has_model_state: bool, label_smoothing: float = 0.0) -> 
     else:
       logits = model.apply(variables, x, train=True, rngs=rngs)
       new_state = model_state
+    logits = align_logits(logits, y)
+    if y.ndim == 2:
+      mask = token_mask(y, example_mask, pad_id)
+      count = jnp.sum(mask)
+      loss = jnp.sum(token_losses(logits, y, label_smoothing) * mask) / jnp.maximum(count, 1.0)
+      correct = jnp.sum((jnp.argmax(logits, -1) == y) * mask)
+      return loss, (new_state, correct)
     num_classes = logits.shape[-1]
     labels = optax.smooth_labels(jax.nn.one_hot(y, num_classes), label_smoothing) \
         if label_smoothing else jax.nn.one_hot(y, num_classes)

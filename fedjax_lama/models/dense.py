@@ -35,10 +35,20 @@ class MLP(nn.Module):
 
 
 class LogReg(nn.Module):
-  """Logistic regression over a bag-of-words vector (FedAT Sentiment140, 3.6).
+  """Logistic regression over a bag of words (FedAT Sentiment140, 3.6).
 
   vocab_size * num_classes + num_classes parameters (vocab * 2 + 2 for the
-  binary task). `vocab_size`, when given, is checked against the input width.
+  binary task), in one `Dense_0` {kernel [vocab, classes], bias} whatever the
+  input form:
+
+  * float counts [batch, vocab] ('bow_counts'): counts @ kernel + bias;
+    `vocab_size`, when given, is checked against the input width.
+  * int token ids [batch, L] padded with negative ids ('bow_tokens', pad -1),
+    which needs `vocab_size`: the sum of the kernel rows of the ids >= 0
+    (a repeated id counts as often as it occurs) + bias. That equals the
+    counts form on the same tweet up to float32 summation order, and costs
+    L rows per example instead of a [batch, vocab] matrix (1.6M tweets x
+    10,000 words would be 64 GB of dense counts).
   """
   num_classes: int = 2
   vocab_size: int | None = None
@@ -49,14 +59,46 @@ class LogReg(nn.Module):
     del train
     if x.ndim != 2:
       raise ValueError(
-          f"logreg expects a bag-of-words matrix [batch, vocab_size]; got "
-          f"shape {x.shape}")
+          f"logreg expects a bag-of-words matrix [batch, vocab_size] or "
+          f"token ids [batch, length]; got shape {x.shape}")
+    if jnp.issubdtype(x.dtype, jnp.integer):
+      if self.vocab_size is None:
+        raise ValueError(
+            "logreg on int token ids [batch, length] needs vocab_size (the "
+            "number of rows of the kernel); pass model option vocab_size")
+      return _TokenBag(self.num_classes, self.vocab_size, self.init_style,
+                       name="Dense_0")(x)
     if self.vocab_size is not None and x.shape[-1] != self.vocab_size:
       raise ValueError(
           f"logreg was built with vocab_size={self.vocab_size} but the input "
           f"has {x.shape[-1]} features")
     return layers.Dense(self.num_classes, init_style=self.init_style)(
         x.astype(jnp.float32))
+
+
+class _TokenBag(nn.Module):
+  """`layers.Dense` over the bag of words of padded ids, from the ids.
+
+  Same leaves, shapes and initialisers as `layers.Dense(features)` applied to
+  a [batch, vocab_size] input (it is named "Dense_0" by `LogReg`, so both
+  input forms share one parameter tree and one initialisation).
+  """
+  features: int
+  vocab_size: int
+  init_style: str = "keras"
+
+  @nn.compact
+  def __call__(self, ids: Array) -> Array:
+    kernel_init, bias_init = layers.initializers(self.init_style,
+                                                 self.vocab_size)
+    kernel = self.param("kernel", kernel_init,
+                        (self.vocab_size, self.features))
+    bias = self.param("bias", bias_init, (self.features,))
+    valid = ids >= 0
+    # Padding gathers row 0 and is zeroed; ids >= vocab_size gather NaN
+    # (jnp.take's "fill" mode), so a bad id shows up as a non-finite loss.
+    rows = jnp.take(kernel, jnp.where(valid, ids, 0), axis=0)
+    return jnp.sum(rows * valid[..., None].astype(kernel.dtype), axis=1) + bias
 
 
 def _keras_embedding_init(key, shape, dtype=jnp.float32):
