@@ -23,6 +23,10 @@ def get_config():
   c.local_momentum = 0.9
   c.weight_decay = 1e-4
   c.weighting = "uniform"
+  # The reference feeder (algorithms.md 1.6.3): per-pixel standardisation, then zero-pad 4,
+  # random 32 x 32 crop and horizontal flip, drawn on device per client and step.
+  c.normalization = "per_pixel"
+  c.augmentation = "crop_flip"
   c.fedlama.base_interval = 10
   c.fedlama.phi = 2
   c.fedlama.total_steps = 10000
