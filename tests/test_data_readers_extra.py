@@ -3,7 +3,6 @@ TinyImageNet readers, on small files written in each release's real format.
 """
 
 import csv
-import gzip
 import io
 import json
 import os
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 
 from fedjax_lama import data
+from tests import test_data_readers
 from tests.conftest import shared_data_dir_or_skip
 from fedjax_lama.data import femnist_h5
 from fedjax_lama.data import leaf_text
@@ -349,12 +349,7 @@ def _leaf(users: dict, num_samples=None) -> dict:
 
 def _write_json(path, obj, compress=False):
   os.makedirs(os.path.dirname(str(path)), exist_ok=True)
-  raw = json.dumps(obj).encode()
-  if compress:
-    with gzip.open(str(path), 'wb') as f:
-      f.write(raw)
-  else:
-    path.write_bytes(raw)
+  test_data_readers._write_leaf(path, obj, compress)  # pylint: disable=protected-access
 
 
 _PLAY = ('ROMEO. But soft! What light through yonder window breaks? It is the '
