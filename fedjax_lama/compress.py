@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_lama import rng
+
 PyTree = Any
 COMPRESSORS = ("identity", "qsgd")
 BLOCKS = ("leaf", "global")
@@ -155,7 +157,6 @@ def from_config(config) -> Compressor:
 
 def base_key(seed: int) -> jax.Array:
   """Root of the compressor's draws; rounds, client ids and leaves are folded in."""
-  from fedjax_lama import rng  # pylint: disable=g-import-not-at-top
   return jax.random.fold_in(rng.root_key(seed), rng.STREAM_UPLINK)
 
 
