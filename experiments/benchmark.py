@@ -87,11 +87,11 @@ def run(model_name="fedat_cnn", clients=32, steps=10, batch=32, repeats=3, conv_
   indices = np.arange(n, dtype=np.int32).reshape(clients, steps, batch)
 
   # Engine: one jitted vmapped scan for the cohort, then the server mean.
-  alg = algorithms.fedavg()
+  alg = algorithms.build("fedavg")
   train_chunk, server_update = round_lib.make_round_fns(
       local.make_loss_fn(engine_model, has_state), alg, optax.constant_schedule(LR), seed=0,
-      weighting="uniform", local_steps=steps, unroll=unroll)
-  server = round_lib.ServerState(params, model_state, alg.server_tx.init(params))
+      weighting="uniform", local_steps=steps, population=clients, unroll=unroll)
+  server = alg.init_server(params, model_state)
   cohort = round_lib.Cohort(jnp.asarray(indices), jnp.ones((clients, steps, batch)),
                             jnp.ones((clients, steps)), jnp.ones((clients,)),
                             jnp.arange(clients, dtype=jnp.int32), jnp.ones((clients,)))

@@ -16,7 +16,7 @@ from absl import app, flags
 import jax
 import numpy as np
 
-from fedjax_lama import config as config_lib, federation, programs, training
+from fedjax_lama import config as config_lib, federation, training
 from fedjax_lama.data import Dataset
 from fedjax_lama.engine import sharding
 
@@ -62,9 +62,9 @@ def run(model="fedat_cnn", clients=32, tau=10, phi=2, batch=32, repeats=5) -> di
   results = {}
   for algorithm in ("fedavg", "fedlama"):
     c = _config(algorithm, clients, tau, phi, batch, model)
-    fed = federation.build_federation(c, dataset)
+    fed = federation.build_federation(training.partition_spec(c), dataset)
     mdl, params, model_state = training._build_model(c, dataset)  # pylint: disable=protected-access
-    program = programs.build(c, mdl, params, model_state, fed, mesh)
+    program = training.build_program(c, mdl, params, model_state, fed, mesh)
     state = {"s": program.init_state()}
     rounds_per_window = phi if algorithm == "fedavg" else 1
 

@@ -9,8 +9,8 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "train_and_evaluate": ("fedjax_lama.training", "train_and_evaluate"),
-    "select_intervals": ("fedjax_lama.algorithms.interval_selection", "select_intervals"),
-    "layer_masked_mean": ("fedjax_lama.engine.layer_sync", "layer_masked_mean"),
+    "select_intervals": ("fedjax_lama.fedlama.selection", "select_intervals"),
+    "layer_masked_mean": ("fedjax_lama.fedlama.layer_sync", "layer_masked_mean"),
     "base_config": ("fedjax_lama.config", "base_config"),
 }
 

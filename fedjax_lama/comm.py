@@ -22,31 +22,40 @@ class Ledger:
     self.sizes = np.asarray(sizes, np.int64)
     self.up = np.zeros(len(self.names), np.int64)
     self.down = np.zeros(len(self.names), np.int64)
+    self.up_other = 0    # floats not shaped like the model (FedNova's scalar), both ways
+    self.down_other = 0
     self.bytes = 0
     self.bits_up = 0
 
-  def add(self, up_per_layer, down_per_layer, num_bytes=None, bits_up=None) -> None:
-    """Floats per layer (parameters moved); bits_up: what an uplink compressor sent
-    (algorithms.md 5.12), None for float32."""
+  def add(self, up_per_layer, down_per_layer, num_bytes=None, bits_up=None, up_other=0,
+          down_other=0) -> None:
+    """Floats per layer (model-shaped messages) and other floats; bits_up: what an uplink
+    compressor sent (algorithms.md 5.12), None for float32."""
     up = np.asarray(up_per_layer, np.int64)
     down = np.asarray(down_per_layer, np.int64)
     self.up += up
     self.down += down
-    bits = int(bits_up) if bits_up is not None else int(up.sum()) * 8 * BYTES_PER_FLOAT
+    self.up_other += int(up_other)
+    self.down_other += int(down_other)
+    floats_up = int(up.sum()) + int(up_other)
+    bits = int(bits_up) if bits_up is not None else floats_up * 8 * BYTES_PER_FLOAT
     self.bits_up += bits
     self.bytes += (int(num_bytes) if num_bytes is not None else
-                   -(-bits // 8) + int(down.sum()) * BYTES_PER_FLOAT)
+                   -(-bits // 8) + (int(down.sum()) + int(down_other)) * BYTES_PER_FLOAT)
 
   def totals(self) -> dict:
-    return {"comm_floats_up": int(self.up.sum()), "comm_floats_down": int(self.down.sum()),
+    return {"comm_floats_up": int(self.up.sum()) + self.up_other,
+            "comm_floats_down": int(self.down.sum()) + self.down_other,
             "comm_bits_up": int(self.bits_up), "comm_bytes": int(self.bytes)}
 
   def dump(self) -> dict:
     return {"up": self.up.tolist(), "down": self.down.tolist(), "bytes": self.bytes,
-            "bits_up": self.bits_up}
+            "bits_up": self.bits_up, "up_other": self.up_other, "down_other": self.down_other}
 
   def load(self, d: dict) -> None:
     self.up = np.asarray(d["up"], np.int64)
     self.down = np.asarray(d["down"], np.int64)
     self.bytes = int(d["bytes"])
     self.bits_up = int(d.get("bits_up", int(self.up.sum()) * 8 * BYTES_PER_FLOAT))
+    self.up_other = int(d.get("up_other", 0))
+    self.down_other = int(d.get("down_other", 0))

@@ -1,16 +1,19 @@
 """Config defaults and validation: the only place that knows every field.
 
 `validate(config)` runs before anything touches the workdir and raises
-`ConfigError` naming the field and what is accepted (architecture.md 3).
+`ConfigError` naming the field and what is accepted (architecture.md 3). The
+algorithm sections (config.<algorithm>.<key>) come from the algorithms' typed
+hyper-parameters through the registry, which also validates them.
 """
 import math
 
 import ml_collections
 
-ALGORITHMS = ("fedavg", "fedprox", "fedpaq", "fedlama")
+from fedjax_lama.algorithms import registry
+from fedjax_lama.errors import ConfigError
+
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist", "femnist",
             "sentiment140", "shakespeare", "reddit", "tinyimagenet")
-COMPRESSORS = ("auto", "identity", "qsgd")
 AUGMENTATIONS = ("none", "crop_flip")
 DATA_SOURCES = ("auto", "files", "tfds", "builtin")
 PARTITIONS = ("iid", "dirichlet", "dirichlet_balanced", "shards", "class_cyclic", "one_class", "natural",
@@ -19,16 +22,13 @@ SAMPLINGS = ("fixed", "bernoulli")
 WEIGHTINGS = ("examples", "uniform")
 LR_SCHEDULES = ("constant", "cosine", "step", "exponential")
 CONV_IMPLS = ("auto", "lax", "patches")
-INTERVAL_RULES = ("aaai", "code", "v1", "accelerate")
-
-
-class ConfigError(ValueError):
-  """A config field holds a value that is not accepted."""
+SCHEDULES = registry.SCHEDULES
 
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.algorithm = "fedavg"
+  c.algorithm = "fedavg"   # fedjax_lama.algorithms.registry.names()
+  c.schedule = "none"      # "fedlama": FedLAMA's layer-wise intervals over config.algorithm
   c.seed = 0
   # Data and federation.
   c.dataset = "digits"
@@ -70,19 +70,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.label_smoothing = 0.0
   # Server.
   c.server_lr = 1.0
-  c.server_momentum = 0.0
   c.weighting = "examples"
-  # Algorithm-specific.
-  c.fedprox = ml_collections.ConfigDict({"mu": 0.01})
-  # Uplink compressor of the client updates (algorithms.md 5.10, 5.12). "auto": "qsgd" for
-  # algorithm="fedpaq" (FedAvg + QSGD, 16 levels per leaf), else "identity". FedPAQ + FedLAMA
-  # (AAAI Table 4b) is algorithm="fedlama" with name="qsgd".
+  # Algorithm-specific keys, one section per algorithm (and config.fedlama for the schedule),
+  # with the defaults of their typed hyper-parameters (algorithms.md 5.13).
+  for name, defaults in registry.hparam_defaults().items():
+    c[name] = ml_collections.ConfigDict(defaults)
+  # Uplink compressor of the client updates (algorithms.md 5.10, 5.12). "auto": the
+  # algorithm's own (QSGD with config.fedpaq.levels for fedpaq/fedcom), else "identity".
+  # FedPAQ + FedLAMA (AAAI Table 4b) is algorithm="fedlama" with name="qsgd".
   c.compressor = ml_collections.ConfigDict({"name": "auto", "levels": 16, "block": "leaf"})
-  c.fedlama = ml_collections.ConfigDict({
-      "base_interval": 10, "phi": 2, "interval_rule": "aaai", "kernels_only": None,
-      "client_sampling": "window", "warmup_windows": 0, "layer_granularity": "tensor",
-      "bn_stats_sync": "window", "opt_state_policy": "slot", "fixed_multipliers": None,
-      "total_steps": 0, "local_algorithm": "fedavg"})
   # Run.
   c.eval_every = 1
   c.checkpoint_every = 10
@@ -113,7 +109,6 @@ def _positive_int(c, field, allow_zero=False):
 
 def validate(c: ml_collections.ConfigDict, num_classes: int | None = None) -> None:
   """Raises ConfigError for the first field that is not accepted."""
-  _one_of(c, "algorithm", ALGORITHMS)
   _one_of(c, "dataset", DATASETS)
   _one_of(c, "data_source", DATA_SOURCES)
   _one_of(c, "partition", PARTITIONS)
@@ -146,48 +141,10 @@ def validate(c: ml_collections.ConfigDict, num_classes: int | None = None) -> No
   for field in ("local_lr", "server_lr"):
     if not (isinstance(c[field], (int, float)) and math.isfinite(c[field]) and c[field] > 0):
       _fail(field, c[field], "a finite number > 0")
-  for field in ("local_momentum", "server_momentum"):
-    if not 0.0 <= c[field] < 1.0:
-      _fail(field, c[field], "a momentum in [0, 1)")
+  if not 0.0 <= c.local_momentum < 1.0:
+    _fail("local_momentum", c.local_momentum, "a momentum in [0, 1)")
   _one_of(c, "augmentation", AUGMENTATIONS)
   _one_of(c, "normalization", ("none", "per_channel", "per_pixel"))
-  _one_of(c, "compressor.name", COMPRESSORS)
-  _one_of(c, "compressor.block", ("leaf", "global"))
-  levels = c.compressor.levels
-  if not (isinstance(levels, int) and not isinstance(levels, bool) and 1 <= levels <= 65535):
-    _fail("compressor.levels", levels, "an integer number of quantization levels in [1, 65535]")
   if c.weight_decay < 0:
     _fail("weight_decay", c.weight_decay, "a number >= 0")
-  if c.algorithm == "fedprox" and c.fedprox.mu < 0:
-    _fail("fedprox.mu", c.fedprox.mu, "a number >= 0")
-  if c.algorithm == "fedlama":
-    _validate_fedlama(c)
-    if c.compressor.name == "qsgd" and c.compressor.block != "leaf":
-      _fail("compressor.block", c.compressor.block,
-            "'leaf' with algorithm='fedlama' (a partial synchronisation sends whole leaves)")
-
-
-def _validate_fedlama(c):
-  f = c.fedlama
-  for field in ("base_interval", "phi"):
-    if not (isinstance(f[field], int) and f[field] >= 1):
-      _fail(f"fedlama.{field}", f[field], "an integer >= 1")
-  if f.interval_rule not in INTERVAL_RULES:
-    _fail("fedlama.interval_rule", f.interval_rule, ", ".join(map(repr, INTERVAL_RULES)))
-  if f.interval_rule == "accelerate" and f.base_interval % f.phi:
-    _fail("fedlama.base_interval", f.base_interval,
-          f"a multiple of fedlama.phi={f.phi} with interval_rule='accelerate'")
-  if f.kernels_only and f.interval_rule != "code":
-    _fail("fedlama.kernels_only", f.kernels_only, "null or false unless interval_rule='code'")
-  for field, choices in (("client_sampling", ("window", "round")),
-                         ("layer_granularity", ("tensor", "module")),
-                         ("bn_stats_sync", ("window", "round", "never")),
-                         ("opt_state_policy", ("slot", "reset_on_sample"))):
-    if f[field] not in choices:
-      _fail(f"fedlama.{field}", f[field], ", ".join(map(repr, choices)))
-  if f.local_algorithm not in ("fedavg", "fedprox"):
-    _fail("fedlama.local_algorithm", f.local_algorithm, "'fedavg', 'fedprox'")
-  if not (isinstance(f.total_steps, int) and f.total_steps >= 0):
-    _fail("fedlama.total_steps", f.total_steps, "an integer >= 0 (0: rounds * window)")
-  if not (isinstance(f.warmup_windows, int) and f.warmup_windows >= 0):
-    _fail("fedlama.warmup_windows", f.warmup_windows, "an integer >= 0")
+  registry.validate(c)

@@ -1,6 +1,7 @@
-"""Host-side federation: dataset, client partition, cohort sampling and packing.
+"""Host-side federation: dataset, client partition, cohort sampling.
 
-Pure numpy; the engine only sees packed index arrays (architecture.md 2.1).
+Pure numpy; the engine only sees packed index arrays (architecture.md 2.1). Takes
+typed arguments: the training entry point reads the config.
 """
 import dataclasses
 import os
@@ -9,7 +10,7 @@ from typing import Optional
 import numpy as np
 
 from fedjax_lama import data as fdata
-from fedjax_lama.config import ConfigError
+from fedjax_lama.errors import ConfigError
 
 
 @dataclasses.dataclass
@@ -28,26 +29,41 @@ class Federation:
     return np.array([len(ix) for ix in self.client_train], np.float32)
 
 
-def resolve_data_dir(config) -> str:
-  return config.data_dir or os.environ.get("FEDJAX_LAMA_DATA_DIR", "") or "data"
+def resolve_data_dir(data_dir: str) -> str:
+  return data_dir or os.environ.get("FEDJAX_LAMA_DATA_DIR", "") or "data"
 
 
-def build_federation(config, dataset) -> Federation:
-  """Partitions the training set into config.num_clients clients (a pure function of the seed)."""
+@dataclasses.dataclass(frozen=True)
+class PartitionSpec:
+  """How the training set is split into clients (the config.partition family of fields)."""
+  name: str
+  num_clients: int
+  seed: int
+  dirichlet_concentration: float = 0.5
+  min_client_size: int = 10
+  classes_per_client: int = 2
+  femnist_num_writers: int = 256
+  femnist_writers_per_client: int = 2
+  local_test_fraction: float = 0.0
+  dataset_name: str = ""  # for error messages
+
+
+def build_federation(spec: PartitionSpec, dataset) -> Federation:
+  """Partitions the training set into spec.num_clients clients (a pure function of the seed)."""
   labels = dataset.train_y
-  name = config.partition
-  seed = config.seed
+  name = spec.name
+  seed = spec.seed
   if name == "natural":
     if dataset.train_client_ids is None:
       raise ConfigError(f"config.partition='natural' needs a dataset with client ids "
-                        f"(femnist); {config.dataset!r} has none")
+                        f"(femnist); {spec.dataset_name!r} has none")
     clients = fdata.natural(dataset.train_client_ids)
   elif name == "femnist_writers":
     if dataset.train_client_ids is None:
       raise ConfigError("config.partition='femnist_writers' needs dataset='femnist'")
     writers = fdata.femnist_clients(
-        dataset.train_client_ids, num_writers=config.femnist_num_writers,
-        writers_per_client=config.femnist_writers_per_client, seed=seed,
+        dataset.train_client_ids, num_writers=spec.femnist_num_writers,
+        writers_per_client=spec.femnist_writers_per_client, seed=seed,
         test_client_ids=dataset.test_client_ids)
     # D23: the test set is the held-out data of the selected writers.
     test_rows = np.sort(np.concatenate(writers.test)) if writers.test is not None else None
@@ -62,48 +78,57 @@ def build_federation(config, dataset) -> Federation:
                         "test")
     clients = writers.train
   elif name == "iid":
-    clients = fdata.iid(len(labels), config.num_clients, seed)
+    clients = fdata.iid(len(labels), spec.num_clients, seed)
   elif name == "dirichlet":
-    clients = fdata.dirichlet_fedml(labels, config.num_clients, config.dirichlet_concentration, seed,
-                                    min_client_size=config.min_client_size)
+    clients = fdata.dirichlet_fedml(labels, spec.num_clients, spec.dirichlet_concentration, seed,
+                                    min_client_size=spec.min_client_size)
   elif name == "dirichlet_balanced":
-    clients = fdata.dirichlet_balanced(labels, config.num_clients, config.dirichlet_concentration,
+    clients = fdata.dirichlet_balanced(labels, spec.num_clients, spec.dirichlet_concentration,
                                        seed)
   elif name == "shards":
-    clients = fdata.shards(labels, config.num_clients, config.classes_per_client, seed)
+    clients = fdata.shards(labels, spec.num_clients, spec.classes_per_client, seed)
   elif name == "class_cyclic":
-    clients = fdata.class_cyclic(labels, config.num_clients, config.classes_per_client, seed)
+    clients = fdata.class_cyclic(labels, spec.num_clients, spec.classes_per_client, seed)
   elif name == "one_class":
-    clients = fdata.one_class(labels, config.num_clients, seed)
+    clients = fdata.one_class(labels, spec.num_clients, seed)
   else:  # validate() already rejects unknown names
     raise ConfigError(f"config.partition={name!r}")
   clients = [np.asarray(c, np.int64) for c in clients]
   client_test = None
-  if config.local_test_fraction > 0:
-    clients, client_test = fdata.local_split(clients, config.local_test_fraction, seed)
+  if spec.local_test_fraction > 0:
+    clients, client_test = fdata.local_split(clients, spec.local_test_fraction, seed)
   return Federation(dataset, clients, client_test)
 
 
-def cohort_size(config, num_clients: int) -> int:
-  """Clients per round: fixed m = round(active_ratio * N) (at least 1)."""
-  return max(1, int(round(config.active_ratio * num_clients)))
+@dataclasses.dataclass(frozen=True)
+class Sampler:
+  """Which clients take part in round r: a pure function of (seed, r)."""
+  kind: str            # "fixed": m = round(active_ratio * N) without replacement; "bernoulli"
+  active_ratio: float
+  num_clients: int
+  seed: int
 
+  @property
+  def cohort_size(self) -> int:
+    """Clients per round of fixed sampling (at least 1)."""
+    return max(1, int(round(self.active_ratio * self.num_clients)))
 
-def sample_round(config, num_clients: int, round_idx: int) -> np.ndarray:
-  if config.client_sampling == "bernoulli":
-    return np.asarray(fdata.sample_bernoulli(num_clients, config.active_ratio, config.seed, round_idx))
-  return np.asarray(fdata.sample_clients(num_clients, cohort_size(config, num_clients), config.seed,
-                                         round_idx))
+  def sample(self, round_idx: int) -> np.ndarray:
+    if self.kind == "bernoulli":
+      return np.asarray(fdata.sample_bernoulli(self.num_clients, self.active_ratio, self.seed,
+                                               round_idx))
+    return np.asarray(fdata.sample_clients(self.num_clients, self.cohort_size, self.seed,
+                                           round_idx))
 
+  @property
+  def max_cohort(self) -> int:
+    """Static client-axis size of a round (one compiled shape for the whole run).
 
-def max_cohort(config, num_clients: int) -> int:
-  """Static client-axis size of a round (one compiled shape for the whole run).
-
-  Bernoulli cohorts vary; they are padded to a high quantile of the binomial and
-  the rare larger draw runs as extra chunks.
-  """
-  if config.client_sampling == "fixed":
-    return cohort_size(config, num_clients)
-  p = config.active_ratio
-  mean, std = num_clients * p, np.sqrt(num_clients * p * (1 - p))
-  return int(min(num_clients, max(1, np.ceil(mean + 4 * std))))
+    Bernoulli cohorts vary; they are padded to a high quantile of the binomial and
+    the rare larger draw runs as extra chunks.
+    """
+    if self.kind == "fixed":
+      return self.cohort_size
+    p = self.active_ratio
+    mean, std = self.num_clients * p, np.sqrt(self.num_clients * p * (1 - p))
+    return int(min(self.num_clients, max(1, np.ceil(mean + 4 * std))))

@@ -19,13 +19,17 @@ import ml_collections
 import numpy as np
 import logging
 
-from fedjax_lama import checkpointing, comm, federation, metrics, models, programs, rng
+from fedjax_lama import checkpointing, comm, federation, metrics, models, rng
 from fedjax_lama import config as config_lib
 from fedjax_lama import data as fdata
+from fedjax_lama.algorithms import registry
 from fedjax_lama.data import augment
 from fedjax_lama.engine import evaluate as evaluation
 from fedjax_lama.engine import local
 from fedjax_lama.engine import sharding
+from fedjax_lama.fedlama.schedule import FedLamaProgram
+from fedjax_lama.programs.common import LrSchedule, RunOptions
+from fedjax_lama.programs.sync import SyncProgram
 
 logger = logging.getLogger("fedjax_lama")
 
@@ -167,6 +171,54 @@ def _build_model(config, dataset):
   return model, params, model_state
 
 
+def partition_spec(config) -> federation.PartitionSpec:
+  return federation.PartitionSpec(
+      name=config.partition, num_clients=config.num_clients, seed=config.seed,
+      dirichlet_concentration=config.dirichlet_concentration,
+      min_client_size=config.min_client_size, classes_per_client=config.classes_per_client,
+      femnist_num_writers=config.femnist_num_writers,
+      femnist_writers_per_client=config.femnist_writers_per_client,
+      local_test_fraction=config.local_test_fraction, dataset_name=config.dataset)
+
+
+def run_options(config, fed) -> RunOptions:
+  """The typed options every round program takes (programs/common.py)."""
+  return RunOptions(
+      seed=config.seed, rounds=config.rounds, local_steps=config.local_steps,
+      local_epochs=config.local_epochs, batch_size=config.batch_size, weighting=config.weighting,
+      eval_every=config.eval_every,
+      lr=LrSchedule(float(config.local_lr), config.local_lr_schedule,
+                    config.local_lr_warmup_steps, tuple(config.local_lr_decay_steps),
+                    float(config.local_lr_decay_factor)),
+      sampler=federation.Sampler(config.client_sampling, float(config.active_ratio),
+                                 fed.num_clients, config.seed),
+      label_smoothing=config.label_smoothing, unroll=config.engine.unroll,
+      clients_per_chunk=config.engine.clients_per_chunk,
+      client_state_on_host=_on_host(config),
+      augment=augment.augmentation(config.augmentation, fed.dataset))
+
+
+def _on_host(config) -> bool:
+  on_host = config.engine.get("client_state_on_host", False)
+  if not isinstance(on_host, bool):
+    raise config_lib.ConfigError(f"config.engine.client_state_on_host={on_host!r} is not "
+                                 "accepted; accepted: True or False")
+  return on_host
+
+
+def build_program(config, model, params, model_state, fed, mesh):
+  """The round program of config.algorithm (and config.schedule) on this federation."""
+  selection = registry.select(config)
+  algorithm = registry.build_algorithm(config, fed.num_clients,
+                                       float(np.mean(fed.client_sizes)))
+  compressor = registry.uplink_compressor(config, algorithm)
+  opts = run_options(config, fed)
+  if selection.fedlama is not None:
+    return FedLamaProgram(opts, selection.fedlama, algorithm, model, params, model_state, fed,
+                          mesh, compressor)
+  return SyncProgram(opts, algorithm, model, params, model_state, fed, mesh, compressor)
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        stop_after_round: Optional[int] = None) -> dict:
   """Runs (or resumes) the experiment described by `config`, writing into `workdir`.
@@ -176,14 +228,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   """
   config = copy.deepcopy(config)
   config_lib.validate(config)
-  data_dir = federation.resolve_data_dir(config)
+  data_dir = federation.resolve_data_dir(config.data_dir)
   dataset = _load_dataset(config, data_dir)
   config_lib.validate(config, num_classes=dataset.num_classes)
   dataset = augment.normalize_dataset(dataset, config.normalization)
-  fed = federation.build_federation(config, dataset)
+  fed = federation.build_federation(partition_spec(config), dataset)
   mesh = sharding.client_mesh()
   model, params, model_state = _build_model(config, dataset)
-  program = programs.build(config, model, params, model_state, fed, mesh)
+  program = build_program(config, model, params, model_state, fed, mesh)
 
   _check_workdir(workdir, config)  # every check passes before the workdir is written
   primary = jax.process_index() == 0  # multi-host: one writer of the plain files
@@ -220,7 +272,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   round_idx = start_round - 1
   for round_idx in range(start_round, total_rounds):
     state, out = program.run_round(state, round_idx)
-    ledger.add(out.floats_up_per_layer, out.floats_down_per_layer, out.bytes, out.bits_up)
+    ledger.add(out.floats_up_per_layer, out.floats_down_per_layer, out.bytes, out.bits_up,
+               out.floats_up_other, out.floats_down_other)
     if not np.isfinite(out.train_loss):
       raise TrainingError(
           f"non-finite training loss ({out.train_loss}) at round {round_idx}: stopped; the workdir "

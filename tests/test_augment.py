@@ -84,7 +84,7 @@ def test_non_image_inputs_are_refused():
   c = config_lib.base_config()
   c.augmentation = "crop_flip"
   with pytest.raises(config_lib.ConfigError, match="config.augmentation"):
-    augment.from_config(c, ds)
+    augment.augmentation(c.augmentation, ds)
   c.augmentation = "mixup"
   with pytest.raises(config_lib.ConfigError, match="augmentation"):
     config_lib.validate(c)

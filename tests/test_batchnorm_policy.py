@@ -15,8 +15,9 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_lama import algorithms, federation, fedlama_program, layers, programs
+from fedjax_lama import algorithms, federation, training
 from fedjax_lama import config as config_lib
+from fedjax_lama.fedlama import layers
 from fedjax_lama.data import Dataset
 from fedjax_lama.engine import local, round as round_lib, sharding
 
@@ -50,14 +51,15 @@ def test_sync_round_averages_running_stats_with_the_aggregation_weights():
   data_x, data_y = _data()
   params, stats = _init(model, data_x)
   loss_fn = local.make_loss_fn(model, has_model_state=True)
-  alg = algorithms.fedavg()
+  alg = algorithms.build("fedavg")
   idx = np.random.default_rng(1).integers(0, N, size=(C, S, B))
   num_examples = jnp.array([10.0, 30.0, 60.0])
   cohort = round_lib.Cohort(jnp.asarray(idx, jnp.int32), jnp.ones((C, S, B)), jnp.ones((C, S)),
                             jnp.ones(C), jnp.arange(C, dtype=jnp.int32), num_examples)
   train_chunk, server_update = round_lib.make_round_fns(
-      loss_fn, alg, optax.constant_schedule(0.1), seed=0, weighting="examples", local_steps=S)
-  server = round_lib.ServerState(params, stats, alg.server_tx.init(params))
+      loss_fn, alg, optax.constant_schedule(0.1), seed=0, weighting="examples", local_steps=S,
+      population=C)
+  server = alg.init_server(params, stats)
   sums, _, _ = train_chunk(server, {}, data_x, data_y, cohort, 0)
   new = server_update(server, sums)
 
@@ -94,10 +96,10 @@ def _program(c):
   x, y = _data()
   ds = Dataset("synthetic", np.asarray(x), np.asarray(y), np.asarray(x[:20]),
                np.asarray(y[:20]), 3)
-  fed = federation.build_federation(c, ds)
+  fed = federation.build_federation(training.partition_spec(c), ds)
   model = TinyBN()
   params, stats = _init(model, x)
-  return programs.build(c, model, params, stats, fed, sharding.client_mesh()), params, stats
+  return training.build_program(c, model, params, stats, fed, sharding.client_mesh()), params, stats
 
 
 def _leaves(t):
@@ -108,11 +110,12 @@ def _leaves(t):
 def test_fedlama_averages_stats_into_every_slot_and_the_global_model(bn):
   program, params, stats = _program(_config("fedlama", bn=bn))
   state, out = program.run_round(program.init_state(), 0)
+  state = state["fedlama"]
   for slot_leaf, global_leaf in zip(_leaves(state.slots.model_state),
-                                    _leaves(state.global_stats)):
+                                    _leaves(state.server.model_state)):
     for row in slot_leaf[:4]:
       np.testing.assert_array_equal(row, global_leaf)
-  assert not np.allclose(_leaves(state.global_stats)[0], _leaves(stats)[0])
+  assert not np.allclose(_leaves(state.server.model_state)[0], _leaves(stats)[0])
   per_model = sum(a.size for a in _leaves(stats))
   assert out.extra["bn_stat_floats"] == 2 * per_model * 4 * (2 if bn == "round" else 1)
   # Running statistics are not layers: C counts trainable parameters only.
@@ -123,9 +126,10 @@ def test_fedlama_averages_stats_into_every_slot_and_the_global_model(bn):
 def test_fedlama_never_keeps_slot_local_stats_and_evaluates_slot_0():
   program, _, _ = _program(_config("fedlama", bn="never"))
   state, out = program.run_round(program.init_state(), 0)
+  state = state["fedlama"]
   mean_leaf = _leaves(state.slots.model_state)[0]
   assert not np.allclose(mean_leaf[0], mean_leaf[1])
-  for g, s in zip(_leaves(state.global_stats), _leaves(state.slots.model_state)):
+  for g, s in zip(_leaves(state.server.model_state), _leaves(state.slots.model_state)):
     np.testing.assert_array_equal(g, s[0])
   assert out.extra["bn_stat_floats"] == 0
 
@@ -135,7 +139,8 @@ def test_fedlama_phi1_window_stats_equal_fedavg_stats():
   lama, _, _ = _program(_config("fedlama", phi=1))
   s_state, _ = sync.run_round(sync.init_state(), 0)
   l_state, _ = lama.run_round(lama.init_state(), 0)
-  for a, b in zip(_leaves(s_state["server"].model_state), _leaves(l_state.global_stats)):
+  for a, b in zip(_leaves(s_state["server"].model_state),
+                  _leaves(l_state["fedlama"].server.model_state)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-  for a, b in zip(_leaves(s_state["server"].params), _leaves(l_state.global_params)):
+  for a, b in zip(_leaves(s_state["server"].params), _leaves(l_state["fedlama"].server.params)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

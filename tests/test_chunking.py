@@ -44,7 +44,7 @@ def test_chunks_of_three_equal_one_chunk(sampling):
   one, params1, rows1, outs1, calls1 = _run(0, **overrides)
   three, params3, rows3, outs3, calls3 = _run(3, **overrides)
   assert three.chunk_size == 3 and one.chunk_size >= 12
-  sizes = [len(federation.sample_round(three.config, helpers.NUM_CLIENTS, r)) for r in range(3)]
+  sizes = [len(three.opts.sampler.sample(r)) for r in range(3)]
   assert [o.extra["clients"] for o in outs3] == sizes
   if sampling == "bernoulli":
     assert len(set(sizes)) > 1  # the draw varies, the compiled chunk shape does not
@@ -61,7 +61,9 @@ def test_chunks_of_three_equal_one_chunk(sampling):
 def test_empty_bernoulli_round_leaves_the_server_and_rows_unchanged():
   # With p small some rounds draw nobody: no chunk runs, the server and the rows stay put.
   config = helpers.tiny_config(client_sampling="bernoulli", active_ratio=0.03, rounds=20)
-  sizes = [len(federation.sample_round(config, helpers.NUM_CLIENTS, r)) for r in range(20)]
+  sampler = federation.Sampler(config.client_sampling, config.active_ratio, helpers.NUM_CLIENTS,
+                              config.seed)
+  sizes = [len(sampler.sample(r)) for r in range(20)]
   empty = next(r for r in range(1, 20) if sizes[r] == 0 and sizes[r - 1] > 0)
   program = helpers.build(config, MESH, with_rows=True)
   state = program.init_state()

@@ -106,7 +106,7 @@ def _run_with_checkpoint(on_host, ckpt_dir):
   touched = set()
   for r in range(4):
     state, _ = program.run_round(state, r)
-    touched |= set(federation.sample_round(config, helpers.NUM_CLIENTS, r).tolist())
+    touched |= set(program.opts.sampler.sample(r).tolist())
     if r == 1:
       ckpt.save(r, state, {"round": r})
   final = (jax.tree_util.tree_map(np.asarray, state["server"].params), program.store.to_numpy())

@@ -14,7 +14,8 @@ import jax
 import pytest
 
 from configs import default, fedlama_digits
-from fedjax_lama import programs, training
+from fedjax_lama import training
+from fedjax_lama.programs.sync import SyncProgram
 from tests import test_sharding
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -26,12 +27,12 @@ class CompileLog:
   def __init__(self, monkeypatch, algorithm=None):
     self.by_round = collections.defaultdict(list)
     self._round = -1
-    build = programs.build
+    build = training.build_program
 
     def counting_build(config, model, params, model_state, fed, mesh):
       if algorithm is not None:
-        program = programs.SyncProgram(config, model, params, model_state, fed, mesh,
-                                       algorithm=algorithm)
+        program = SyncProgram(training.run_options(config, fed), algorithm, model, params,
+                              model_state, fed, mesh)
       else:
         program = build(config, model, params, model_state, fed, mesh)
       run_round = program.run_round
@@ -43,7 +44,7 @@ class CompileLog:
       program.run_round = tracked
       return program
 
-    monkeypatch.setattr(programs, "build", counting_build)
+    monkeypatch.setattr(training, "build_program", counting_build)
 
   def listener(self, event, duration, **kwargs):
     del duration

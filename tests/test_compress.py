@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_lama import compress
+from fedjax_lama import compression as compress
 from fedjax_lama import config as config_lib
 from fedjax_lama import training
 

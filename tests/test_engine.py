@@ -8,6 +8,7 @@ import pytest
 
 from fedjax_lama import algorithms, rng
 from fedjax_lama.engine import local, reduce, round as round_lib
+from fedjax_lama.engine.algorithm import ClientContext
 
 
 class TinyMLP(nn.Module):
@@ -29,7 +30,8 @@ def _setup(momentum=0.0, weight_decay=0.0):
   data_y = jnp.asarray(data_rng.integers(0, 3, size=N).astype(np.int32))
   params = model.init(jax.random.PRNGKey(0), data_x[:1])["params"]
   loss_fn = local.make_loss_fn(model, has_model_state=False)
-  alg = algorithms.fedavg(local_momentum=momentum, weight_decay=weight_decay)
+  alg = algorithms.build("fedavg", algorithms.Common(local_momentum=momentum,
+                                                    weight_decay=weight_decay))
   return model, data_x, data_y, params, loss_fn, alg
 
 
@@ -46,11 +48,11 @@ def _cohort(indices, example_mask=None, step_mask=None, client_mask=None, client
 
 def _round(alg, loss_fn, lr=0.1, weighting="examples"):
   return round_lib.make_round_fns(loss_fn, alg, optax.constant_schedule(lr), seed=SEED,
-                                  weighting=weighting, local_steps=S)
+                                  weighting=weighting, local_steps=S, population=C)
 
 
 def _server(alg, params):
-  return round_lib.ServerState(params, {}, alg.server_tx.init(params))
+  return alg.init_server(params, {})
 
 
 def _indices(c=C):
@@ -85,7 +87,7 @@ def test_vmapped_clients_equal_python_loop(momentum):
 
 def test_fedavg_one_client_equals_optax_sgd():
   _, data_x, data_y, params, loss_fn, _ = _setup()
-  alg = algorithms.fedavg(local_momentum=0.9)
+  alg = algorithms.build("fedavg", algorithms.Common(local_momentum=0.9))
   idx = _indices(1)
   train_chunk, server_update = _round(alg, loss_fn, lr=0.05)
   sums, _, _ = train_chunk(_server(alg, params), {}, data_x, data_y, _cohort(idx), 0)
@@ -125,14 +127,15 @@ def test_padded_step_is_an_exact_noop():
   idx = _indices()
   extra = np.random.default_rng(9).integers(0, N, size=(C, 2, B))
   step_mask = np.ones((C, S + 2)); step_mask[:, S:] = 0
-  client_train = local.make_client_train(loss_fn, alg.local_tx, optax.constant_schedule(0.1))
+  client_train = local.make_client_train(loss_fn, alg, optax.constant_schedule(0.1))
   key = jax.random.PRNGKey(0)
   st = local.LocalState(params, {}, alg.local_tx.init(params))
-  a, _ = client_train(st, params, {}, data_x, data_y, jnp.asarray(idx[0]), jnp.ones((S, B)),
+  ctx = ClientContext({"params": params}, {}, 10.0, 0)
+  a, _ = client_train(st, ctx, data_x, data_y, jnp.asarray(idx[0]), jnp.ones((S, B)),
                       jnp.ones(S), key, 0)
   # Padded steps interleaved at the front and the end leave everything bit-for-bit the same
   # (momentum included) -- keys are derived from the step position, so place them at the end.
-  b, _ = client_train(st, params, {}, data_x, data_y,
+  b, _ = client_train(st, ctx, data_x, data_y,
                       jnp.asarray(np.concatenate([idx[0], extra[0]])), jnp.ones((S + 2, B)),
                       jnp.asarray(step_mask[0]), key, 0)
   _assert_tree_equal(a, b)

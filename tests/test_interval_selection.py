@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_lama.algorithms import interval_selection as isel
+from fedjax_lama.fedlama import selection as isel
 from tests.reference import fedlama_select_ref as ref
 
 # (rule, uses kernel_mask) for every rule variant of 6.2; the row order of

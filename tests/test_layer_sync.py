@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_lama import layers
-from fedjax_lama.engine import layer_sync
+from fedjax_lama.fedlama import layers
+from fedjax_lama.fedlama import layer_sync
 
 NUM_CLIENTS = 5
 
@@ -315,7 +315,7 @@ def test_errors():
 _SHARDED_SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from fedjax_lama.engine import layer_sync
+    from fedjax_lama.fedlama import layer_sync
     assert jax.device_count() == 4, jax.devices()
     rng = np.random.default_rng(0)
     stacked = {"a": rng.normal(size=(8, 3, 5)).astype(np.float32),

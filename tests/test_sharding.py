@@ -22,11 +22,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_lama import algorithms, programs
 from fedjax_lama import config as config_lib
 from fedjax_lama import data as fdata
-from fedjax_lama import federation
+from fedjax_lama import federation, training
+from fedjax_lama.algorithms import common
 from fedjax_lama.engine import sharding
+from fedjax_lama.engine.algorithm import displacement
+from fedjax_lama.programs import common as programs_common
+from fedjax_lama.programs.sync import SyncProgram
 from fedjax_lama.tree import tree_zeros_like
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -78,31 +81,32 @@ def tiny_federation(num_clients=NUM_CLIENTS, seed=0):
 
 def row_algorithm():
   """FedAvg plus SCAFFOLD-like per-client rows that steer local steps and change every round."""
-  base = algorithms.fedavg(local_momentum=0.5)
 
-  def correction(grads, params, anchor, row):
-    del params, anchor
-    return jax.tree_util.tree_map(lambda g, c: g + 0.1 * c, grads, row["c"])
+  def correct(grads, params, ctx):
+    del params
+    return jax.tree_util.tree_map(lambda g, c: g + 0.1 * c, grads, ctx.row["c"])
 
   def row_init(params):
     return {"c": tree_zeros_like(params), "n": jnp.zeros((), jnp.float32)}
 
-  def row_update(anchor, final, row):
-    c = jax.tree_util.tree_map(lambda c, f, a: 0.5 * c + (a - f), row["c"], final, anchor)
-    return {"c": c, "n": row["n"] + 1}
+  def finish(final, ctx, info):
+    del info
+    delta = displacement(final, ctx)
+    c = jax.tree_util.tree_map(lambda c, d: 0.5 * c - d, ctx.row["c"], delta)
+    return {"delta": delta}, {"c": c, "n": ctx.row["n"] + 1}
 
-  return algorithms.Algorithm("rowtest", base.local_tx, base.server_tx, correction=correction,
-                              client_row_init=row_init, client_row_update=row_update)
+  return common.fedavg_like("rowtest", common.Common(local_momentum=0.5), correct=correct,
+                            row_init=row_init, finish=finish)
 
 
 def build(config, mesh, fed=None, with_rows=False):
   fed = fed if fed is not None else tiny_federation()
   model = TinyMLP()
   params = model.init(jax.random.PRNGKey(config.seed), fed.dataset.train_x[:1])["params"]
-  if config.algorithm == "fedlama":
-    return programs.build(config, model, params, {}, fed, mesh)
-  return programs.SyncProgram(config, model, params, {}, fed, mesh,
-                              algorithm=row_algorithm() if with_rows else None)
+  if with_rows:
+    return SyncProgram(training.run_options(config, fed), row_algorithm(), model, params, {},
+                       fed, mesh)
+  return training.build_program(config, model, params, {}, fed, mesh)
 
 
 def run(program, rounds=None):
@@ -132,11 +136,12 @@ def _case(kind, cohort, mesh):
     program = build(tiny_config(algorithm="fedlama", active_ratio=ratio, weighting="uniform"),
                     mesh)
     state, outs = run(program)
+    state = state["fedlama"]
     m = program.num_slots
     slots = jax.tree_util.tree_map(lambda a: a[:m], state.slots.params)
-    result = _flat(state.global_params) + _flat(slots)
+    result = _flat(state.server.params) + _flat(slots)
     placed = {"slots_" + _spec(x) for x in jax.tree_util.tree_leaves(state.slots)}
-    placed |= {"global_" + _spec(x) for x in jax.tree_util.tree_leaves(state.global_params)}
+    placed |= {"global_" + _spec(x) for x in jax.tree_util.tree_leaves(state.server.params)}
   else:
     config = tiny_config(active_ratio=ratio,
                          **{"engine.client_state_on_host": kind == "fedavg_host"})
@@ -144,9 +149,8 @@ def _case(kind, cohort, mesh):
     state, outs = run(program)
     result = _flat(state["server"].params) + _flat(program.store.to_numpy())
     # The vmapped per-client outputs of one chunk, as the round produces them.
-    packed = programs.pack(program.config, program.fed,
-                           federation.sample_round(program.config, NUM_CLIENTS, 0), 0,
-                           program.chunk_size, program.num_steps)
+    packed = programs_common.pack(program.opts, program.fed, program.opts.sampler.sample(0), 0,
+                                  program.chunk_size, program.num_steps)
     _, new_rows, stats = program.train_chunk(
         state["server"], program.store.gather(packed.client_ids), program.data_x,
         program.data_y, sharding.shard_clients(packed, mesh), 0)

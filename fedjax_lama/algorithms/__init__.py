@@ -1,14 +1,12 @@
-"""Algorithms by the lower-case name their paper uses (config.algorithm)."""
-from fedjax_lama.algorithms.base import Algorithm
-from fedjax_lama.algorithms.fedavg import fedavg, fedprox
-from fedjax_lama.algorithms.fedpaq import fedpaq
+"""Algorithms by the lower-case name their paper uses (config.algorithm).
 
-# Builders of synchronous-round algorithms. FedLAMA is an aggregation schedule
-# over a base algorithm, see fedjax_lama.programs.
-REGISTRY = {"fedavg": fedavg, "fedprox": fedprox, "fedpaq": fedpaq}
-
-
-def get(name: str):
-  if name not in REGISTRY:
-    raise ValueError(f"algorithm={name!r} is unknown; accepted: {', '.join(sorted(REGISTRY))}")
-  return REGISTRY[name]
+Each module cites its paper and registers `Spec(name, Hparams, build)`s; the
+registry (algorithms/registry.py) maps a config to them. The interface they
+implement is fedjax_lama.engine.algorithm.Algorithm.
+"""
+from fedjax_lama.algorithms.common import Common
+from fedjax_lama.algorithms.common import local_optimizer
+from fedjax_lama.algorithms.common import Spec
+from fedjax_lama.engine.algorithm import Algorithm
+from fedjax_lama.algorithms.registry import build
+from fedjax_lama.algorithms.registry import names

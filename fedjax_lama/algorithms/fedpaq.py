@@ -1,17 +1,45 @@
-"""FedPAQ: periodic averaging with quantized uploads (algorithms.md 5.10).
+"""FedPAQ and FedCOM: FedAvg with quantized uploads (algorithms.md 5.10, 5.11).
 
-A. Reisizadeh, A. Mokhtari, H. Hassani, A. Jadbabaie, R. Pedarsani, "FedPAQ: A
+FedPAQ: A. Reisizadeh, A. Mokhtari, H. Hassani, A. Jadbabaie, R. Pedarsani, "FedPAQ: A
 Communication-Efficient Federated Learning Method with Periodic Averaging and
-Quantization", AISTATS 2020. Local training and the server step are FedAvg's; what
-differs is the uplink: each client sends Q_s(delta_i) (fedjax_lama.compress.qsgd), which
-the round engine applies through `config.compressor` ("auto" resolves to QSGD, 16 levels
-per leaf, for this algorithm). With the identity compressor it is FedAvg exactly.
+Quantization", AISTATS 2020.
+FedCOM: F. Haddadpour, M. M. Kamani, A. Mokhtari, M. Mahdavi, "Federated Learning with
+Compression: Unified Analysis and Sharp Guarantees", AISTATS 2021.
+
+Local training and the server step are FedAvg's; each client uploads Q_s(delta_i), the
+QSGD quantizer of fedjax_lama.compression with `levels` s per block ("compression level
+16" = 16 levels, 6 bits per coordinate). The algorithm only declares its default uplink
+compressor: the engine compresses the declared uploads and the ledger counts their bits.
+FedCOM is the same with a server learning rate (config.server_lr); server_lr = 1 is FedPAQ.
+With the identity compressor both are FedAvg exactly.
 """
 import dataclasses
 
-from fedjax_lama.algorithms.base import Algorithm
-from fedjax_lama.algorithms.fedavg import fedavg
+from fedjax_lama import compression
+from fedjax_lama.algorithms.common import Common, Spec, fedavg_like, require, require_one_of
+from fedjax_lama.engine.algorithm import Algorithm
 
 
-def fedpaq(**fedavg_kwargs) -> Algorithm:
-  return dataclasses.replace(fedavg(**fedavg_kwargs), name="fedpaq")
+@dataclasses.dataclass(frozen=True)
+class Hparams:
+  levels: int = 16
+  block: str = "leaf"
+
+  def __post_init__(self):
+    require(isinstance(self.levels, int) and not isinstance(self.levels, bool)
+            and 1 <= self.levels <= 65535, "levels", self.levels,
+            "an integer number of quantization levels in [1, 65535]")
+    require_one_of("block", self.block, compression.BLOCKS)
+
+
+def quantized(name: str):
+  def build(hp: Hparams, common: Common) -> Algorithm:
+    return fedavg_like(name, common, uplink=compression.qsgd(hp.levels, hp.block))
+
+  return build
+
+
+SPECS = (
+    Spec("fedpaq", Hparams, quantized("fedpaq"), "FedAvg + QSGD uploads"),
+    Spec("fedcom", Hparams, quantized("fedcom"), "FedPAQ with a server learning rate"),
+)

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_lama.config import ConfigError
+from fedjax_lama.errors import ConfigError
 
 NORMALIZATIONS = ("none", "per_channel", "per_pixel")
 AUGMENTATIONS = ("none", "crop_flip")
@@ -67,9 +67,8 @@ def crop_flip(x: jax.Array, key: jax.Array, pad: int = 4) -> jax.Array:
   return jax.vmap(one)(padded, offsets, flips)
 
 
-def from_config(config, dataset=None) -> Optional[Callable[[jax.Array, jax.Array], jax.Array]]:
-  """The engine's `augment` hook for config.augmentation (None: no augmentation)."""
-  kind = config.get("augmentation", "none")
+def augmentation(kind: str, dataset=None) -> Optional[Callable[[jax.Array, jax.Array], jax.Array]]:
+  """The engine's `augment` hook for config.augmentation=kind (None: no augmentation)."""
   if kind not in AUGMENTATIONS:
     raise ConfigError(f"config.augmentation must be one of {list(AUGMENTATIONS)}, got {kind!r}")
   if kind == "none":

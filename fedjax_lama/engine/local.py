@@ -1,6 +1,6 @@
 """Local training: one `lax.scan` over local steps, vmapped over clients.
 
-The body is one masked SGD-family step. A padded step (step_mask 0) leaves the
+The body is one masked step of the algorithm's local rule (engine/algorithm.py). A padded step (step_mask 0) leaves the
 whole carry -- parameters, normalisation statistics and optimiser moments --
 bit-for-bit unchanged (a `jnp.where` on the carry, not a zero-gradient step,
 which would still move momentum and weight decay; architecture.md 2.1).
@@ -11,24 +11,19 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_lama.engine.algorithm import Algorithm, ClientContext, LocalState
 from fedjax_lama.tree import PyTree, tree_where
 
 # loss_fn(params, model_state, x, y, example_mask, key) -> (loss, (new_model_state, num_correct))
 LossFn = Callable[..., tuple[jax.Array, tuple[PyTree, jax.Array]]]
-# correction(grads, params, anchor, client_row) -> grads   (FedProx, SCAFFOLD, ... add terms here)
-GradCorrection = Callable[[PyTree, PyTree, PyTree, PyTree], PyTree]
-
-
-class LocalState(NamedTuple):
-  params: PyTree
-  model_state: PyTree  # e.g. BatchNorm running statistics ({} when none)
-  opt_state: PyTree
 
 
 class StepStats(NamedTuple):
   loss_sum: jax.Array  # sum over real examples of the per-example loss
   correct: jax.Array
   count: jax.Array
+  steps: jax.Array     # real (unpadded) steps
+  lr_sum: jax.Array    # sum of the learning rates of the real steps
 
 
 # Targets below zero are padding, never a class: sequence datasets whose padding
@@ -114,39 +109,26 @@ def make_loss_fn(model, has_model_state: bool, label_smoothing: float = 0.0,
   return loss_fn
 
 
-def make_local_optimizer(momentum: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0,
-                         weight_decay_mask: Optional[PyTree] = None) -> optax.GradientTransformation:
-  """Local SGD direction (decayed weights + momentum trace); the caller scales by -lr.
-
-  The learning rate is applied outside the transform so that a schedule indexed by
-  the global local-step count can be evaluated inside the scan without rebuilding
-  the optimiser state.
-  """
-  parts = []
-  if weight_decay:
-    parts.append(optax.add_decayed_weights(weight_decay, mask=weight_decay_mask))
-  if momentum:
-    parts.append(optax.trace(decay=momentum, nesterov=nesterov))
-  return optax.chain(*parts) if parts else optax.identity()
-
-
-def make_client_train(loss_fn: LossFn, local_tx: optax.GradientTransformation,
+def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
                       lr_schedule: Callable[[jax.Array], jax.Array], *,
-                      correction: Optional[GradCorrection] = None,
                       augment: Optional[Callable[[jax.Array, jax.Array], jax.Array]] = None,
                       unroll: int | bool = 1):
-  """Builds `client_train(state, anchor, client_row, data_x, data_y, indices, example_mask,
-  step_mask, key, step_offset, key_offset=0) -> (state, StepStats summed over steps)` for ONE client.
+  """Builds `client_train(state, ctx, data_x, data_y, indices, example_mask, step_mask,
+  key, step_offset, key_offset=0) -> (state, StepStats summed over steps)` for ONE client.
 
-  step_offset is the global local-step count of the first step (for the LR schedule);
-  step s uses the key fold_in(key, key_offset + s), so a span of steps split into
-  several calls draws the same keys as one call over the whole span.
+  Each step evaluates `algorithm.grad` (one or more gradients on the step's batch),
+  adds `algorithm.correct(g, params, ctx)`, and moves the parameters by
+  -lr * local_tx(g) (engine/algorithm.py). step_offset is the global local-step count
+  of the first step (for the LR schedule); step s uses the key
+  fold_in(key, key_offset + s), so a span of steps split into several calls draws the
+  same keys as one call over the whole span.
 
   indices[S, B] are rows of the device-resident training arrays (data_x, data_y);
   the gather happens inside the step, so only indices cross the host boundary.
   """
+  local_tx, grad_oracle, correct = algorithm.local_tx, algorithm.grad, algorithm.correct
 
-  def client_train(state: LocalState, anchor, client_row, data_x, data_y, indices, example_mask,
+  def client_train(state: LocalState, ctx: ClientContext, data_x, data_y, indices, example_mask,
                    step_mask, key, step_offset, key_offset=0):
     num_steps = indices.shape[0]
     keys = jax.vmap(lambda s: jax.random.fold_in(key, s))(key_offset + jnp.arange(num_steps))
@@ -157,18 +139,19 @@ def make_client_train(loss_fn: LossFn, local_tx: optax.GradientTransformation,
       y = data_y[idx]
       if augment is not None:
         x = augment(x, jax.random.fold_in(k, 1))
-      grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-      (loss, (new_model_state, correct)), grads = grad_fn(carry.params, carry.model_state, x, y,
-                                                          emask, k)
-      if correction is not None:
-        grads = correction(grads, carry.params, anchor, client_row)
+      value_and_grad = jax.value_and_grad(
+          lambda p: loss_fn(p, carry.model_state, x, y, emask, k), has_aux=True)
+      (loss, (new_model_state, correct_count)), grads = grad_oracle(value_and_grad, carry.params)
+      if correct is not None:
+        grads = correct(grads, carry.params, ctx)
       direction, new_opt = local_tx.update(grads, carry.opt_state, carry.params)
       lr = lr_schedule(step_offset + s)
       new_params = jax.tree_util.tree_map(lambda p, u: p - lr * u, carry.params, direction)
       new = LocalState(new_params, new_model_state, new_opt)
       real = smask > 0
       count = jnp.sum(emask)
-      stats = StepStats(loss * count * real, correct * real, count * real)
+      stats = StepStats(loss * count * real, correct_count * real, count * real,
+                        real.astype(jnp.float32), jnp.where(real, lr, 0.0).astype(jnp.float32))
       return tree_where(real, new, carry), stats
 
     final, stats = jax.lax.scan(
@@ -179,6 +162,13 @@ def make_client_train(loss_fn: LossFn, local_tx: optax.GradientTransformation,
   return client_train
 
 
-def vmap_clients(client_train):
-  """Adds the client axis: state/anchor/data broadcast, per-client rows and batches mapped."""
-  return jax.vmap(client_train, in_axes=(0, None, 0, None, None, 0, 0, 0, 0, None, None))
+def context_axes(shared_per_client: bool = False) -> ClientContext:
+  """vmap axes of a ClientContext: rows and client facts mapped; the downloads broadcast
+  unless `shared_per_client` (asynchronous clients starting from different models)."""
+  return ClientContext(0 if shared_per_client else None, 0, 0, 0)
+
+
+def vmap_clients(client_train, shared_per_client: bool = False):
+  """Adds the client axis: state, context and batches mapped; the training data broadcast."""
+  return jax.vmap(client_train, in_axes=(0, context_axes(shared_per_client), None, None, 0, 0,
+                                         0, 0, None, None))

@@ -1,28 +1,27 @@
-"""One synchronous round as two jitted calls: train a chunk of clients, update the server.
+"""One synchronous round of any algorithm, as pieces every round program shares.
 
-    sums, rows, stats = train_chunk(server, rows, data, cohort, key)   # per chunk
-    server = server_update(server, sum of the chunks' sums)           # once
+    sums, rows, stats = train_chunk(server, rows, data, cohort, round)   # per chunk
+    server = server_update(server, sum of the chunks' sums)             # once
 
-With one chunk (the default) a round is two dispatches whatever the number of
-clients. Aggregates are (weighted sum, weight) pairs, so chunked, sharded and
-single-call runs reduce the same quantities (architecture.md 2.2).
+`ClientPhase` runs the vmapped local scan and the algorithm's `finish` for a
+group of clients, and decodes their uploads; `reduce_uploads` turns the uploads
+into the algorithm's aggregates as (weighted sum, weight) pairs, so chunked,
+sharded and single-call runs reduce the same quantities (architecture.md 2.2);
+`aggregates` divides once; the algorithm's server update runs last. The
+layer-wise schedule (fedjax_lama.fedlama) uses the same pieces with per-leaf
+masks (`select_leafwise`).
 """
 from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-import optax
+import numpy as np
 
-from fedjax_lama import compress, rng
-from fedjax_lama.algorithms.base import Algorithm
+from fedjax_lama import compression, rng
 from fedjax_lama.engine import local, reduce
-from fedjax_lama.tree import PyTree, broadcast_clients, tree_sub
-
-
-class ServerState(NamedTuple):
-  params: PyTree
-  model_state: PyTree
-  opt_state: PyTree
+from fedjax_lama.engine.algorithm import (MEAN, Aggregates, Algorithm, ClientContext, ClientInfo,
+                                          LocalState, ServerState)
+from fedjax_lama.tree import PyTree, broadcast_clients
 
 
 class Cohort(NamedTuple):
@@ -36,9 +35,11 @@ class Cohort(NamedTuple):
 
 
 class ChunkSums(NamedTuple):
-  delta: PyTree        # sum_i w_i (y_i - x)
-  model_state: PyTree  # sum_i w_i s_i
-  weight: jax.Array    # sum_i w_i
+  """A round's aggregates before division: add chunks, divide once (`aggregates`)."""
+  values: dict          # name -> sum_i a_i f_i (a_i = w_i for MEAN, the client mask for SUM)
+  model_state: PyTree   # sum_i w_i s_i (BatchNorm statistics)
+  weight: jax.Array     # sum_i w_i
+  participants: jax.Array  # sum_i client_mask_i
 
 
 class ClientStats(NamedTuple):
@@ -58,55 +59,220 @@ def scatter_rows(store: PyTree, client_ids: jax.Array, client_mask: jax.Array, r
   return jax.tree_util.tree_map(lambda a, r: a.at[ids].set(r, mode="drop"), store, rows)
 
 
-def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, lr_schedule: Callable, *,
-                   seed: int, weighting: str, local_steps: int, unroll=1,
-                   augment: Optional[Callable] = None,
-                   compressor: Optional[compress.Compressor] = None):
-  """Returns (train_chunk, server_update), both jitted.
+def client_contexts(shared, rows, cohort: "Cohort") -> ClientContext:
+  """The contexts of a cohort's clients (leaves [C, ...]; `shared` as given)."""
+  return ClientContext(shared, rows, cohort.num_examples, cohort.client_ids)
 
-  compressor: applied to each client's update delta before aggregation (FedPAQ); None or
-  the identity sends it as it is.
+
+def fresh_states(algorithm: Algorithm, ctx: ClientContext, model_state, num: int,
+                 shared_per_client: bool = False) -> LocalState:
+  """Every client starts its round at the downloaded model with a fresh local optimizer."""
+  params = ctx.shared["params"]
+  if not shared_per_client:
+    params = broadcast_clients(params, num)
+  if algorithm.local_init is not None or shared_per_client:
+    opt = jax.vmap(algorithm.init_local, in_axes=(local.context_axes(shared_per_client),))(ctx)
+  else:  # the same fresh state for everyone: built once, broadcast
+    opt = broadcast_clients(algorithm.local_tx.init(ctx.shared["params"]), num)
+  return LocalState(params, broadcast_clients(model_state, num), opt)
+
+
+class ClientPhase:
+  """A group of clients' local training and finish, vectorized (callers jit).
+
+    final, stats = phase.train(state, ctx, data_x, data_y, cohort, keys, step_offset, key_offset)
+    info = phase.info(stats, cohort, step_offset)          # or a schedule's own per-leaf info
+    uploads, rows = phase.finish(final, ctx, info, cohort.client_ids, compress_round)
+
+  `uploads` are what the server decodes (the uplink compressor applied, keys per
+  (compress_round, client id, upload, leaf)).
   """
-  uplink_key = compress.base_key(seed)
-  client_train = local.vmap_clients(local.make_client_train(
-      loss_fn, algorithm.local_tx, lr_schedule, correction=algorithm.correction,
-      augment=augment, unroll=unroll))
+
+  def __init__(self, loss_fn: local.LossFn, algorithm: Algorithm, lr_schedule: Callable, *,
+               seed: int, unroll=1, augment: Optional[Callable] = None,
+               compressor: Optional[compression.Compressor] = None,
+               shared_per_client: bool = False):
+    self.algorithm, self.lr_schedule, self.compressor = algorithm, lr_schedule, compressor
+    self._train = local.vmap_clients(
+        local.make_client_train(loss_fn, algorithm, lr_schedule, augment=augment, unroll=unroll),
+        shared_per_client)
+    self._ctx_axes = local.context_axes(shared_per_client)
+    self._uplink_key = compression.base_key(seed)
+
+  def train(self, state: LocalState, ctx: ClientContext, data_x, data_y, cohort: "Cohort", keys,
+            step_offset, key_offset=0) -> tuple[LocalState, local.StepStats]:
+    return self._train(state, ctx, data_x, data_y, cohort.indices, cohort.example_mask,
+                       cohort.step_mask, keys, step_offset, key_offset)
+
+  def info(self, stats: local.StepStats, cohort: "Cohort", step_offset) -> ClientInfo:
+    lr0 = jnp.broadcast_to(self.lr_schedule(step_offset), cohort.client_ids.shape)
+    return ClientInfo(stats.steps, stats.lr_sum, lr0.astype(jnp.float32), cohort.num_examples,
+                      cohort.client_ids)
+
+  def finish(self, final: LocalState, ctx: ClientContext, info: ClientInfo, client_ids,
+             compress_round) -> tuple[dict, PyTree]:
+    uploads, rows = jax.vmap(self.algorithm.finish, in_axes=(0, self._ctx_axes, 0))(
+        final, ctx, info)
+    uploads = compression.compress_uploads(self.compressor, self._uplink_key, compress_round,
+                                           client_ids, uploads)
+    return uploads, rows
+
+
+def client_stats(stats: local.StepStats) -> "ClientStats":
+  return ClientStats(stats.loss_sum, stats.correct, stats.count)
+
+
+def reduce_uploads(algorithm: Algorithm, uploads: dict, info: ClientInfo, model_state: PyTree,
+                   weights: jax.Array, client_mask: jax.Array) -> ChunkSums:
+  """The algorithm's reductions of a group's decoded uploads, as (sum, weight) pairs."""
+  values = {}
+  for name, red in algorithm.reductions_for(uploads).items():
+    per_client = jax.vmap(red.fn)(uploads, info)
+    values[name] = reduce.weighted_sum(per_client, weights if red.kind == MEAN else client_mask)
+  return ChunkSums(values, reduce.weighted_sum(model_state, weights), jnp.sum(weights),
+                   jnp.sum(client_mask))
+
+
+def add_sums(a: ChunkSums, b: ChunkSums) -> ChunkSums:
+  return jax.tree_util.tree_map(jnp.add, a, b)
+
+
+def aggregates(algorithm: Algorithm, sums: ChunkSums, population: int) -> Aggregates:
+  """Divides the MEAN reductions once by the summed weight; SUM ones stay sums."""
+  denom = jnp.where(sums.weight > 0, sums.weight, 1.0)
+  values = {}
+  for name, red in algorithm.reductions_for(sums.values).items():
+    v = sums.values[name]
+    values[name] = jax.tree_util.tree_map(lambda s: s / denom, v) if red.kind == MEAN else v
+  return Aggregates(values, sums.participants, population)
+
+
+def mean_model_state(sums: ChunkSums) -> PyTree:
+  denom = jnp.where(sums.weight > 0, sums.weight, 1.0)
+  return jax.tree_util.tree_map(lambda s: s / denom, sums.model_state)
+
+
+def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, lr_schedule: Callable, *,
+                   seed: int, weighting: str, local_steps: int, population: int, unroll=1,
+                   augment: Optional[Callable] = None,
+                   compressor: Optional[compression.Compressor] = None):
+  """Returns (train_chunk, server_update), both jitted, for a synchronous round.
+
+  local_steps: the static step axis of a round (the global step count of round r's first
+  step is r * local_steps, for the learning-rate schedule). population: N, for the
+  algorithms' 1/N global means.
+  """
+  phase = ClientPhase(loss_fn, algorithm, lr_schedule, seed=seed, unroll=unroll,
+                      augment=augment, compressor=compressor)
 
   def train_chunk(server: ServerState, rows, data_x, data_y, cohort: Cohort, round_idx):
     num = cohort.indices.shape[0]
-    state = local.LocalState(
-        broadcast_clients(server.params, num), broadcast_clients(server.model_state, num),
-        broadcast_clients(algorithm.local_tx.init(server.params), num))
+    ctx = client_contexts(algorithm.shared(server), rows, cohort)
+    state = fresh_states(algorithm, ctx, server.model_state, num)
     keys = rng.client_keys(rng.round_key(seed, rng.STREAM_TRAIN, round_idx), cohort.client_ids)
-    final, stats = client_train(state, server.params, rows, data_x, data_y, cohort.indices,
-                                cohort.example_mask, cohort.step_mask, keys,
-                                round_idx * local_steps, 0)
+    step_offset = round_idx * local_steps
+    final, stats = phase.train(state, ctx, data_x, data_y, cohort, keys, step_offset)
+    info = phase.info(stats, cohort, step_offset)
+    uploads, rows = phase.finish(final, ctx, info, cohort.client_ids, round_idx)
     weights = reduce.client_weights(cohort.client_mask, cohort.num_examples, weighting)
-    deltas = jax.vmap(tree_sub, in_axes=(0, None))(final.params, server.params)
-    if compressor is not None:
-      deltas = compress.compress_clients(compressor, uplink_key, round_idx, cohort.client_ids,
-                                         deltas)
-    sums = ChunkSums(reduce.weighted_sum(deltas, weights),
-                     reduce.weighted_sum(final.model_state, weights), jnp.sum(weights))
-    new_rows = rows
-    if algorithm.client_row_update is not None:
-      new_rows = jax.vmap(algorithm.client_row_update, in_axes=(None, 0, 0))(
-          server.params, final.params, rows)
-    return sums, new_rows, ClientStats(stats.loss_sum, stats.correct, stats.count)
+    sums = reduce_uploads(algorithm, uploads, info, final.model_state, weights,
+                          cohort.client_mask)
+    return sums, rows, client_stats(stats)
 
   def server_update(server: ServerState, sums: ChunkSums) -> ServerState:
-    has = sums.weight > 0
-    denom = jnp.where(has, sums.weight, 1.0)
-    pseudo_grad = jax.tree_util.tree_map(lambda d: -d / denom, sums.delta)
-    updates, opt_state = algorithm.server_tx.update(pseudo_grad, server.opt_state, server.params)
-    params = optax.apply_updates(server.params, updates)
-    model_state = jax.tree_util.tree_map(lambda s: s / denom, sums.model_state)
-    new = ServerState(params, model_state, opt_state)
+    new = algorithm.update_server(server, aggregates(algorithm, sums, population))
+    new = new._replace(model_state=mean_model_state(sums))
     # An empty cohort (Bernoulli sampling can draw none) leaves the server as it was.
+    has = sums.weight > 0
     return jax.tree_util.tree_map(lambda a, b: jnp.where(has, a, b), new, server)
 
   return jax.jit(train_chunk), jax.jit(server_update)
 
 
-def add_sums(a: ChunkSums, b: ChunkSums) -> ChunkSums:
-  return jax.tree_util.tree_map(jnp.add, a, b)
+# ---- per-leaf selection (layer-wise schedules) -------------------------------------------------
+def params_shaped_subtrees(tree: PyTree, params_def) -> tuple[list, object]:
+  """Flattens `tree` with every params-shaped subtree as one leaf."""
+  return jax.tree_util.tree_flatten(
+      tree, is_leaf=lambda node: jax.tree_util.tree_structure(node) == params_def)
+
+
+def non_leafwise_parts(tree: PyTree, params: PyTree) -> list[str]:
+  """Paths of the array leaves of `tree` that are not inside a params-shaped subtree."""
+  params_def = jax.tree_util.tree_structure(params)
+  flat, _ = jax.tree_util.tree_flatten_with_path(
+      tree, is_leaf=lambda node: jax.tree_util.tree_structure(node) == params_def)
+  return [jax.tree_util.keystr(path) for path, node in flat
+          if jax.tree_util.tree_structure(node) != params_def]
+
+
+def select_leafwise(leaf_mask: PyTree, new: PyTree, old: PyTree, params_def) -> PyTree:
+  """new where the (params-shaped) leaf mask is set, old elsewhere, for every params-shaped
+  subtree of a state (server extras, optimizer states, rows). Leaves outside such subtrees
+  must not exist (checked when a schedule is built, `non_leafwise_parts`)."""
+  new_parts, treedef = params_shaped_subtrees(new, params_def)
+  old_parts = treedef.flatten_up_to(old)
+  mask_leaves = jax.tree_util.tree_leaves(leaf_mask)
+  out = []
+  for n, o in zip(new_parts, old_parts):
+    n_leaves, n_def = jax.tree_util.tree_flatten(n)
+    o_leaves = n_def.flatten_up_to(o)
+    out.append(jax.tree_util.tree_unflatten(n_def, [
+        jnp.where(m, a, b) for m, a, b in zip(mask_leaves, n_leaves, o_leaves)]))
+  return jax.tree_util.tree_unflatten(treedef, out)
+
+
+# ---- static description of an algorithm's traffic ---------------------------------------------
+class Traffic(NamedTuple):
+  """Per participating client and round, from the algorithm's declaration (5.12, 5.13)."""
+  up_per_leaf: np.ndarray    # floats of params-shaped uploads, per params leaf
+  up_other: int              # floats of other uploads (scalars: FedNova's ||a_i||_1)
+  down_per_leaf: np.ndarray  # floats of params-shaped downloads, per params leaf
+  down_other: int
+  vector_uploads: tuple      # names of the compressible uploads
+  scalar_floats: int         # floats of all-scalar uploads (32 bits each, never compressed)
+  upload_shapes: dict        # name -> ShapeDtypeStruct pytree (one client)
+
+
+def _size(tree) -> int:
+  return int(sum(np.prod(np.shape(x), dtype=np.int64) for x in jax.tree_util.tree_leaves(tree)))
+
+
+def traffic(algorithm: Algorithm, server: ServerState, row: PyTree) -> Traffic:
+  """What one client sends and receives, from the shapes of `finish` and the downloads."""
+  shared = algorithm.shared(server)
+  f32 = jax.ShapeDtypeStruct((), jnp.float32)
+  i32 = jax.ShapeDtypeStruct((), jnp.int32)
+  ctx = ClientContext(shared, row, f32, i32)
+  info = ClientInfo(f32, f32, f32, f32, i32)
+
+  def one_client(ctx, info):
+    state = LocalState(ctx.shared["params"], server.model_state, algorithm.init_local(ctx))
+    return algorithm.finish(state, ctx, info)
+
+  uploads, _ = jax.eval_shape(one_client, ctx, info)
+  params_def = jax.tree_util.tree_structure(server.params)
+  leaf_sizes = np.array([np.prod(np.shape(x), dtype=np.int64)
+                         for x in jax.tree_util.tree_leaves(server.params)], np.int64)
+
+  def split(trees):
+    per_leaf, other = np.zeros_like(leaf_sizes), 0
+    for tree in trees:
+      if jax.tree_util.tree_structure(tree) == params_def:
+        per_leaf = per_leaf + leaf_sizes
+      else:
+        other += _size(tree)
+    return per_leaf, other
+
+  up_leaf, up_other = split(uploads.values())
+  down_leaf, down_other = split(shared.values())
+  scalars = tuple(n for n, v in uploads.items() if compression.is_scalar_upload(v))
+  return Traffic(up_leaf, up_other, down_leaf, down_other,
+                 tuple(n for n in uploads if n not in scalars),
+                 sum(_size(uploads[n]) for n in scalars), uploads)
+
+
+def uplink_bits(traffic_: Traffic, compressor: Optional[compression.Compressor]) -> int:
+  """Bits one client sends per round: compressed vector uploads + 32 per scalar."""
+  comp = compressor if compressor is not None else compression.identity()
+  return int(sum(comp.bits(traffic_.upload_shapes[n]) for n in traffic_.vector_uploads)
+             + 32 * traffic_.scalar_floats)

@@ -160,12 +160,39 @@ def layer_masked_mean(
     new_x.append(jnp.where(sync, mean.astype(x.dtype)[None], x))
     new_u.append(jnp.where(sync, mean.astype(u.dtype), u))
 
+  d = _per_layer_discrepancy(sq, l2l, leaves, mask, tau, prev_d)
+  return (jax.tree_util.tree_unflatten(treedef, new_x),
+          jax.tree_util.tree_unflatten(treedef, new_u), d)
+
+
+def _per_layer_discrepancy(sq: list, l2l: np.ndarray, leaves: list, mask, tau, prev_d):
+  """Sums the per-leaf squared distances into units and divides by tau_l * s_l."""
+  num_layers = mask.shape[0]
   acc = _acc_dtype(prev_d.dtype)
   sizes = np.maximum(_layer_sizes(leaves, l2l, num_layers), 1)
   sq_layer = jnp.zeros((num_layers,), acc)
   if leaves:
     sq_layer = sq_layer.at[l2l].add(jnp.stack(sq).astype(acc))
   fresh = sq_layer / (tau.astype(acc) * jnp.asarray(sizes, dtype=acc))
-  d = jnp.where(mask, fresh.astype(prev_d.dtype), prev_d)
-  return (jax.tree_util.tree_unflatten(treedef, new_x),
-          jax.tree_util.tree_unflatten(treedef, new_u), d)
+  return jnp.where(mask, fresh.astype(prev_d.dtype), prev_d)
+
+
+def layer_discrepancy(stacked: PyTree, weights: Any, sync_mask: Any, intervals: Any,
+                      prev_discrepancy: Any, leaf_to_layer: np.ndarray) -> jax.Array:
+  """d_l of Eq. 2 for the synced layers, prev_discrepancy for the others.
+
+  d_l = sum_i w_i ||x_l^i - mean_l||^2 / (sum_i w_i * tau_l * s_l), measured on any
+  per-client quantity that differs from the clients' models by a common offset (the
+  models themselves, or their displacements y_i - u from the last synchronised value,
+  which is what an algorithm uploads). Same conventions as `layer_masked_mean`.
+  """
+  leaves = jax.tree_util.tree_leaves(stacked)
+  mask = jnp.asarray(sync_mask, dtype=bool)
+  prev_d = jnp.asarray(prev_discrepancy)
+  tau = jnp.asarray(intervals)
+  num_layers = mask.shape[0]
+  l2l = _check_leaf_to_layer(leaf_to_layer, len(leaves), num_layers)
+  w = _check_weights(weights, leaves)
+  total = jnp.sum(w)
+  sq = [_leaf_sq_dist(x, _leaf_mean(x, w, total), w, total) for x in leaves]
+  return _per_layer_discrepancy(sq, l2l, leaves, mask, tau, prev_d)

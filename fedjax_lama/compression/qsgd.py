@@ -1,12 +1,4 @@
-"""Uplink compressors: identity and FedPAQ's stochastic quantizer (algorithms.md 5.10, 5.12).
-
-A compressor is a bundle of pure, jit- and vmap-compatible functions over pytrees:
-
-    encode(key, update) -> payload          decode(payload) -> update_hat
-    roundtrip(key, update) -> update_hat    bits(update_like) -> int (static, from shapes)
-
-`unbiased` says whether E[decode(encode(v))] == v. The compressors here are stateless
-(no per-client residuals), so `cstate` of 5.12 is omitted.
+"""FedPAQ's stochastic quantizer (algorithms.md 5.10) on the compressor interface of core.py.
 
 QSGD quantizer (Alistarh et al., NeurIPS 2017), as FedPAQ uses it (Reisizadeh et al.,
 AISTATS 2020; FedLAMA AAAI Table 4b, "compression level 16" = 16 levels). Per block v
@@ -20,29 +12,15 @@ key = fold_in(fold_in(fold_in(base, round), client_id), leaf_index); with block=
 leaf_index 0 draws the uniforms of the whole flattened update.
 """
 import math
-from typing import Any, Callable, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_lama import rng
+from fedjax_lama.compression.core import Compressor
 
-PyTree = Any
-COMPRESSORS = ("identity", "qsgd")
 BLOCKS = ("leaf", "global")
-
-
-class Compressor(NamedTuple):
-  name: str
-  encode: Callable[[jax.Array, PyTree], PyTree]
-  decode: Callable[[PyTree], PyTree]
-  bits: Callable[[PyTree], int]
-  unbiased: bool
-
-  def roundtrip(self, key: jax.Array, update: PyTree) -> PyTree:
-    """decode(encode(key, update)): what the server reconstructs."""
-    return self.decode(self.encode(key, update))
 
 
 class QsgdPayload(NamedTuple):
@@ -86,13 +64,6 @@ def _leaf_keys(key: jax.Array, n: int) -> list:
   return [jax.random.fold_in(key, i) for i in range(n)]
 
 
-def identity() -> Compressor:
-  return Compressor(
-      "identity", encode=lambda key, update: update, decode=lambda payload: payload,
-      bits=lambda like: 32 * sum(int(np.prod(np.shape(x))) for x in jax.tree_util.tree_leaves(like)),
-      unbiased=True)
-
-
 def qsgd(levels: int = 16, block: str = "leaf") -> Compressor:
   """FedPAQ's quantizer with `levels` s >= 1 per block; block "leaf" or "global"."""
   if not isinstance(levels, (int, np.integer)) or isinstance(levels, bool) or not (
@@ -132,42 +103,3 @@ def qsgd(levels: int = 16, block: str = "leaf") -> Compressor:
   return Compressor(f"qsgd{s}_{block}", encode, decode, bits, unbiased=True)
 
 
-def leaf_bits(compressor: Compressor, like: PyTree) -> np.ndarray:
-  """Bits of each leaf sent alone (block "leaf": additive over leaves, 5.12 "With FedLAMA")."""
-  return np.array([compressor.bits(x) for x in jax.tree_util.tree_leaves(like)], np.int64)
-
-
-def from_config(config) -> Compressor:
-  """The uplink compressor of a run: config.compressor.{name, levels, block}.
-
-  name "auto" is QSGD for algorithm "fedpaq" (5.12: the default uplink compressor is the
-  identity for every algorithm except FedPAQ), else the identity.
-  """
-  cfg = config.compressor
-  name = cfg.name
-  if name == "auto":
-    name = "qsgd" if config.algorithm == "fedpaq" else "identity"
-  if name not in COMPRESSORS:
-    raise ValueError(f"config.compressor.name must be one of {list(COMPRESSORS) + ['auto']}, "
-                     f"got {name!r}")
-  if name == "identity":
-    return identity()
-  return qsgd(cfg.levels, cfg.block)
-
-
-def base_key(seed: int) -> jax.Array:
-  """Root of the compressor's draws; rounds, client ids and leaves are folded in."""
-  return jax.random.fold_in(rng.root_key(seed), rng.STREAM_UPLINK)
-
-
-def compress_clients(compressor: Compressor, base_key: jax.Array, round_idx,
-                     client_ids: jax.Array, updates: PyTree) -> PyTree:
-  """What the server decodes from every client's update (leaves [C, ...]).
-
-  Keys per (round, client id, leaf): independent of the cohort's padding and order.
-  """
-  if compressor.name == "identity":
-    return updates
-  round_key = jax.random.fold_in(base_key, round_idx)
-  keys = jax.vmap(lambda c: jax.random.fold_in(round_key, c))(client_ids)
-  return jax.vmap(compressor.roundtrip)(keys, updates)

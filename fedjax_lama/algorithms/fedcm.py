@@ -1,0 +1,53 @@
+"""FedCM (algorithms.md 5.7).
+
+J. Xu, S. Wang, L. Wang, A. C.-C. Yao, "FedCM: Federated Learning with Client-level
+Momentum", arXiv 2106.10874, 2021.
+
+The server keeps D, the global momentum direction in gradient units (0 at start),
+and sends it with the model (2d down). Clients step along alpha g + (1 - alpha) D and
+upload delta (d up). The server steps with mean(delta) and sets
+D <- -sum_i p_i delta_i / (sum of client i's step sizes) (= eta_l K_i for a constant
+rate), normalised by the round that produced it so a learning-rate schedule cannot
+mix rounds. alpha = 1 (not 0) with server_lr 1 is FedAvg exactly.
+"""
+import dataclasses
+
+from fedjax_lama.algorithms.common import (Common, Spec, fedavg_like, require, safe_positive,
+                                           tree_map)
+from fedjax_lama.engine.algorithm import (Algorithm, Reduction, ServerState, apply_server_tx,
+                                          leafwise, upload)
+from fedjax_lama.tree import tree_zeros_like
+
+
+@dataclasses.dataclass(frozen=True)
+class Hparams:
+  alpha: float = 0.1
+
+  def __post_init__(self):
+    require(0.0 <= self.alpha <= 1.0, "alpha", self.alpha, "a number in [0, 1]")
+
+
+def build(hp: Hparams, common: Common) -> Algorithm:
+  alpha = hp.alpha
+  server_tx = fedavg_like("fedcm", common).server_tx
+
+  def correct(grads, params, ctx):
+    del params
+    return tree_map(lambda g, d: alpha * g + (1 - alpha) * d, grads, ctx.shared["D"])
+
+  def direction(uploads, info):  # in gradient units; the server knows each client's steps and lr
+    delta = uploads["delta"]
+    return tree_map(lambda d, s: -d / safe_positive(s), delta, leafwise(info.lr_sum, delta))
+
+  def server_update(server: ServerState, agg) -> ServerState:
+    server = apply_server_tx(server_tx, server, agg["delta"])
+    return server._replace(extra={"D": agg["D"]})
+
+  return fedavg_like(
+      "fedcm", common, server_tx=server_tx, correct=correct if alpha != 1 else None,
+      reductions={"delta": upload("delta"), "D": Reduction(direction)},
+      server_init=lambda params: {"D": tree_zeros_like(params)}, server_update=server_update,
+      downloads=("params", "D"))
+
+
+SPECS = (Spec("fedcm", Hparams, build, "client-level momentum D (2d down)"),)

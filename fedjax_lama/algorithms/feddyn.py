@@ -1,0 +1,75 @@
+"""FedDyn (algorithms.md 5.6).
+
+D. A. E. Acar, Y. Zhao, R. Matas, M. Mattina, P. Whatmough, V. Saligrama, "Federated
+Learning Based on Dynamic Regularization", ICLR 2021.
+
+Client i keeps lambda_i (the paper's stored gradient of L_i, 0 at start) and
+minimises f_i(y) - <lambda_i, y> + alpha/2 ||y - x||^2: steps along
+g - lambda_i + alpha (y - x); then lambda_i <- lambda_i - alpha (y_K - x). It uploads
+delta = y_K - x (d floats; lambda_i never leaves the client). The server keeps
+h = mean_j lambda_j over all N clients: h <- h - (1/N) sum_i alpha_i delta_i, and
+broadcasts the corrected model x <- x + mean(delta) - h / alpha. State is stored
+unscaled, so alpha = 0 leaves lambda and h at 0 and skips h / alpha: FedAvg exactly.
+`alpha_scaling="data"` uses alpha_i = alpha * mean_n / n_i per client (the official
+code's alpha_coef_adpt).
+"""
+import dataclasses
+
+import jax.numpy as jnp
+
+from fedjax_lama.algorithms.common import (Common, Spec, fedavg_like, require_nonnegative,
+                                           require_one_of, tree_map)
+from fedjax_lama.engine.algorithm import (SUM, Algorithm, Reduction, ServerState,
+                                          apply_server_tx, displacement, upload)
+from fedjax_lama.tree import tree_zeros_like
+
+
+@dataclasses.dataclass(frozen=True)
+class Hparams:
+  alpha: float = 0.1
+  alpha_scaling: str = "none"
+
+  def __post_init__(self):
+    require_nonnegative("alpha", self.alpha)
+    require_one_of("alpha_scaling", self.alpha_scaling, ("none", "data"))
+
+
+def build(hp: Hparams, common: Common) -> Algorithm:
+  if not hp.alpha:
+    return fedavg_like("feddyn", common)
+  server_tx = fedavg_like("feddyn", common).server_tx
+
+  def client_alpha(num_examples):
+    if hp.alpha_scaling == "data":
+      return hp.alpha * common.mean_client_examples / jnp.maximum(num_examples, 1.0)
+    return hp.alpha
+
+  def correct(grads, params, ctx):
+    a = client_alpha(ctx.num_examples)
+    return tree_map(lambda g, lam, p, x: g - lam + a * (p - x), grads, ctx.row, params,
+                    ctx.shared["params"])
+
+  def finish(final, ctx, info):
+    del info
+    delta = displacement(final, ctx)
+    a = client_alpha(ctx.num_examples)
+    return {"delta": delta}, tree_map(lambda lam, d: lam - a * d, ctx.row, delta)
+
+  def scaled_delta(uploads, info):  # the server knows n_i, hence alpha_i
+    a = client_alpha(info.num_examples)
+    return tree_map(lambda d: a * d, uploads["delta"])
+
+  def server_update(server: ServerState, agg) -> ServerState:
+    h = tree_map(lambda h, s: h - s / agg.population, server.extra["h"], agg["alpha_delta"])
+    server = apply_server_tx(server_tx, server, agg["delta"])
+    params = tree_map(lambda x, hh: x - hh / hp.alpha, server.params, h)
+    return server._replace(params=params, extra={"h": h})
+
+  return fedavg_like(
+      "feddyn", common, server_tx=server_tx, correct=correct, row_init=tree_zeros_like,
+      finish=finish,
+      reductions={"delta": upload("delta"), "alpha_delta": Reduction(scaled_delta, SUM)},
+      server_init=lambda params: {"h": tree_zeros_like(params)}, server_update=server_update)
+
+
+SPECS = (Spec("feddyn", Hparams, build, "dynamic regularization, server h (d each way)"),)

@@ -1,0 +1,37 @@
+"""FedProx (algorithms.md 5.2).
+
+T. Li, A. K. Sahu, M. Zaheer, M. Sanjabi, A. Talwalkar, V. Smith, "Federated
+Optimization in Heterogeneous Networks", MLSys 2020 (arXiv 1812.06127).
+
+FedAvg whose local objective adds mu/2 ||y - x||^2: each step's gradient gains
+mu (y - x), with x the downloaded model, fixed for the round (under FedLAMA, each
+layer's last synchronised value). mu = 0 adds no term: FedAvg bit for bit.
+"""
+import dataclasses
+
+from fedjax_lama.algorithms.common import Common, Spec, fedavg_like, require_nonnegative, tree_map
+from fedjax_lama.engine.algorithm import Algorithm
+
+
+@dataclasses.dataclass(frozen=True)
+class Hparams:
+  mu: float = 0.01
+
+  def __post_init__(self):
+    require_nonnegative("mu", self.mu)
+
+
+def proximal(mu: float):
+  """The correction g + mu (y - anchor), anchor = the downloaded model."""
+
+  def correct(grads, params, ctx):
+    return tree_map(lambda g, p, a: g + mu * (p - a), grads, params, ctx.shared["params"])
+
+  return correct
+
+
+def build(hp: Hparams, common: Common) -> Algorithm:
+  return fedavg_like("fedprox", common, correct=proximal(hp.mu) if hp.mu else None)
+
+
+SPECS = (Spec("fedprox", Hparams, build, "FedAvg + proximal pull mu/2 ||y - x||^2"),)

@@ -1,0 +1,97 @@
+"""SCAFFOLD (algorithms.md 5.3).
+
+S. P. Karimireddy, S. Kale, M. Mohri, S. Reddi, S. Stich, A. T. Suresh, "SCAFFOLD:
+Stochastic Controlled Averaging for Federated Learning", ICML 2020.
+
+State: the server's control variate c and one row c_i per client, all 0 at start.
+Client i receives x and c and steps along g - c_i + c. Its new control variate is
+  option II (default): c_i+ = c_i - c + (x - y_K) / (sum of its step sizes)
+                       (= K_i * lr for a constant rate; this client's own K_i),
+  option I:            c_i+ = the minibatch gradient at x (its first step's gradient).
+It uploads delta = y_K - x and dc = c_i+ - c_i. The server steps with mean(delta)
+and sets c <- c + (1/N) sum_i dc_i over ALL N clients, which keeps c = mean_j c_j.
+Traffic: 2d each way. control_variates=False keeps c = c_i = 0: FedAvg exactly.
+"""
+import dataclasses
+from typing import NamedTuple
+
+import jax.numpy as jnp
+import optax
+
+from fedjax_lama.algorithms.common import (Common, Spec, fedavg_like, local_optimizer,
+                                           require_one_of, safe_positive, tree_map)
+from fedjax_lama.engine.algorithm import (SUM, Algorithm, Reduction, ServerState,
+                                          apply_server_tx, displacement, leafwise, upload)
+from fedjax_lama.tree import tree_zeros_like
+
+
+@dataclasses.dataclass(frozen=True)
+class Hparams:
+  option: str = "II"
+  control_variates: bool = True
+
+  def __post_init__(self):
+    require_one_of("option", self.option, ("I", "II"))
+    require_one_of("control_variates", self.control_variates, (True, False))
+
+
+class FirstGradState(NamedTuple):
+  first: object      # the first corrected gradient this transform saw
+  seen: jnp.ndarray  # bool
+
+
+def record_first_gradient() -> optax.GradientTransformation:
+  """Passes updates through and keeps the first one (option I's gradient at x)."""
+
+  def init(params):
+    return FirstGradState(tree_zeros_like(params), jnp.zeros((), bool))
+
+  def update(updates, state, params=None):
+    del params
+    first = tree_map(lambda f, u: jnp.where(state.seen, f, u), state.first, updates)
+    return updates, FirstGradState(first, jnp.ones((), bool))
+
+  return optax.GradientTransformation(init, update)
+
+
+def build(hp: Hparams, common: Common) -> Algorithm:
+  if not hp.control_variates:
+    return fedavg_like("scaffold", common)
+  local_sgd = local_optimizer(common)
+  # Option I records the first corrected gradient g(x) - c_i + c before any decay or momentum.
+  local_tx = optax.chain(record_first_gradient(), local_sgd) if hp.option == "I" else local_sgd
+
+  def correct(grads, params, ctx):
+    del params
+    return tree_map(lambda g, ci, c: g - ci + c, grads, ctx.row, ctx.shared["c"])
+
+  def finish(final, ctx, info):
+    c_i, c = ctx.row, ctx.shared["c"]
+    if hp.option == "II":
+      step_sizes = leafwise(info.lr_sum, c_i)
+      c_new = tree_map(lambda ci, cc, x, y, s: ci - cc + (x - y) / safe_positive(s),
+                       c_i, c, ctx.shared["params"], final.params, step_sizes)
+    else:
+      first = final.opt_state[0].first  # g(x) - c_i + c
+      c_new = tree_map(lambda g, ci, cc: g + ci - cc, first, c_i, c)
+    dc = tree_map(jnp.subtract, c_new, c_i)
+    return {"delta": displacement(final, ctx), "dc": dc}, c_new
+
+  def server_update(server: ServerState, agg) -> ServerState:
+    server = apply_server_tx(server_tx, server, agg["delta"])
+    c = tree_map(lambda c, s: c + s / agg.population, server.extra["c"], agg["dc"])
+    return server._replace(extra={**server.extra, "c": c})
+
+  server_tx = optax.sgd(common.server_lr)
+  return fedavg_like(
+      "scaffold", common, local_tx=local_tx, server_tx=server_tx, correct=correct,
+      row_init=tree_zeros_like, finish=finish,
+      reductions={"delta": upload("delta"), "dc": upload("dc", SUM)},
+      server_init=lambda params: {"c": tree_zeros_like(params)}, server_update=server_update,
+      downloads=("params", "c"),
+      layerwise=True if hp.option == "II" else
+      "option I's c_i is the gradient at the round's start model, which a layer-wise "
+      "schedule does not have")
+
+
+SPECS = (Spec("scaffold", Hparams, build, "control variates c, c_i (2d each way)"),)

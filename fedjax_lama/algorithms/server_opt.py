@@ -1,0 +1,120 @@
+"""Server optimizers: FedAvgM, FedAdam, FedYogi, FedAdagrad (algorithms.md 5.5).
+
+FedAvgM: T.-M. H. Hsu, H. Qi, M. Brown, "Measuring the Effects of Non-Identical Data
+Distribution for Federated Visual Classification", arXiv 1909.06335, 2019.
+FedAdam, FedYogi, FedAdagrad: S. J. Reddi, Z. Charles, M. Zaheer, Z. Garrett, K. Rush,
+J. Konecny, S. Kumar, H. B. McMahan, "Adaptive Federated Optimization", ICLR 2021.
+
+All four are FedAvg clients with another server optimizer on G = -mean(delta). Reddi
+et al.'s updates differ from optax's adam/yogi/adagrad (no bias correction, v starts at
+tau^2, tau outside the root; the table in 5.5), so they are written here as optax
+transforms on G:
+  m = b1 m + (1 - b1) G
+  v = v + G^2 (adagrad) | v - (1 - b2) G^2 sign(v - G^2) (yogi) | b2 v + (1 - b2) G^2 (adam)
+  u = -server_lr m / (sqrt(v) + tau),  x <- x + u
+which is x + server_lr m_delta / (sqrt(v) + tau) with m_delta built from delta = -G.
+`variant="optax"` runs optax's own transforms for comparison; those runs are named
+"<name>_optax" so they are never reported as Reddi et al.'s algorithm.
+"""
+import dataclasses
+from typing import NamedTuple
+
+import jax.numpy as jnp
+import optax
+
+from fedjax_lama.algorithms.common import (Common, Spec, fedavg_like, require, require_one_of,
+                                           tree_map)
+from fedjax_lama.engine.algorithm import Algorithm
+from fedjax_lama.tree import tree_zeros_like
+
+
+class ReddiState(NamedTuple):
+  m: object  # params-shaped
+  v: object  # params-shaped
+
+
+def reddi(kind: str, learning_rate: float, beta1: float, beta2: float,
+          tau: float) -> optax.GradientTransformation:
+  """Reddi et al.'s server update of kind 'adam' | 'yogi' | 'adagrad' on G (5.5)."""
+
+  def init(params):
+    return ReddiState(tree_zeros_like(params),
+                      tree_map(lambda p: jnp.full_like(p, tau * tau), params))
+
+  def second_moment(v, g2):
+    if kind == "adagrad":
+      return v + g2
+    if kind == "yogi":
+      return v - (1 - beta2) * g2 * jnp.sign(v - g2)
+    return beta2 * v + (1 - beta2) * g2
+
+  def update(grads, state, params=None):
+    del params
+    m = tree_map(lambda m, g: beta1 * m + (1 - beta1) * g, state.m, grads)
+    v = tree_map(lambda v, g: second_moment(v, g * g), state.v, grads)
+    updates = tree_map(lambda m, v: -learning_rate * m / (jnp.sqrt(v) + tau), m, v)
+    return updates, ReddiState(m, v)
+
+  return optax.GradientTransformation(init, update)
+
+
+def optax_server(kind: str, learning_rate: float, beta1: float, beta2: float,
+                 tau: float) -> optax.GradientTransformation:
+  if kind == "adam":
+    return optax.adam(learning_rate, b1=beta1, b2=beta2, eps=tau)
+  if kind == "yogi":
+    return optax.yogi(learning_rate, b1=beta1, b2=beta2, eps=tau)
+  return optax.adagrad(learning_rate, eps=tau)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveHparams:
+  beta1: float = 0.9
+  beta2: float = 0.99
+  tau: float = 1e-3
+  variant: str = "reddi"
+
+  def __post_init__(self):
+    for field in ("beta1", "beta2"):
+      value = getattr(self, field)
+      require(0.0 <= value < 1.0, field, value, "a number in [0, 1)")
+    require(self.tau > 0, "tau", self.tau, "a number > 0")
+    require_one_of("variant", self.variant, ("reddi", "optax"))
+
+
+@dataclasses.dataclass(frozen=True)
+class AdagradHparams(AdaptiveHparams):
+  beta1: float = 0.0  # plain Adagrad (5.5 defaults)
+
+
+def adaptive(kind: str):
+  name = "fed" + kind
+
+  def build(hp: AdaptiveHparams, common: Common) -> Algorithm:
+    make = reddi if hp.variant == "reddi" else optax_server
+    return fedavg_like(name if hp.variant == "reddi" else f"{name}_optax", common,
+                       server_tx=make(kind, common.server_lr, hp.beta1, hp.beta2, hp.tau))
+
+  return build
+
+
+@dataclasses.dataclass(frozen=True)
+class MomentumHparams:
+  momentum: float = 0.9
+
+  def __post_init__(self):
+    require(0.0 <= self.momentum < 1.0, "momentum", self.momentum, "a number in [0, 1)")
+
+
+def build_fedavgm(hp: MomentumHparams, common: Common) -> Algorithm:
+  """v <- b v + G, x <- x - server_lr v: optax.sgd with momentum (b = 0: FedAvg exactly)."""
+  return fedavg_like("fedavgm", common,
+                     server_tx=optax.sgd(common.server_lr, momentum=hp.momentum or None))
+
+
+SPECS = (
+    Spec("fedavgm", MomentumHparams, build_fedavgm, "server momentum"),
+    Spec("fedadam", AdaptiveHparams, adaptive("adam"), "server Adam (Reddi et al.)"),
+    Spec("fedyogi", AdaptiveHparams, adaptive("yogi"), "server Yogi (Reddi et al.)"),
+    Spec("fedadagrad", AdagradHparams, adaptive("adagrad"), "server Adagrad (Reddi et al.)"),
+)

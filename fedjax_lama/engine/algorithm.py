@@ -1,0 +1,210 @@
+"""The algorithm interface: the pure functions the one engine calls.
+
+An algorithm is a frozen `Algorithm` record built by a builder that closes over
+typed hyper-parameters (fedjax_lama.algorithms.*). It never loops, vmaps, scans,
+shards or chunks: the engine (engine/local.py, engine/round.py) calls its
+functions for ONE client or ONE server, and adds the client axis itself.
+
+One synchronous round, and which function the engine calls where
+(architecture.md 2.2, algorithms.md 5.0):
+
+    shared  = {name: server value for name in downloads}         what goes down
+    ctx     = ClientContext(shared, row, num_examples, client_id)
+    state   = LocalState(shared["params"], server stats, local_init(ctx))
+    for each local step k (a lax.scan, vmapped over clients):
+      loss, aux, g = grad(value_and_grad_at_this_batch, params)  one or more gradients
+      g = correct(g, params, ctx)                                proximal pull, control variates
+      direction, opt = local_tx.update(g, opt, params)           optax; the engine applies -lr
+    uploads, new_row = finish(final_state, ctx, info)             what goes up; the client's row
+    uploads = decode(encode(uploads))                             the uplink compressor
+    aggregates[name] = reduce_i(reduction.fn(uploads_i, info_i))  masked (sum, weight) pairs
+    server = server_update(server, Aggregates)                    the algorithm's own rule
+
+Conventions:
+- Sign (5.0): uploads named "delta" are displacements y - x; server optimizers
+  receive the pseudo-gradient G = -mean(delta) (`apply_server_tx`).
+- Communication follows from the declaration: every upload travels (floats up
+  = their sizes; all-scalar uploads are 32 bits each and are never compressed),
+  every name in `downloads` travels down. `reductions` are computed from the
+  decoded uploads and `ClientInfo`, which the server knows without
+  transmission (step counts, learning rates, example counts, ids).
+- Layer-wise schedules (FedLAMA) apply the server update, the rows and the
+  uploads leaf by leaf. That needs every upload, row and server-state entry to
+  be params-shaped (or absent); `layerwise` says whether the rules are also
+  meaningful per leaf (False, or a string saying why not).
+"""
+import dataclasses
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Union
+
+import jax
+import jax.numpy as jnp
+import optax
+
+PyTree = Any
+Shared = Mapping[str, PyTree]
+
+
+class LocalState(NamedTuple):
+  """One client's carry through its local steps."""
+  params: PyTree
+  model_state: PyTree  # e.g. BatchNorm running statistics ({} when none)
+  opt_state: PyTree
+
+
+class ClientContext(NamedTuple):
+  """What one client holds during its round: the downloads, its row, its own facts."""
+  shared: Shared        # {"params": x^t, other downloads}
+  row: PyTree           # its persistent row ({} when the algorithm keeps none)
+  num_examples: jax.Array
+  client_id: jax.Array
+
+
+class ClientInfo(NamedTuple):
+  """What the engine knows of one client's round, without any transmission.
+
+  Under a layer-wise schedule `steps` and `lr_sum` are params-shaped pytrees of
+  scalars (the steps since each leaf was last synchronised); otherwise scalars.
+  `leafwise(info.steps, tree)` gives a params-shaped view in both cases.
+  """
+  steps: PyTree         # K_i: real (unpadded) local steps, float32
+  lr_sum: PyTree        # sum of the learning rates of those steps (= K_i * lr when constant)
+  lr: jax.Array         # learning rate of the round's first step
+  num_examples: jax.Array
+  client_id: jax.Array
+
+
+class ServerState(NamedTuple):
+  params: PyTree
+  model_state: PyTree   # aggregated BatchNorm statistics, if any
+  opt_state: PyTree     # state of the algorithm's server optax transform
+  extra: dict           # algorithm state: SCAFFOLD's c, FedDyn's h, Fed-LAMB's v_hat, ...
+
+
+MEAN = "mean"  # sum_i w_i f_i / sum_i w_i with the round's weights (p_i of 5.0)
+SUM = "sum"    # sum_i f_i over the participants (for the 1/N global means of 5.0)
+REDUCTION_KINDS = (MEAN, SUM)
+
+
+@dataclasses.dataclass(frozen=True)
+class Reduction:
+  """One aggregate: fn(decoded uploads, ClientInfo) of each client, reduced by `kind`."""
+  fn: Callable[[dict, ClientInfo], PyTree]
+  kind: str = MEAN
+
+  def __post_init__(self):
+    if self.kind not in REDUCTION_KINDS:
+      raise ValueError(f"Reduction.kind={self.kind!r}; accepted: {', '.join(REDUCTION_KINDS)}")
+
+
+def upload(name: str, kind: str = MEAN) -> Reduction:
+  """The aggregate of one upload as it is (the common case)."""
+  return Reduction(lambda uploads, info: uploads[name], kind)
+
+
+class Aggregates(NamedTuple):
+  """The reduced aggregates of one round, as the server update sees them."""
+  values: dict              # name -> mean or sum
+  participants: jax.Array   # M, real clients of the round (float32)
+  population: int           # N, clients in the federation (static): 1/N global means
+
+  def __getitem__(self, name: str) -> PyTree:
+    return self.values[name]
+
+
+# Signatures (one client, one server; no client axis anywhere).
+ValueAndGrad = Callable[[PyTree], tuple[tuple[jax.Array, Any], PyTree]]
+GradOracle = Callable[[ValueAndGrad, PyTree], tuple[tuple[jax.Array, Any], PyTree]]
+Correction = Callable[[PyTree, PyTree, ClientContext], PyTree]           # (g, params, ctx) -> g
+LocalInit = Callable[[ClientContext], PyTree]                            # ctx -> opt_state
+Finish = Callable[[LocalState, ClientContext, ClientInfo], tuple[dict, PyTree]]
+ServerUpdate = Callable[[ServerState, Aggregates], ServerState]
+
+
+def single_gradient(value_and_grad: ValueAndGrad, params: PyTree):
+  """The plain minibatch gradient at the iterate."""
+  return value_and_grad(params)
+
+
+def displacement(final: LocalState, ctx: ClientContext) -> PyTree:
+  """y - x: how far the client moved from the downloaded model (5.0's Delta_i)."""
+  return jax.tree_util.tree_map(jnp.subtract, final.params, ctx.shared["params"])
+
+
+def upload_delta(final: LocalState, ctx: ClientContext, info: ClientInfo):
+  """FedAvg's upload: the displacement y - x; the row is kept."""
+  del info
+  return {"delta": displacement(final, ctx)}, ctx.row
+
+
+def apply_server_tx(tx: optax.GradientTransformation, server: ServerState,
+                    delta: PyTree) -> ServerState:
+  """x <- x + tx(G) with the pseudo-gradient G = -delta (5.0: optax minimises).
+
+  With tx = optax.sgd(1.0) this is exactly x + delta, FedAvg.
+  """
+  pseudo_grad = jax.tree_util.tree_map(jnp.negative, delta)
+  updates, opt_state = tx.update(pseudo_grad, server.opt_state, server.params)
+  return server._replace(params=optax.apply_updates(server.params, updates), opt_state=opt_state)
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+  """What one algorithm tells the engine; see the module docstring for the call order.
+
+  Fields left at their defaults give FedAvg's behaviour for that piece.
+  """
+  name: str
+  local_tx: optax.GradientTransformation = dataclasses.field(default_factory=optax.identity)
+  server_tx: optax.GradientTransformation = dataclasses.field(
+      default_factory=lambda: optax.sgd(1.0))
+  grad: GradOracle = single_gradient
+  correct: Optional[Correction] = None
+  local_init: Optional[LocalInit] = None       # None: local_tx.init(ctx.shared["params"])
+  row_init: Optional[Callable[[PyTree], PyTree]] = None   # params -> one client's row
+  finish: Finish = upload_delta
+  reductions: Optional[Mapping[str, Reduction]] = None    # None: every upload by MEAN
+  server_init: Optional[Callable[[PyTree], dict]] = None  # params -> ServerState.extra
+  server_update: Optional[ServerUpdate] = None            # None: apply_server_tx(agg["delta"])
+  downloads: tuple = ("params",)
+  uplink: Optional[Any] = None     # default uplink compressor (FedPAQ: QSGD); None: identity
+  model_upload: Optional[str] = "delta"  # the upload that is the model displacement (FedLAMA's d_l)
+  layerwise: Union[bool, str] = True     # may a layer-wise schedule run it? (str: why not)
+  one_step: bool = False                 # one local step per round (FedSGD) ...
+  full_batch: bool = False               # ... over the client's whole data
+
+  def __post_init__(self):
+    if "params" not in self.downloads:
+      raise ValueError(f"algorithm {self.name!r}: downloads must include 'params'")
+
+  # ---- the engine's view, defaults resolved ------------------------------------------------
+  def shared(self, server: ServerState) -> dict:
+    """What goes down: the declared downloads of the server state."""
+    return {name: server.params if name == "params" else server.extra[name]
+            for name in self.downloads}
+
+  def init_local(self, ctx: ClientContext) -> PyTree:
+    if self.local_init is not None:
+      return self.local_init(ctx)
+    return self.local_tx.init(ctx.shared["params"])
+
+  def init_server(self, params: PyTree, model_state: PyTree) -> ServerState:
+    extra = dict(self.server_init(params)) if self.server_init is not None else {}
+    return ServerState(params, model_state, self.server_tx.init(params), extra)
+
+  def reductions_for(self, upload_names) -> Mapping[str, Reduction]:
+    if self.reductions is not None:
+      return self.reductions
+    return {name: upload(name) for name in upload_names}
+
+  def update_server(self, server: ServerState, agg: Aggregates) -> ServerState:
+    if self.server_update is not None:
+      return self.server_update(server, agg)
+    return apply_server_tx(self.server_tx, server, agg["delta"])
+
+
+def leafwise(value: PyTree, like: PyTree) -> PyTree:
+  """A params-shaped view of a ClientInfo field: scalars are broadcast over the leaves of
+  `like`; per-leaf pytrees (under a layer-wise schedule) pass through."""
+  if jax.tree_util.tree_structure(value) == jax.tree_util.tree_structure(like):
+    return value
+  return jax.tree_util.tree_map(lambda _: value, like)

@@ -1,0 +1,429 @@
+"""FedLAMA: layer-wise adaptive aggregation intervals, as a schedule over any algorithm.
+
+S. Lee, T. Zhang, S. Avestimehr, "Layer-wise Adaptive Model Aggregation for
+Scalable Federated Learning", AAAI 2023 (shared/seeds/001_fc2c573c21b85f9f.txt,
+Algorithm 2); arXiv v1 (shared/seeds/000_d0c84dec6fe26f1e.txt, Algorithm 1).
+Specification and decisions: algorithms.md 1.2.4 (one window step by step) and
+1.4 (D1-D25).
+
+One program "round" is one window of W = phi * unit local steps, run as ONE
+jitted call: phi sub-rounds of `unit` steps of the vmapped local scan over the
+slots (engine/round.py's ClientPhase), each followed by a layer-masked round of
+the base algorithm: the layers due now (sync mask r mod m_l == 0) are uploaded,
+aggregated and put through the algorithm's server update, and only those layers
+of the server state, the clients' rows and the slots' models take the new values
+(`select_leafwise`); every other layer keeps each slot's own copy bit for bit. Then
+the normalisation statistics, then the interval selection for the next window.
+Slots keep their unsynchronised layers, optimiser state and running statistics
+across sub-rounds. The base algorithm sees, per leaf, the steps and learning rates
+since that leaf's last synchronisation (ClientInfo), and its anchor is the leaf's
+last synchronised value (the server's params). This needs an algorithm whose
+uploads, rows and server state are per leaf (`Algorithm.layerwise`).
+
+Equivalences (tests): phi = 1 is the base algorithm at tau'; fixed multipliers phi
+for every layer is the base algorithm at phi tau' -- the window's batches and keys are
+those of one round of W steps, because the window is packed as one span of W steps.
+"""
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_lama import compression, rng
+from fedjax_lama.engine import client_store, evaluate, local, reduce, round as round_lib, sharding
+from fedjax_lama.engine.algorithm import Algorithm, ClientContext, ClientInfo, LocalState, ServerState
+from fedjax_lama.errors import ConfigError
+from fedjax_lama.fedlama import layer_sync, layers, selection as sel
+from fedjax_lama.fedlama.options import FedLamaOptions
+from fedjax_lama.programs.common import RoundOutput, RunOptions, pack, with_steps
+from fedjax_lama.tree import broadcast_clients
+
+
+class FedLamaState(NamedTuple):
+  slots: LocalState         # leaves [m, ...]
+  server: ServerState       # params = u (last synchronised values), model_state = global stats
+  discrepancy: jax.Array    # d [L]
+  multipliers: jax.Array    # int32 [L], for the next window
+  sync_counts: jax.Array    # int32 [L], c_l (Eq. 8)
+  window: jax.Array         # int32, windows completed
+  since_steps: jax.Array    # float32 [m, L]: each slot's steps since each layer's last sync
+  since_lr: jax.Array       # float32 [m, L]: the sum of their learning rates
+
+
+def check_composable(algorithm: Algorithm, server: ServerState, row, traffic) -> None:
+  """Refuses algorithms whose state or messages are not per leaf (ConfigError)."""
+  params = server.params
+  params_def = jax.tree_util.tree_structure(params)
+  problems = []
+  for what, tree in (("server state", (server.opt_state, server.extra)), ("client row", row)):
+    parts = round_lib.non_leafwise_parts(tree, params)
+    if parts:
+      problems.append(f"its {what} has entries that are not per layer ({', '.join(parts[:3])})")
+  for name, shape in traffic.upload_shapes.items():
+    if jax.tree_util.tree_structure(shape) != params_def:
+      problems.append(f"its upload {name!r} is not shaped like the model")
+  shared = algorithm.shared(server)
+  for name in shared:
+    if jax.tree_util.tree_structure(shared[name]) != params_def:
+      problems.append(f"its download {name!r} is not shaped like the model")
+  if problems:
+    raise ConfigError(f"config.schedule='fedlama' cannot run config.algorithm="
+                      f"{algorithm.name!r}: {'; '.join(problems)}")
+
+
+class FedLamaProgram:
+  """Windows of phi sub-rounds with layer-wise synchronisation (algorithms.md 1.2.4)."""
+
+  def __init__(self, opts: RunOptions, fl: FedLamaOptions, algorithm: Algorithm, model, params,
+               model_state, fed, mesh, compressor=None):
+    self.opts, self.fl, self.algorithm, self.fed, self.mesh = opts, fl, algorithm, fed, mesh
+    if opts.sampler.kind != "fixed":
+      raise ConfigError(
+          f"config.client_sampling={opts.sampler.kind!r} is not accepted with the fedlama "
+          "schedule (a window trains a fixed number of slots); accepted: 'fixed'")
+    if opts.local_epochs:
+      raise ConfigError(
+          f"config.local_epochs={opts.local_epochs} is not accepted with the fedlama schedule "
+          "(intervals are counted in local steps: config.fedlama.base_interval); accepted: 0")
+    self.phi, self.rule = int(fl.phi), fl.interval_rule
+    self.unit = sel.interval_unit(fl.base_interval, self.phi, self.rule)
+    self.window_steps = sel.window_length(fl.base_interval, self.phi, self.rule)
+    total = fl.total_steps or opts.rounds * self.window_steps
+    if total % self.window_steps:
+      raise ConfigError(
+          f"config.fedlama.total_steps={total} is not accepted; accepted: a multiple of the "
+          f"window length phi*unit={self.window_steps}")
+    self.num_rounds = total // self.window_steps
+    self.eval_every = opts.eval_every
+    self.spec = layers.layer_spec(params, fl.layer_granularity)
+    kernels_only = fl.kernels_only if fl.kernels_only is not None else self.rule == "code"
+    self.kernel_mask = jnp.asarray(self.spec.is_kernel) if kernels_only else None
+    self.base = jnp.asarray(sel.base_multipliers(len(self.spec.sizes), self.phi, self.rule),
+                            jnp.int32)
+    self.fixed = None
+    if fl.fixed_multipliers is not None:
+      fixed = np.broadcast_to(np.asarray(fl.fixed_multipliers, np.int32), self.base.shape)
+      if not np.all((fixed == 1) | (fixed == self.phi)):
+        raise ConfigError(
+            f"config.fedlama.fixed_multipliers={fl.fixed_multipliers!r} is not accepted; "
+            f"accepted: 1 or phi={self.phi} per layer ({len(self.spec.sizes)} layers)")
+      self.fixed = jnp.asarray(fixed)
+    self.has_state = bool(jax.tree_util.tree_leaves(model_state))
+    self.compressor = compressor if compressor is not None else (
+        algorithm.uplink or compression.identity())
+    server = algorithm.init_server(params, model_state)
+    self.row_template = algorithm.row_init(params) if algorithm.row_init is not None else {}
+    self.traffic = round_lib.traffic(algorithm, server, self.row_template)
+    check_composable(algorithm, server, self.row_template, self.traffic)
+    if self.row_template and fl.client_sampling != "window":
+      raise ConfigError(
+          f"config.fedlama.client_sampling={fl.client_sampling!r} is not accepted with "
+          f"config.algorithm={algorithm.name!r}, which keeps per-client state; accepted: "
+          "'window' (one cohort per window)")
+    self.params_def = jax.tree_util.tree_structure(params)
+    self.num_slots = opts.sampler.cohort_size
+    self.slots_padded = sharding.padded_size(self.num_slots, mesh)
+    self.params, self.model_state = params, model_state
+    self.data_x = sharding.replicate(jnp.asarray(fed.dataset.train_x), mesh)
+    self.data_y = sharding.replicate(jnp.asarray(fed.dataset.train_y, jnp.int32), mesh)
+    self.eval_fn = evaluate.make_eval_fn(model, self.has_state)
+    loss_fn = local.make_loss_fn(model, self.has_state, opts.label_smoothing)
+    # A sub-round is one round of the base algorithm: "exponential" decays per sub-round.
+    self.schedule = opts.lr.build(total, self.unit)
+    self.phase = round_lib.ClientPhase(loss_fn, algorithm, self.schedule, seed=opts.seed,
+                                       unroll=opts.unroll, augment=opts.augment,
+                                       compressor=self.compressor)
+    # Bits of each leaf of one client's uploads (block "leaf": additive over leaves, 5.12).
+    self.leaf_bits = sum(compression.leaf_bits(self.compressor, self.traffic.upload_shapes[n])
+                         for n in self.traffic.vector_uploads)
+    self.store = None
+    # The slots are consumed by the window: donating them avoids a copy of m models.
+    # Outputs keep the state's placement (slots split over clients, the rest replicated),
+    # so window 2 reuses window 1's executable.
+    replicated = sharding.replicated_sharding(mesh)
+    clients = sharding.clients_sharding(mesh)
+    state_shardings = FedLamaState(clients, *[replicated] * 5, clients, clients)
+    self.window_fn = jax.jit(self._window, donate_argnums=(0,),
+                             out_shardings=(state_shardings, clients, replicated, replicated,
+                                            replicated))
+
+  # ---- state ---------------------------------------------------------------------------
+  def _fresh_opt_states(self, ctx: ClientContext):
+    if self.algorithm.local_init is None:
+      return broadcast_clients(self.algorithm.local_tx.init(ctx.shared["params"]),
+                               self.slots_padded)
+    return jax.vmap(self.algorithm.init_local, in_axes=(local.context_axes(),))(ctx)
+
+  def init_state(self):
+    m = self.slots_padded
+    server = self.algorithm.init_server(self.params, self.model_state)
+    template = ClientContext(self.algorithm.shared(server),
+                             broadcast_clients(self.row_template, m), jnp.zeros(m), jnp.zeros(m, jnp.int32))
+    slots = LocalState(broadcast_clients(self.params, m), broadcast_clients(self.model_state, m),
+                       self._fresh_opt_states(template))
+    num_layers = len(self.spec.sizes)
+    # Copies: the window donates its state, which must never delete self.params.
+    own = lambda t: jax.tree_util.tree_map(jnp.copy, t)
+    rest = sharding.replicate(own(
+        (server, jnp.zeros(num_layers, jnp.float32),
+         self.fixed if self.fixed is not None else self.base,
+         jnp.zeros(num_layers, jnp.int32), jnp.zeros((), jnp.int32))), self.mesh)
+    since = sharding.shard_clients(jnp.zeros((m, num_layers), jnp.float32), self.mesh)
+    state = FedLamaState(sharding.shard_clients(own(slots), self.mesh), *rest, since,
+                         jnp.copy(since))
+    rows = {}
+    if self.algorithm.row_init is not None:
+      self.store = client_store.ClientStore.create(
+          self.row_template, self.fed.num_clients, self.mesh,
+          on_host=self.opts.client_state_on_host)
+      rows = self.store.rows
+    return {"fedlama": state, "rows": rows}
+
+  # ---- one window, jitted ----------------------------------------------------------------
+  def _per_leaf(self, per_layer: jax.Array) -> object:
+    """[..., L] per layer -> params-shaped pytree of [...] per leaf."""
+    leaves = [per_layer[..., int(layer)] for layer in self.spec.leaf_to_layer]
+    return jax.tree_util.tree_unflatten(self.params_def, leaves)
+
+  def _window(self, state: FedLamaState, rows, data_x, data_y, cohorts: round_lib.Cohort, window):
+    """cohorts: leaves [phi, C, unit, ...] (client fields [phi, C])."""
+    fl, alg = self.fl, self.algorithm
+    mult = state.multipliers
+    intervals = (mult * self.unit).astype(jnp.float32)
+    slots, server, d, counts = state.slots, state.server, state.discrepancy, state.sync_counts
+    since_steps, since_lr = state.since_steps, state.since_lr
+    stats_sum = jnp.zeros(4)  # loss_sum, correct, count, unused
+    key = rng.round_key(self.opts.seed, rng.STREAM_TRAIN, window)
+    for r in range(self.phi):  # static: phi sub-rounds, each a rolled scan inside
+      c = jax.tree_util.tree_map(lambda a: a[r], cohorts)
+      sub_round = window * self.phi + r
+      ctx = ClientContext(alg.shared(server), rows, c.num_examples, c.client_ids)
+      if fl.opt_state_policy == "reset_on_sample" and (r == 0 or fl.client_sampling == "round"):
+        slots = slots._replace(opt_state=self._fresh_opt_states(ctx))
+      keys = rng.client_keys(key if fl.client_sampling == "window" else
+                             rng.round_key(self.opts.seed, rng.STREAM_TRAIN, sub_round),
+                             c.client_ids)
+      step0 = window * self.window_steps + r * self.unit
+      key_offset = r * self.unit if fl.client_sampling == "window" else 0
+      slots, st = self.phase.train(slots, ctx, data_x, data_y, c, keys, step0, key_offset)
+      stats_sum = stats_sum + jnp.stack([jnp.sum(st.loss_sum), jnp.sum(st.correct),
+                                         jnp.sum(st.count), 0.0])
+      since_steps = since_steps + st.steps[:, None]
+      since_lr = since_lr + st.lr_sum[:, None]
+      info = self.phase.info(st, c, step0)._replace(
+          steps=self._per_leaf(since_steps), lr_sum=self._per_leaf(since_lr))
+      uploads, new_rows = self.phase.finish(slots, ctx, info, c.client_ids, sub_round)
+      weights = reduce.client_weights(c.client_mask, c.num_examples, self.opts.weighting)
+      sync = jnp.mod(r + 1, mult) == 0
+      sync_leaf = self._per_leaf(sync)
+      if alg.model_upload is not None:
+        moved = uploads[alg.model_upload]
+      else:
+        moved = jax.vmap(lambda p: jax.tree_util.tree_map(jnp.subtract, p, server.params))(
+            slots.params)
+      d = layer_sync.layer_discrepancy(moved, weights, sync, intervals, d,
+                                       self.spec.leaf_to_layer)
+      sums = round_lib.reduce_uploads(alg, uploads, info, slots.model_state, weights,
+                                      c.client_mask)
+      new_server = alg.update_server(server, round_lib.aggregates(alg, sums, self.fed.num_clients))
+      server = round_lib.select_leafwise(sync_leaf, new_server._replace(
+          model_state=server.model_state), server, self.params_def)
+      rows = round_lib.select_leafwise(sync_leaf, new_rows, rows, self.params_def)
+      counts = counts + sync.astype(jnp.int32)
+      params = jax.tree_util.tree_map(lambda m, u, x: jnp.where(m, u[None], x), sync_leaf,
+                                      server.params, slots.params)
+      slots = slots._replace(params=params)
+      since_steps = jnp.where(sync[None, :], 0.0, since_steps)
+      since_lr = jnp.where(sync[None, :], 0.0, since_lr)
+      if self.has_state and (fl.bn_stats_sync == "round" or
+                             (fl.bn_stats_sync == "window" and r == self.phi - 1)):
+        mean_stats = reduce.weighted_mean(slots.model_state, weights)
+        slots = slots._replace(model_state=broadcast_clients(mean_stats, self.slots_padded))
+    # After window-end averaging every slot holds the mean; with "never" slot 0's own
+    # statistics are evaluated (D10).
+    server = server._replace(
+        model_state=jax.tree_util.tree_map(lambda s: s[0], slots.model_state))
+    if self.fixed is not None:
+      new_mult = self.fixed
+    else:
+      selected = sel.select_intervals(d, jnp.asarray(self.spec.sizes), self.phi, self.rule,
+                                      self.kernel_mask)
+      new_mult = jnp.where(window >= fl.warmup_windows, selected, self.base).astype(jnp.int32)
+    new_state = FedLamaState(slots, server, d, new_mult, counts, state.window + 1,
+                             since_steps, since_lr)
+    return new_state, rows, stats_sum, mult, sync
+
+  # ---- host side -------------------------------------------------------------------------
+  def _pack_window(self, window: int) -> round_lib.Cohort:
+    fl, opts = self.fl, self.opts
+    if fl.client_sampling == "window":
+      ids = opts.sampler.sample(window)
+      full = pack(with_steps(opts, self.window_steps), self.fed, ids, window, self.slots_padded,
+                  self.window_steps)
+      idx = np.stack(np.split(full.indices, self.phi, axis=1))
+      ex = np.stack(np.split(full.example_mask, self.phi, axis=1))
+      sm = np.stack(np.split(full.step_mask, self.phi, axis=1))
+      rep = lambda a: np.stack([a] * self.phi)
+      return round_lib.Cohort(idx, ex, sm, rep(full.client_mask), rep(full.client_ids),
+                              rep(full.num_examples))
+    parts = []
+    for r in range(self.phi):
+      sub = window * self.phi + r
+      ids = opts.sampler.sample(sub)
+      parts.append(pack(with_steps(opts, self.unit), self.fed, ids, sub, self.slots_padded,
+                        self.unit))
+    return round_lib.Cohort(*[np.stack(x) for x in zip(*parts)])
+
+  def _adopt_rows(self, rows):
+    if self.algorithm.row_init is None:
+      return None
+    if self.store is None or rows is not self.store.rows:
+      self.store = None
+      self.store = client_store.ClientStore(rows, self.mesh, on_host=self.opts.client_state_on_host,
+                                            num_clients=self.fed.num_clients, copy=False)
+    return self.store
+
+  def run_round(self, state, window: int):
+    cohorts = self._pack_window(window)
+    n_real = int(cohorts.client_mask[0].sum())
+    store = self._adopt_rows(state["rows"])
+    ids, mask = cohorts.client_ids[0], cohorts.client_mask[0]
+    rows = store.gather(ids) if store is not None else {}
+    cohorts = sharding.shard_clients(cohorts, self.mesh, axis=1)
+    fstate = state["fedlama"]
+    mult = np.asarray(fstate.multipliers)
+    counts_before = np.asarray(fstate.sync_counts)
+    fstate, rows, stats, _, _ = self.window_fn(fstate, rows, self.data_x, self.data_y, cohorts,
+                                               window)
+    if store is not None:
+      store.scatter(ids, mask, rows)
+    stats = np.asarray(stats)
+    synced = np.asarray(fstate.sync_counts) - counts_before  # per layer, this window
+    leaf_syncs = synced[self.spec.leaf_to_layer]
+    up = leaf_syncs * self.traffic.up_per_leaf * n_real
+    down = leaf_syncs * self.traffic.down_per_leaf * n_real
+    relaxed = mult != np.asarray(self.base)
+    total_steps = (window + 1) * self.window_steps
+    comm_ratio = float(np.sum(self.spec.sizes * np.asarray(fstate.sync_counts))) / (
+        total_steps / self.fl.base_interval * float(np.sum(self.spec.sizes)))
+    # The curves the selection just walked (v1 Fig. 1 / AAAI Fig. 2), in walk order.
+    curves = sel.selection_curves(np.asarray(fstate.discrepancy), self.spec.sizes, self.rule,
+                                  self.kernel_mask)
+    extra = {"clients": n_real, "fedlama_relaxed_layers": int(relaxed.sum()),
+             "fedlama_discrepancy": np.asarray(fstate.discrepancy).tolist(),
+             "fedlama_next_multipliers": np.asarray(fstate.multipliers).tolist(),
+             "fedlama_curve_order": np.asarray(curves.order).tolist(),
+             "fedlama_delta": np.asarray(curves.delta).tolist(),
+             "fedlama_lambda": np.asarray(curves.lam).tolist(),
+             "fedlama_relaxed_share": float(self.spec.sizes[relaxed].sum() / self.spec.sizes.sum()),
+             "comm_ratio": comm_ratio,
+             "bn_stat_floats": self._bn_floats(n_real)}
+    loss = stats[0] / stats[2] if stats[2] else 0.0
+    bits_up = int(np.sum(leaf_syncs * self.leaf_bits)) * n_real
+    state = {"fedlama": fstate, "rows": store.rows if store is not None else {}}
+    return state, RoundOutput(float(loss), float(stats[2]), up, down, None, extra,
+                              bits_up=bits_up)
+
+  def _bn_floats(self, n_real: int) -> int:
+    fl = self.fl
+    if not self.has_state or fl.bn_stats_sync == "never":
+      return 0
+    per = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(self.model_state))
+    return 2 * per * n_real * (self.phi if fl.bn_stats_sync == "round" else 1)
+
+  def eval_params(self, state):
+    server = state["fedlama"].server
+    return server.params, server.model_state
+
+  def local_steps_done(self, window: int) -> int:
+    return (window + 1) * self.window_steps
+
+  def host_state(self) -> dict:
+    return {}
+
+  def load_host_state(self, d: dict) -> None:
+    del d
+
+  def summary(self, state, ledger) -> dict:
+    del ledger
+    fstate = state["fedlama"]
+    counts = np.asarray(fstate.sync_counts)
+    self._final_counts = counts
+    total_steps = int(np.asarray(fstate.window)) * self.window_steps
+    c_total = float(np.sum(self.spec.sizes * counts))
+    c_ref = total_steps / self.fl.base_interval * float(np.sum(self.spec.sizes))
+    return {
+        "comm_ratio": c_total / c_ref if c_ref else None,
+        "fedlama_layer_names": list(self.spec.names),
+        "fedlama_layer_sizes": self.spec.sizes.tolist(),
+        "fedlama_sync_counts": counts.tolist(),
+        "fedlama_comm_cost": c_total,
+        "fedlama_final_multipliers": np.asarray(fstate.multipliers).tolist(),
+        "fedlama_window_steps": self.window_steps,
+    }
+
+  def plot(self, workdir, ledger) -> None:
+    del ledger
+    plot_layer_comm(workdir, self.spec.sizes, self._final_counts)
+    plot_selection_curves(workdir, self.rule)
+
+  _final_counts = None
+
+
+def plot_layer_comm(workdir, sizes, counts):
+  """Per-layer sync counts and communicated floats (AAAI Figures 4 and 5)."""
+  if counts is None:
+    return
+  import os  # pylint: disable=g-import-not-at-top
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  counts = np.asarray(counts)
+  fig, axes = plt.subplots(1, 2, figsize=(10, 3.5), dpi=100)
+  axes[0].bar(np.arange(len(counts)), counts)
+  axes[0].set_xlabel("layer")
+  axes[0].set_ylabel("synchronisations c_l")
+  axes[1].bar(np.arange(len(counts)), counts * np.asarray(sizes))
+  axes[1].set_xlabel("layer")
+  axes[1].set_ylabel("floats communicated s_l * c_l")
+  axes[1].set_yscale("log")
+  fig.tight_layout()
+  fig.savefig(os.path.join(workdir, "fedlama_layer_comm.png"))
+  plt.close(fig)
+
+
+def plot_selection_curves(workdir, rule):
+  """delta_k and 1 - lambda_k against k at the logged window ends (v1 Fig. 1, AAAI Fig. 2).
+
+  For "aaai" the layers left of the crossing get the long interval."""
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    records = [r for r in map(json.loads, f) if r.get("fedlama_delta")]
+  if not records:
+    return
+  picks = records if len(records) <= 4 else [records[i] for i in
+                                             np.linspace(0, len(records) - 1, 4).astype(int)]
+  fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+  for r in picks:
+    k = np.arange(1, len(r["fedlama_delta"]) + 1)
+    line, = ax.plot(k, r["fedlama_delta"], label=f"delta, step {r['local_steps']}")
+    other = (np.asarray(r["fedlama_lambda"]) if rule in ("v1", "accelerate")
+             else 1 - np.asarray(r["fedlama_lambda"]))
+    ax.plot(k, other, "--", color=line.get_color(),
+            label=("lambda" if rule in ("v1", "accelerate") else "1 - lambda") +
+            f", step {r['local_steps']}")
+  ax.set_xlabel("k (layers in the rule's order)")
+  ax.set_ylabel("fraction")
+  ax.set_title(f"FedLAMA selection curves (rule {rule!r})")
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(os.path.join(workdir, "fedlama_curves.png"))
+  plt.close(fig)

@@ -1,0 +1,120 @@
+"""What every round program shares: typed run options, packing, the LR schedule, outputs.
+
+A round program owns the jitted functions of one algorithm and exposes the small
+interface the training loop drives:
+
+    num_rounds, eval_every, init_state(), run_round(state, r) -> (state, RoundOutput),
+    eval_params(state), local_steps_done(r), host_state(), load_host_state(d),
+    summary(state, ledger), plot(workdir, ledger)
+
+Programs take typed options (`RunOptions`), never a config: the training entry point
+builds them.
+"""
+import dataclasses
+import math
+from typing import Callable, NamedTuple, Optional
+
+import numpy as np
+import optax
+
+from fedjax_lama import data as fdata
+from fedjax_lama import federation
+from fedjax_lama.engine import round as round_lib
+from fedjax_lama.engine.algorithm import Algorithm
+
+
+class RoundOutput(NamedTuple):
+  train_loss: float                # mean over the round's real examples
+  train_count: float               # number of real examples trained on
+  floats_up_per_layer: np.ndarray  # this round, summed over clients (params-shaped traffic)
+  floats_down_per_layer: np.ndarray
+  bytes: Optional[int]             # None: bits_up / 8 + 4 bytes per float down
+  extra: dict                      # algorithm-specific metrics for metrics.jsonl
+  bits_up: Optional[int] = None    # None: 32 bits per float up (no compressor)
+  floats_up_other: int = 0         # traffic that is not params-shaped (FedNova's scalar)
+  floats_down_other: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class LrSchedule:
+  """The local learning rate as a function of the global local-step count."""
+  lr: float
+  kind: str = "constant"            # constant | cosine | step | exponential
+  warmup_steps: int = 0
+  decay_steps: tuple = ()           # "step": boundaries in local steps
+  decay_factor: float = 0.1         # "step": per boundary; "exponential": per ROUND
+
+  def build(self, total_steps: int, steps_per_round: int) -> Callable:
+    """steps_per_round: the static step axis of one round (a sub-round under FedLAMA), so
+    that "exponential" decays once per round also in epoch mode (FL-Simulator's 0.998)."""
+    if self.kind == "constant":
+      schedule = optax.constant_schedule(self.lr)
+    elif self.kind == "cosine":
+      schedule = optax.cosine_decay_schedule(self.lr, max(1, total_steps))
+    elif self.kind == "step":
+      schedule = optax.piecewise_constant_schedule(
+          self.lr, {int(b): float(self.decay_factor) for b in self.decay_steps})
+    else:
+      schedule = optax.exponential_decay(self.lr, max(1, steps_per_round), self.decay_factor,
+                                         staircase=True)
+    if self.warmup_steps:
+      warm = optax.linear_schedule(0.0, self.lr, self.warmup_steps)
+      schedule = optax.join_schedules([warm, schedule], [self.warmup_steps])
+    return schedule
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+  """Everything a round program needs to know about the run besides model and data."""
+  seed: int
+  rounds: int
+  local_steps: int
+  local_epochs: int
+  batch_size: int
+  weighting: str
+  eval_every: int
+  lr: LrSchedule
+  sampler: federation.Sampler
+  label_smoothing: float = 0.0
+  unroll: int = 1
+  clients_per_chunk: int = 0
+  client_state_on_host: bool = False
+  augment: Optional[Callable] = None
+
+
+def steps_per_round(opts: RunOptions, fed, algorithm: Algorithm) -> int:
+  """Static step-axis length: tau, E epochs of the largest client, or 1 (FedSGD)."""
+  if algorithm.one_step:
+    return 1
+  if opts.local_epochs > 0:
+    largest = max(len(ix) for ix in fed.client_train)
+    return opts.local_epochs * max(1, math.ceil(largest / opts.batch_size))
+  return opts.local_steps
+
+
+def pack(opts: RunOptions, fed, ids, round_idx: int, num_clients_padded: int, num_steps: int,
+         algorithm: Optional[Algorithm] = None) -> round_lib.Cohort:
+  """The cohort's batches as index arrays and masks, padded to static shapes."""
+  if algorithm is not None and algorithm.one_step and algorithm.full_batch:
+    # One step over each client's whole data: one epoch with a batch of the largest client.
+    batch, steps, epochs = max(len(ix) for ix in fed.client_train), None, 1
+  elif algorithm is not None and algorithm.one_step:
+    batch, steps, epochs = opts.batch_size, 1, None
+  elif opts.local_epochs:
+    batch, steps, epochs = opts.batch_size, None, opts.local_epochs
+  else:
+    batch, steps, epochs = opts.batch_size, opts.local_steps, None
+  packed = fdata.pack_cohort(
+      [fed.client_train[i] for i in ids], list(ids), batch_size=batch, num_steps=steps,
+      num_epochs=epochs, seed=opts.seed, round_idx=round_idx, pad_clients_to=num_clients_padded,
+      pad_steps_to=num_steps)
+  return round_lib.Cohort(packed.indices.astype(np.int32), packed.example_mask.astype(np.float32),
+                          packed.step_mask.astype(np.float32),
+                          packed.client_mask.astype(np.float32),
+                          packed.client_ids.astype(np.int32),
+                          packed.num_examples.astype(np.float32))
+
+
+def with_steps(opts: RunOptions, steps: int) -> RunOptions:
+  """The same run in steps mode with `steps` local steps (FedLAMA packs windows so)."""
+  return dataclasses.replace(opts, local_steps=steps, local_epochs=0)

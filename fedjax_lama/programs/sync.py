@@ -1,0 +1,152 @@
+"""Synchronous rounds of any algorithm: sample, train every client from the server, aggregate.
+
+A round runs its cohort in chunks of `chunk_size` clients (RunOptions.clients_per_chunk,
+default the whole static cohort), each chunk a fixed-shape packed cohort split over the
+"clients" mesh axis. Per chunk the host makes O(1) dispatches whatever the number of
+clients: one transfer of the packed arrays, the jitted chunk, one jitted accumulation
+(plus one gather and one scatter when the algorithm keeps per-client rows); the round
+ends with one server update and one device->host read of the loss. Sums are (weighted
+sum, weight) pairs, so chunked and unchunked rounds reduce the same quantities
+(architecture.md 2.2, "Chunking"). Jitted outputs keep the placement of their inputs
+(server replicated, per-client arrays split over clients), so every round after the
+first reuses the first round's executables.
+
+Per-client persistent state (algorithm.row_init) lives in a `client_store.ClientStore`,
+on device or, with RunOptions.client_state_on_host, in host memory. `run_round`
+consumes its `state`: the store is updated in place.
+"""
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_lama import compression
+from fedjax_lama.engine import client_store, evaluate, local, round as round_lib, sharding
+from fedjax_lama.engine.algorithm import Algorithm
+from fedjax_lama.programs.common import RoundOutput, RunOptions, pack, steps_per_round
+
+
+class _RoundTotals(NamedTuple):
+  """A round's running sums over its chunks, kept on device until the round ends."""
+  sums: round_lib.ChunkSums
+  loss_sum: jax.Array
+  count: jax.Array
+
+
+def _first_chunk(sums: round_lib.ChunkSums, stats: round_lib.ClientStats) -> _RoundTotals:
+  return _RoundTotals(sums, jnp.sum(stats.loss_sum), jnp.sum(stats.count))
+
+
+def _add_chunk(totals: _RoundTotals, sums: round_lib.ChunkSums,
+               stats: round_lib.ClientStats) -> _RoundTotals:
+  return _RoundTotals(round_lib.add_sums(totals.sums, sums),
+                      totals.loss_sum + jnp.sum(stats.loss_sum),
+                      totals.count + jnp.sum(stats.count))
+
+
+class SyncProgram:
+  """Rounds of one synchronous algorithm (see the module docstring)."""
+
+  def __init__(self, opts: RunOptions, algorithm: Algorithm, model, params, model_state, fed,
+               mesh, compressor: Optional[compression.Compressor] = None):
+    self.opts, self.algorithm, self.fed, self.mesh = opts, algorithm, fed, mesh
+    self.compressor = compressor if compressor is not None else (
+        algorithm.uplink or compression.identity())
+    has_state = bool(jax.tree_util.tree_leaves(model_state))
+    self.num_steps = steps_per_round(opts, fed, algorithm)
+    self.num_rounds = opts.rounds
+    self.eval_every = opts.eval_every
+    loss_fn = local.make_loss_fn(model, has_state, opts.label_smoothing)
+    schedule = opts.lr.build(opts.rounds * self.num_steps, self.num_steps)
+    train_chunk, server_update = round_lib.make_round_fns(
+        loss_fn, algorithm, schedule, seed=opts.seed, weighting=opts.weighting,
+        local_steps=self.num_steps, population=fed.num_clients, unroll=opts.unroll,
+        compressor=self.compressor, augment=opts.augment)
+    replicated = sharding.replicated_sharding(mesh)
+    clients = sharding.clients_sharding(mesh)
+    self.train_chunk = jax.jit(train_chunk, out_shardings=(replicated, clients, clients))
+    self.server_update = jax.jit(server_update, out_shardings=replicated)
+    self._first_chunk = jax.jit(_first_chunk, out_shardings=replicated)
+    self._add_chunk = jax.jit(_add_chunk, out_shardings=replicated)
+    self.eval_fn = evaluate.make_eval_fn(model, has_state)
+    self.params, self.model_state = params, model_state
+    self.data_x = sharding.replicate(np.asarray(fed.dataset.train_x), mesh)
+    self.data_y = sharding.replicate(np.asarray(fed.dataset.train_y, np.int32), mesh)
+    cap = opts.clients_per_chunk or opts.sampler.max_cohort
+    self.chunk_size = sharding.padded_size(cap, mesh)
+    server = algorithm.init_server(params, model_state)
+    row = algorithm.row_init(params) if algorithm.row_init is not None else {}
+    self.traffic = round_lib.traffic(algorithm, server, row)
+    self.bits_up_per_client = round_lib.uplink_bits(self.traffic, self.compressor)
+    self.store: Optional[client_store.ClientStore] = None
+
+  def init_state(self):
+    server = self.algorithm.init_server(self.params, self.model_state)
+    rows = {}
+    if self.algorithm.row_init is not None:
+      self.store = client_store.ClientStore.create(
+          self.algorithm.row_init(self.params), self.fed.num_clients, self.mesh,
+          on_host=self.opts.client_state_on_host)
+      rows = self.store.rows
+    return {"server": sharding.replicate(server, self.mesh), "rows": rows}
+
+  def _adopt_rows(self, rows):
+    """The store behind `rows`: ours, or a new one for rows restored from a checkpoint."""
+    if self.algorithm.row_init is None:
+      return None
+    if self.store is None or rows is not self.store.rows:
+      self.store = None  # drop the old rows before adopting the new ones
+      # The state hands its rows over (no second copy of N rows on host).
+      self.store = client_store.ClientStore(rows, self.mesh, on_host=self.opts.client_state_on_host,
+                                            num_clients=self.fed.num_clients, copy=False)
+    return self.store
+
+  def run_round(self, state, round_idx: int):
+    ids = self.opts.sampler.sample(round_idx)
+    server = state["server"]
+    store = self._adopt_rows(state["rows"])
+    totals = None
+    for start in range(0, len(ids), self.chunk_size):
+      group = ids[start:start + self.chunk_size]
+      packed = pack(self.opts, self.fed, group, round_idx, self.chunk_size, self.num_steps,
+                    self.algorithm)
+      cohort = sharding.shard_clients(packed, self.mesh)
+      rows = store.gather(packed.client_ids) if store is not None else {}
+      sums, new_rows, stats = self.train_chunk(server, rows, self.data_x, self.data_y, cohort,
+                                               round_idx)
+      if store is not None:
+        store.scatter(packed.client_ids, packed.client_mask, new_rows)
+      totals = (self._first_chunk(sums, stats) if totals is None else
+                self._add_chunk(totals, sums, stats))
+    loss, count = 0.0, 0.0
+    if totals is not None:  # a Bernoulli draw can be empty: the server stays as it was
+      server = self.server_update(server, totals.sums)
+      loss, count = (float(v) for v in jax.device_get((totals.loss_sum, totals.count)))
+    n = len(ids)
+    t = self.traffic
+    out = RoundOutput(loss / count if count else 0.0, count, t.up_per_leaf * n,
+                      t.down_per_leaf * n, None, {"clients": n},
+                      bits_up=self.bits_up_per_client * n, floats_up_other=t.up_other * n,
+                      floats_down_other=t.down_other * n)
+    return {"server": server, "rows": store.rows if store is not None else {}}, out
+
+  def eval_params(self, state):
+    return state["server"].params, state["server"].model_state
+
+  def local_steps_done(self, round_idx: int) -> int:
+    return (round_idx + 1) * self.num_steps
+
+  def host_state(self) -> dict:
+    return {}
+
+  def load_host_state(self, d: dict) -> None:
+    del d
+
+  def summary(self, state, ledger) -> dict:
+    del state, ledger
+    return {}
+
+  def plot(self, workdir, ledger) -> None:
+    pass
+
