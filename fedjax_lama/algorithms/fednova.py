@@ -44,7 +44,7 @@ def accumulated_weight(steps: jax.Array, lr: jax.Array, momentum: float, mu: flo
     m = momentum * m + 1.0 + mu * e
     return e - lr * m, m
 
-  zero = jnp.zeros((), jnp.float32)
+  zero = jnp.zeros((), jnp.result_type(float))
   e, _ = jax.lax.fori_loop(0, steps.astype(jnp.int32), body, (zero, zero))
   return -e / lr
 

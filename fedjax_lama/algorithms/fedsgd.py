@@ -23,7 +23,7 @@ class Hparams:
 
 
 def build(hp: Hparams, common: Common) -> Algorithm:
-  return fedavg_like("fedsgd", common, full_batch=hp.full_batch, single_step=True,
+  return fedavg_like("fedsgd", common, full_batch=hp.full_batch, one_step=True,
                      layerwise="FedSGD takes one step per round; there is no interval to relax")
 
 

@@ -150,8 +150,11 @@ def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
       new = LocalState(new_params, new_model_state, new_opt)
       real = smask > 0
       count = jnp.sum(emask)
-      stats = StepStats(loss * count * real, correct_count * real, count * real,
-                        real.astype(jnp.float32), jnp.where(real, lr, 0.0).astype(jnp.float32))
+      # Step counts and rates in the default float dtype (float64 under jax_enable_x64):
+      # SCAFFOLD and FedCM divide by them.
+      real_f = real.astype(jnp.result_type(float))
+      stats = StepStats(loss * count * real, correct_count * real, count * real, real_f,
+                        real_f * lr)
       return tree_where(real, new, carry), stats
 
     final, stats = jax.lax.scan(

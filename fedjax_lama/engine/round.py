@@ -105,9 +105,9 @@ class ClientPhase:
                        cohort.step_mask, keys, step_offset, key_offset)
 
   def info(self, stats: local.StepStats, cohort: "Cohort", step_offset) -> ClientInfo:
-    lr0 = jnp.broadcast_to(self.lr_schedule(step_offset), cohort.client_ids.shape)
-    return ClientInfo(stats.steps, stats.lr_sum, lr0.astype(jnp.float32), cohort.num_examples,
-                      cohort.client_ids)
+    lr0 = jnp.broadcast_to(jnp.asarray(self.lr_schedule(step_offset), jnp.result_type(float)),
+                           cohort.client_ids.shape)
+    return ClientInfo(stats.steps, stats.lr_sum, lr0, cohort.num_examples, cohort.client_ids)
 
   def finish(self, final: LocalState, ctx: ClientContext, info: ClientInfo, client_ids,
              compress_round) -> tuple[dict, PyTree]:

@@ -1,0 +1,382 @@
+"""Every baseline against a hand-written numpy reference of its paper's equations.
+
+The problem is algorithms.md 5.14's: two clients, f_i(w) = 0.5 ||A_i w - b_i||^2,
+full-batch gradients, eta_l = 0.1, K = 2, x^0 = 0, float64. The references below are
+written from the equations of 5.1-5.11 (not from the code under test); 5.14's printed
+numbers are asserted literally as well. The engine runs the same rounds through
+engine/round.py (the vmapped scan, the algorithm's finish, reductions and server
+update) with a least-squares loss.
+"""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjax_lama import algorithms
+from fedjax_lama.algorithms import Common
+from fedjax_lama.engine import round as round_lib
+
+A = [np.array([[1., 0.], [0., 2.]]), np.array([[1., 1.], [0., 1.]])]
+B = [np.array([1., 1.]), np.array([0., 2.])]
+N, P = 2, np.array([0.5, 0.5])
+ETA, K = 0.1, 2
+ATOL = 1e-12
+
+
+def grad(i, w):
+  return A[i].T @ (A[i] @ w - B[i])
+
+
+# ---- the engine on the same problem --------------------------------------------------------
+def least_squares_loss(params, model_state, x, y, example_mask, key):
+  """0.5 * sum over the batch rows of (a_j . w - b_j)^2: f_i with the full batch."""
+  del key
+  r = x @ params["w"] - y
+  return 0.5 * jnp.sum(example_mask * r * r), (model_state, jnp.zeros(()))
+
+
+def engine(alg, rounds, steps=(K, K), weighting="uniform", participants=((0, 1),) * 3,
+           num_examples=(2.0, 2.0), x0=None):
+  """Runs `rounds` rounds; client i takes steps[i] full-batch steps. Returns (server, rows)."""
+  with jax.enable_x64(True):
+    data_x = jnp.asarray(np.concatenate(A))
+    data_y = jnp.asarray(np.concatenate(B))
+    params = {"w": jnp.asarray(np.zeros(2) if x0 is None else x0)}
+    max_steps = max(steps)
+    train_chunk, server_update = round_lib.make_round_fns(
+        least_squares_loss, alg, optax.constant_schedule(ETA), seed=0, weighting=weighting,
+        local_steps=max_steps, population=N)
+    server = alg.init_server(params, {})
+    template = alg.row_init(params) if alg.row_init is not None else {}
+    store = jax.tree_util.tree_map(lambda r: jnp.stack([r] * N), template)
+    for r in range(rounds):
+      ids = np.array(participants[r])
+      idx = np.stack([np.tile(np.array([2 * i, 2 * i + 1]), (max_steps, 1)) for i in ids])
+      step_mask = np.array([[1.0 if k < steps[i] else 0.0 for k in range(max_steps)]
+                            for i in ids])
+      cohort = round_lib.Cohort(jnp.asarray(idx, jnp.int32), jnp.ones(idx.shape),
+                                jnp.asarray(step_mask), jnp.ones(len(ids)),
+                                jnp.asarray(ids, jnp.int32),
+                                jnp.asarray(np.array(num_examples)[ids]))
+      rows = round_lib.gather_rows(store, jnp.asarray(ids)) if template else {}
+      sums, new_rows, _ = train_chunk(server, rows, data_x, data_y, cohort, r)
+      if template:
+        store = round_lib.scatter_rows(store, jnp.asarray(ids), jnp.ones(len(ids)), new_rows)
+      server = server_update(server, sums)
+    return jax.tree_util.tree_map(np.asarray, (server, store))
+
+
+def build(name, common=Common(), **hparams):
+  return algorithms.build(name, common, **hparams)
+
+
+# ---- references (5.14's program, extended to every baseline) -------------------------------
+def local(i, x, extra, steps=K):
+  y = x.copy()
+  for _ in range(steps):
+    y = y - ETA * (grad(i, y) + extra(y))
+  return y
+
+
+def ref_fedavg(x, eta_g=1.0, steps=(K, K)):
+  d = [local(i, x, lambda y: 0.0, steps[i]) - x for i in range(N)]
+  return x + eta_g * sum(P[i] * d[i] for i in range(N))
+
+
+def test_fedavg_and_fedprox_match_5_14():
+  xa, xp = np.zeros(2), np.zeros(2)
+  mu = 0.5
+  for r, (want_a, want_p) in enumerate([([0.085, 0.34], [0.0825, 0.33]),
+                                        ([0.125375, 0.504475], [0.122925, 0.49479375])]):
+    xa = ref_fedavg(xa)
+    xp_old = xp
+    xp = xp_old + sum(P[i] * (local(i, xp_old, lambda y: mu * (y - xp_old)) - xp_old)
+                      for i in range(N))
+    np.testing.assert_allclose(xa, want_a, atol=ATOL)
+    np.testing.assert_allclose(xp, want_p, atol=ATOL)
+    server, _ = engine(build("fedavg"), r + 1)
+    np.testing.assert_allclose(server.params["w"], xa, atol=ATOL)
+    server, _ = engine(build("fedprox", mu=mu), r + 1)
+    np.testing.assert_allclose(server.params["w"], xp, atol=ATOL)
+
+
+def test_scaffold_option_ii_matches_5_14():
+  x, c, ci = np.zeros(2), np.zeros(2), [np.zeros(2), np.zeros(2)]
+  printed = [([0.085, 0.34], [-0.425, -1.7], [-0.95, -1.6], [0.1, -1.8]),
+             ([0.125875, 0.50085], [-0.204375, -0.80425], [-0.8955, -0.492], [0.48675, -1.1165])]
+  for r, (want_x, want_c, want_c1, want_c2) in enumerate(printed):
+    dy, dc = [], []
+    for i in range(N):
+      y = local(i, x, lambda y, i=i: c - ci[i])
+      new = ci[i] - c + (x - y) / (K * ETA)
+      dy.append(y - x)
+      dc.append(new - ci[i])
+      ci[i] = new
+    x = x + sum(P[i] * dy[i] for i in range(N))
+    c = c + sum(dc) / N
+    for got, want in ((x, want_x), (c, want_c), (ci[0], want_c1), (ci[1], want_c2)):
+      np.testing.assert_allclose(got, want, atol=ATOL)
+    server, rows = engine(build("scaffold"), r + 1)
+    np.testing.assert_allclose(server.params["w"], x, atol=ATOL)
+    np.testing.assert_allclose(server.extra["c"]["w"], c, atol=ATOL)
+    np.testing.assert_allclose(rows["w"], np.stack(ci), atol=ATOL)
+    # The invariant c = mean_j c_j.
+    np.testing.assert_allclose(server.extra["c"]["w"], rows["w"].mean(0), atol=ATOL)
+
+
+def test_scaffold_option_i_uses_the_gradient_at_the_server_model():
+  x, c, ci = np.zeros(2), np.zeros(2), [np.zeros(2), np.zeros(2)]
+  for r in range(2):
+    dy, dc = [], []
+    for i in range(N):
+      y = local(i, x, lambda y, i=i: c - ci[i])
+      new = grad(i, x)
+      dy.append(y - x)
+      dc.append(new - ci[i])
+      ci[i] = new
+    x = x + sum(P[i] * dy[i] for i in range(N))
+    c = c + sum(dc) / N
+  server, rows = engine(build("scaffold", option="I"), 2)
+  np.testing.assert_allclose(server.params["w"], x, atol=ATOL)
+  np.testing.assert_allclose(server.extra["c"]["w"], c, atol=ATOL)
+  np.testing.assert_allclose(rows["w"], np.stack(ci), atol=ATOL)
+
+
+def test_scaffold_partial_participation_uses_one_over_n():
+  """Only client 1 takes part in round 2: c moves by dc_1 / N (not / M), c_0 keeps its row."""
+  x, c, ci = np.zeros(2), np.zeros(2), [np.zeros(2), np.zeros(2)]
+  cohorts = ((0, 1), (1,))
+  for cohort in cohorts:
+    dy, dc, weights = [], [], []
+    for i in cohort:
+      y = local(i, x, lambda y, i=i: c - ci[i])
+      new = ci[i] - c + (x - y) / (K * ETA)
+      dy.append(y - x)
+      dc.append(new - ci[i])
+      ci[i] = new
+    x = x + sum(dy) / len(cohort)
+    c = c + sum(dc) / N
+  server, rows = engine(build("scaffold"), 2, participants=cohorts)
+  np.testing.assert_allclose(server.params["w"], x, atol=ATOL)
+  np.testing.assert_allclose(server.extra["c"]["w"], c, atol=ATOL)
+  np.testing.assert_allclose(rows["w"], np.stack(ci), atol=ATOL)
+  np.testing.assert_allclose(server.extra["c"]["w"], rows["w"].mean(0), atol=ATOL)
+
+
+def test_feddyn_and_fedadmm_match_5_14():
+  alpha = rho = 0.5
+  x, h, lam = np.zeros(2), np.zeros(2), [np.zeros(2), np.zeros(2)]
+  xm, z, xhat = np.zeros(2), [np.zeros(2), np.zeros(2)], [np.zeros(2), np.zeros(2)]
+  printed = [([0.165, 0.66], [-0.04125, -0.165], [0.0925, 0.155], [-0.01, 0.175]),
+             ([0.2306875, 0.934425], [-0.037046875, -0.15110625], [0.16118125, 0.0933875],
+              [-0.0870875, 0.208825])]
+  for r, (want_x, want_h, want_z1, want_z2) in enumerate(printed):
+    ys = []
+    for i in range(N):
+      y = local(i, x, lambda y, i=i: -lam[i] + alpha * (y - x))
+      lam[i] = lam[i] - alpha * (y - x)
+      ys.append(y)
+    h = h - alpha * sum(y - x for y in ys) / N
+    x = sum(P[i] * ys[i] for i in range(N)) - h / alpha
+    new_x = xm.copy()
+    for i in range(N):
+      y = local(i, xm, lambda y, i=i: z[i] + rho * (y - xm))
+      z[i] = z[i] + rho * (y - xm)
+      aug = y + z[i] / rho
+      new_x = new_x + (aug - xhat[i]) / N
+      xhat[i] = aug
+    xm = new_x
+    for got, want in ((x, want_x), (h, want_h), (z[0], want_z1), (z[1], want_z2), (xm, want_x)):
+      np.testing.assert_allclose(got, want, atol=ATOL)
+    server, rows = engine(build("feddyn", alpha=alpha), r + 1)
+    np.testing.assert_allclose(server.params["w"], x, atol=ATOL)
+    np.testing.assert_allclose(server.extra["h"]["w"], h, atol=ATOL)
+    np.testing.assert_allclose(rows["w"], np.stack(lam), atol=ATOL)
+    np.testing.assert_allclose(server.extra["h"]["w"], rows["w"].mean(0), atol=ATOL)  # h = mean
+    server, rows = engine(build("fedadmm", rho=rho), r + 1)
+    np.testing.assert_allclose(server.params["w"], xm, atol=ATOL)
+    np.testing.assert_allclose(rows["z"]["w"], np.stack(z), atol=ATOL)
+    np.testing.assert_allclose(rows["x_hat"]["w"], np.stack(xhat), atol=ATOL)
+    np.testing.assert_allclose(server.params["w"], rows["x_hat"]["w"].mean(0), atol=ATOL)
+
+
+def test_fednova_normalises_unequal_steps():
+  """Client 0 takes 2 steps, client 1 takes 3: x + tau_eff sum_i p_i delta_i / ||a_i||_1."""
+  steps, rho, x = (2, 3), 0.5, np.zeros(2)
+  # Heavy-ball closed form of 5.4: ||a||_1 = [tau - rho (1 - rho^tau) / (1 - rho)] / (1 - rho).
+  norm_a = [(t - rho * (1 - rho ** t) / (1 - rho)) / (1 - rho) for t in steps]
+  for _ in range(2):
+    deltas = []
+    for i in range(N):
+      y, m = x.copy(), np.zeros(2)
+      for _ in range(steps[i]):
+        m = rho * m + grad(i, y)
+        y = y - ETA * m
+      deltas.append(y - x)
+    tau_eff = sum(P[i] * norm_a[i] for i in range(N))
+    x = x + tau_eff * sum(P[i] * deltas[i] / norm_a[i] for i in range(N))
+  server, _ = engine(build("fednova", Common(local_momentum=rho)), 2, steps=steps)
+  np.testing.assert_allclose(server.params["w"], x, atol=ATOL)
+  # Plain SGD: ||a_i||_1 = tau_i, which differs from FedAvg when the tau_i differ.
+  plain, _ = engine(build("fednova"), 1, steps=steps)
+  d = [local(i, np.zeros(2), lambda y: 0.0, steps[i]) for i in range(N)]
+  want = sum(P[i] * steps[i] for i in range(N)) * sum(P[i] * d[i] / steps[i] for i in range(N))
+  np.testing.assert_allclose(plain.params["w"], want, atol=ATOL)
+  assert not np.allclose(want, ref_fedavg(np.zeros(2), steps=steps))
+
+
+def test_fednova_proximal_closed_form():
+  """||a||_1 = (1 - (1 - eta mu)^tau) / (eta mu) for FedProx clients (5.4)."""
+  mu, steps, x = 2.0, (2, 3), np.zeros(2)
+  beta = ETA * mu
+  norm_a = [(1 - (1 - beta) ** t) / beta for t in steps]
+  deltas = [local(i, x, lambda y: mu * (y - x), steps[i]) - x for i in range(N)]
+  want = sum(P[i] * norm_a[i] for i in range(N)) * sum(P[i] * deltas[i] / norm_a[i]
+                                                       for i in range(N))
+  server, _ = engine(build("fednova", mu=mu), 1, steps=steps)
+  np.testing.assert_allclose(server.params["w"], want, atol=ATOL)
+
+
+def test_fedavgm():
+  beta, eta_g, x, v = 0.9, 0.7, np.zeros(2), np.zeros(2)
+  for _ in range(3):
+    g = -(ref_fedavg(x) - x)
+    v = beta * v + g
+    x = x - eta_g * v
+  server, _ = engine(build("fedavgm", Common(server_lr=eta_g), momentum=beta), 3)
+  np.testing.assert_allclose(server.params["w"], x, atol=ATOL)
+
+
+@pytest.mark.parametrize("kind", ["adam", "yogi", "adagrad"])
+def test_reddi_adaptive_server_optimizers(kind):
+  """Reddi et al.'s equations (5.5): m, v of the mean update, v^-1 = tau^2, no bias correction."""
+  eta_g, b1, b2, tau = 0.3, (0.0 if kind == "adagrad" else 0.9), 0.99, 1e-3
+  x, m, v = np.zeros(2), np.zeros(2), np.full(2, tau * tau)
+  for _ in range(3):
+    delta = ref_fedavg(x) - x
+    m = b1 * m + (1 - b1) * delta
+    if kind == "adagrad":
+      v = v + delta ** 2
+    elif kind == "yogi":
+      v = v - (1 - b2) * delta ** 2 * np.sign(v - delta ** 2)
+    else:
+      v = b2 * v + (1 - b2) * delta ** 2
+    x = x + eta_g * m / (np.sqrt(v) + tau)
+  hp = dict(beta1=b1, beta2=b2, tau=tau)
+  server, _ = engine(build("fed" + kind, Common(server_lr=eta_g), **hp), 3)
+  np.testing.assert_allclose(server.params["w"], x, atol=ATOL)
+
+
+def test_fedcm():
+  alpha, x, d = 0.5, np.zeros(2), np.zeros(2)
+  for _ in range(3):
+    deltas = []
+    for i in range(N):
+      y = x.copy()
+      for _ in range(K):
+        y = y - ETA * (alpha * grad(i, y) + (1 - alpha) * d)
+      deltas.append(y - x)
+    d = -sum(P[i] * deltas[i] for i in range(N)) / (ETA * K)
+    x = x + sum(P[i] * deltas[i] for i in range(N))
+  server, _ = engine(build("fedcm", alpha=alpha), 3)
+  np.testing.assert_allclose(server.params["w"], x, atol=ATOL)
+  np.testing.assert_allclose(server.extra["D"]["w"], d, atol=ATOL)
+
+
+def test_fedsgd_is_one_full_batch_gradient_step():
+  x = np.zeros(2)
+  for _ in range(2):
+    x = x - ETA * sum(P[i] * grad(i, x) for i in range(N))
+  server, _ = engine(build("fedsgd"), 2, steps=(1, 1))
+  np.testing.assert_allclose(server.params["w"], x, atol=ATOL)
+
+
+def test_fedcom_server_learning_rate_with_identity_compression():
+  x = np.zeros(2)
+  for _ in range(2):
+    x = ref_fedavg(x, eta_g=0.5)
+  server, _ = engine(_without_uplink(build("fedcom", Common(server_lr=0.5))), 2)
+  np.testing.assert_allclose(server.params["w"], x, atol=ATOL)
+
+
+def _without_uplink(alg):
+  """The algorithm with the identity uplink (the engine compresses nothing)."""
+  return dataclasses.replace(alg, uplink=None)
+
+
+# ---- reductions to FedAvg (5.13's last column) ----------------------------------------------
+def _bits(tree):
+  return [np.asarray(x).tobytes() for x in jax.tree_util.tree_leaves(tree)]
+
+
+def _fedavg(rounds=2, **kw):
+  return engine(build("fedavg"), rounds, **kw)[0].params
+
+
+@pytest.mark.parametrize("name,hparams", [
+    ("fedprox", {"mu": 0.0}),
+    ("scaffold", {"control_variates": False}),
+    ("feddyn", {"alpha": 0.0}),
+    ("fedcm", {"alpha": 1.0}),
+    ("fedavgm", {"momentum": 0.0}),
+])
+def test_reductions_that_are_bitwise_fedavg(name, hparams):
+  server, _ = engine(build(name, **hparams), 2)
+  assert _bits(server.params) == _bits(_fedavg())
+
+
+def test_scaffold_first_round_is_fedavg_bitwise_and_later_rounds_differ():
+  assert _bits(engine(build("scaffold"), 1)[0].params) == _bits(_fedavg(1))
+  assert not np.allclose(engine(build("scaffold"), 2)[0].params["w"], _fedavg(2)["w"])
+
+
+def test_fedsgd_is_fedavg_with_one_full_batch_step_bitwise():
+  server, _ = engine(build("fedsgd"), 2, steps=(1, 1))
+  assert _bits(server.params) == _bits(_fedavg(steps=(1, 1)))
+
+
+def test_fednova_equal_steps_is_fedavg_up_to_rounding():
+  server, _ = engine(build("fednova"), 2)
+  np.testing.assert_allclose(server.params["w"], _fedavg()["w"], atol=ATOL)
+
+
+def test_fedadmm_rho_zero_full_participation_equal_weights_is_fedavg():
+  server, _ = engine(build("fedadmm", rho=0.0), 2)
+  np.testing.assert_allclose(server.params["w"], _fedavg()["w"], atol=ATOL)
+  # Under partial participation the stale augmented model of client 0 stays in the average.
+  cohorts = ((0, 1), (1,), (1,))
+  partial, _ = engine(build("fedadmm", rho=0.0), 2, participants=cohorts)
+  assert not np.allclose(partial.params["w"],
+                         engine(build("fedavg"), 2, participants=cohorts)[0].params["w"])
+
+
+@pytest.mark.parametrize("kind,hparams,lr_over_tau", [
+    ("adam", {"beta2": 0.0}, 1.0),   # v = delta^2: the step is delta T / (|delta| + T)
+    ("yogi", {}, 2.0),               # v stays within (1 - b2) delta^2 of v^-1 = T^2
+    ("adagrad", {}, 2.0),            # v = T^2 + delta^2
+])
+def test_adaptive_server_optimizers_approach_fedavg_in_the_limit(kind, hparams, lr_over_tau):
+  """No setting is FedAvg (5.5). With beta1 = 0 and tau = T the first step is
+  server_lr * delta / (sqrt(v) + T), which tends to delta when server_lr / (sqrt(v) + T) -> 1:
+  for Adam with beta2 = 0 that is server_lr = T (5.5's statement, relative error at most
+  sqrt(v) / T); since v starts at tau^2 = T^2, Yogi and Adagrad need server_lr = 2T."""
+  big = 1e8
+  server, _ = engine(build("fed" + kind, Common(server_lr=lr_over_tau * big), beta1=0.0,
+                           tau=big, **hparams), 1)
+  want = _fedavg(1)["w"]
+  np.testing.assert_allclose(server.params["w"], want, rtol=np.max(np.abs(want)) / big * 10)
+  assert _bits(server.params) != _bits(_fedavg(1))
+
+
+def test_optax_sgd_server_is_fedavg_bitwise():
+  """The plumbing: a server optimizer slot holding optax.sgd(1.0) is FedAvg."""
+  alg = dataclasses.replace(build("fedadam"), server_tx=optax.sgd(1.0))
+  assert _bits(engine(alg, 2)[0].params) == _bits(_fedavg())
+
+
+def test_fedpaq_and_fedcom_with_identity_compression_are_fedavg():
+  for name in ("fedpaq", "fedcom"):
+    assert _bits(engine(_without_uplink(build(name)), 2)[0].params) == _bits(_fedavg())
