@@ -16,14 +16,14 @@ from typing import NamedTuple, Optional
 import ml_collections
 
 from fedjax_lama import compression
-from fedjax_lama.algorithms import (common, fedadmm, fedavg, fedcm, feddyn, fednova, fedpaq,
-                                    fedprox, fedsgd, scaffold, server_opt)
+from fedjax_lama.algorithms import (common, fedadmm, fedavg, fedcm, feddyn, fedlamb, fednova,
+                                    fedpaq, fedprox, fedsgd, fedspeed, scaffold, server_opt)
 from fedjax_lama.engine.algorithm import Algorithm
 from fedjax_lama.errors import ConfigError
 from fedjax_lama.fedlama import options as fedlama_options
 
 _MODULES = (fedavg, fedprox, scaffold, fednova, server_opt, feddyn, fedcm, fedadmm, fedsgd,
-            fedpaq)
+            fedpaq, fedspeed, fedlamb)
 SPECS = {spec.name: spec for module in _MODULES for spec in module.SPECS}
 SCHEDULES = ("none", fedlama_options.NAME)
 COMPRESSOR_NAMES = ("auto",) + tuple(compression.COMPRESSORS)
