@@ -4,6 +4,12 @@ import pathlib
 
 import pytest
 
+# Tests compare results, never speed: XLA's cheapest CPU backend settings cut compilation
+# time (most of the suite's time) without changing what is computed. Set before JAX starts;
+# a caller's own XLA_FLAGS win.
+os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 "
+                      "--xla_llvm_disable_expensive_passes=true")
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 

@@ -1,2 +1,147 @@
-"""Placeholder: filled in by the fedspeed work (registered by the registry already)."""
-SPECS = ()
+"""FedSpeed (algorithms.md 2.0-2.2; pitfalls and a worked step in 6.3).
+
+Y. Sun, L. Shen, T. Huang, L. Ding, D. Tao, "FedSpeed: Larger Local Interval, Less
+Communication Round, and Higher Generalization Accuracy", ICLR 2023 (arXiv 2302.10429).
+
+Each local step takes two gradients on the same minibatch (and key): g1 at y and g2 at
+y + rho g1 / (||g1|| + eps) (one global L2 norm per client; `rho_normalize=False` is
+the slides' unnormalised line 8), mixes them into (1 - alpha) g1 + alpha g2 and steps
+along  g~ - g_hat_i + (1/lam) (y - x)  (line 11; weight decay is added afterwards by the
+local optimizer, at the unperturbed y, D7). After K steps the client's controller
+g_hat_i <- g_hat_i - (1/lam) (y_K - x) (line 13; no lr, no K) is kept as its row, 0 at
+start, untouched in rounds it skips. `lam` is the slides' lambda; the reference code's
+`lamb` is 1/lam (D3): lamb = 0.1 is lam = 10.
+
+server_average="active" (the slides, line 16): the client uploads x_hat - x with
+x_hat = y_K - lam g_hat_new (= y_K + h_i, 2.1) and x <- mean_S x_hat.
+server_average="all_clients" (the reference code, D5): the client uploads y_K - x and
+the server keeps mean_j g_hat_j over all N clients (FedDyn's h, updated by the SUM of
+(1/lam) delta_i and 1/N), x <- mean_S y_K - lam mean_j g_hat_j = mean_S y_K + mean_j h_j.
+Either way one model goes down and one comes up (D4). prox_correction=False drops the
+controller and the prox term and uploads y_K - x (FedAvg's server). clip_mode="reference"
+clips g~ - g_hat_i - x / lam by its global norm (PyTorch's clip_grad_norm_ formula) and
+adds (1/lam) y unclipped, as the reference code does (D6).
+"""
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_lama.algorithms.common import (Common, Spec, fedavg_like, require, require_one_of,
+                                           tree_map)
+from fedjax_lama.engine.algorithm import (SUM, Algorithm, Reduction, ServerState,
+                                          apply_server_tx, displacement, upload)
+from fedjax_lama.tree import tree_zeros_like
+
+
+def _positive(value) -> bool:
+  return (isinstance(value, (int, float)) and not isinstance(value, bool) and
+          math.isfinite(value) and value > 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Hparams:
+  rho: float = 0.1                 # perturbation radius (rho_0 of the ablations when normalised)
+  rho_normalize: bool = True       # divide by ||g1|| + perturb_eps (reference code, D1)
+  perturb_eps: float = 1e-7
+  alpha: float = 1.0               # weight of g2; the reference code uses g2 alone (D2)
+  lam: float = 10.0                # the slides' lambda (prox weight 1/lam); code's lamb = 1/lam
+  prox_correction: bool = True     # its own switch: a huge lam is not "off" (D3, 6.3 pitfall 12)
+  server_average: str = "active"   # "active" (slides) | "all_clients" (reference code, D5)
+  clip_mode: str = "none"          # "none" | "reference" (the reference code's clip order, D6)
+  clip_norm: float = 10.0
+
+  def __post_init__(self):
+    require(self.rho == 0 or _positive(self.rho), "rho", self.rho, "a finite number >= 0")
+    require_one_of("rho_normalize", self.rho_normalize, (True, False))
+    require(_positive(self.perturb_eps), "perturb_eps", self.perturb_eps,
+            "a finite number > 0 (a zero gradient would divide 0 by 0)")
+    require(isinstance(self.alpha, (int, float)) and not isinstance(self.alpha, bool)
+            and 0.0 <= self.alpha <= 1.0, "alpha", self.alpha, "a number in [0, 1]")
+    require(_positive(self.lam), "lam", self.lam, "a finite number > 0 (the slides' lambda; "
+            "the reference code's lamb is 1/lam)")
+    require_one_of("prox_correction", self.prox_correction, (True, False))
+    require_one_of("server_average", self.server_average, ("active", "all_clients"))
+    require_one_of("clip_mode", self.clip_mode, ("none", "reference"))
+    require(_positive(self.clip_norm), "clip_norm", self.clip_norm, "a finite number > 0")
+
+
+def global_norm(tree) -> jax.Array:
+  """One L2 norm over all leaves, accumulated in at least float32 (6.3 pitfall 3)."""
+  leaves = jax.tree_util.tree_leaves(tree)
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.promote_types(x.dtype, jnp.float32))))
+                      for x in leaves))
+
+
+def build(hp: Hparams, common: Common) -> Algorithm:
+  inv_lam, lam, alpha = 1.0 / hp.lam, hp.lam, hp.alpha
+
+  def quasi_gradient(value_and_grad, params):
+    (loss, aux), g1 = value_and_grad(params)
+    if hp.rho == 0 or alpha == 0:  # static: g2 is never computed, g~ = g1 exactly (pitfall 11)
+      return (loss, aux), g1
+    scale = hp.rho / (global_norm(g1) + hp.perturb_eps) if hp.rho_normalize else hp.rho
+    # The offset is a constant: g2 is the plain gradient AT y + e, not through e (pitfall 2).
+    offset = jax.lax.stop_gradient(tree_map(lambda g: (scale * g).astype(g.dtype), g1))
+    _, g2 = value_and_grad(tree_map(jnp.add, params, offset))  # same batch, same key
+    if alpha == 1:
+      return (loss, aux), g2
+    # loss and aux (normalisation statistics) are those at the unperturbed iterate.
+    return (loss, aux), tree_map(lambda a, b: (1 - alpha) * a + alpha * b, g1, g2)
+
+  def clip(tree):
+    factor = jnp.minimum(1.0, hp.clip_norm / (global_norm(tree) + 1e-6))
+    return tree_map(lambda u: (u * factor).astype(u.dtype), tree)
+
+  def correct(grads, params, ctx):
+    x = ctx.shared["params"]
+    if not hp.prox_correction:  # only reached in reference clip mode: its FedAvg clips g~
+      return clip(grads)
+    if hp.clip_mode == "reference":  # clip g~ - g_hat - x/lam, then add y/lam unclipped (D6)
+      clipped = clip(tree_map(lambda g, c, xx: g - c - inv_lam * xx, grads, ctx.row, x))
+      return tree_map(lambda u, y: u + inv_lam * y, clipped, params)
+    # The same arithmetic as FedDyn's correction with alpha = 1/lam (2.2, last paragraph).
+    return tree_map(lambda g, c, y, xx: g - c + inv_lam * (y - xx), grads, ctx.row, params, x)
+
+  if not hp.prox_correction:  # a SAM-type local step with FedAvg's upload and server
+    return fedavg_like("fedspeed", common, grad=quasi_gradient,
+                       correct=correct if hp.clip_mode == "reference" else None)
+
+  server_tx = fedavg_like("fedspeed", common).server_tx
+
+  def finish(final, ctx, info):
+    del info
+    delta = displacement(final, ctx)
+    g_hat = tree_map(lambda c, d: c - inv_lam * d, ctx.row, delta)  # line 13, new controller
+    if hp.server_average == "active":  # line 14 with the NEW controller (pitfall 7)
+      return {"x_hat_delta": tree_map(lambda d, c: d - lam * c, delta, g_hat)}, g_hat
+    return {"delta": delta}, g_hat
+
+  if hp.server_average == "active":
+    return fedavg_like(
+        "fedspeed", common, server_tx=server_tx, grad=quasi_gradient, correct=correct,
+        row_init=tree_zeros_like, finish=finish,
+        server_update=lambda server, agg: apply_server_tx(server_tx, server, agg["x_hat_delta"]),
+        model_upload=None)  # x_hat - x = (y_K - x) + h_i: not the model's displacement
+
+  def server_update(server: ServerState, agg) -> ServerState:
+    # g_hat_mean = mean_j g_hat_j over all N clients, never-sampled ones at 0; FedDyn's h.
+    g_mean = tree_map(lambda m, s: m - s / agg.population, server.extra["g_hat_mean"],
+                      agg["scaled_delta"])
+    server = apply_server_tx(server_tx, server, agg["delta"])
+    # x - lam * g_hat_mean = x + mean_j h_j, divided as FedDyn does so the two agree bitwise.
+    params = tree_map(lambda xx, m: xx - m / inv_lam, server.params, g_mean)
+    return server._replace(params=params, extra={"g_hat_mean": g_mean})
+
+  return fedavg_like(
+      "fedspeed", common, server_tx=server_tx, grad=quasi_gradient, correct=correct,
+      row_init=tree_zeros_like, finish=finish,
+      reductions={"delta": upload("delta"), "scaled_delta": Reduction(
+          lambda uploads, info: tree_map(lambda d: inv_lam * d, uploads["delta"]), SUM)},
+      server_init=lambda params: {"g_hat_mean": tree_zeros_like(params)},
+      server_update=server_update)
+
+
+SPECS = (Spec("fedspeed", Hparams, build,
+              "perturbed quasi-gradient + prox-correction, per-client g_hat_i (d each way)"),)

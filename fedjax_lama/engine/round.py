@@ -92,7 +92,9 @@ class ClientPhase:
                seed: int, unroll=1, augment: Optional[Callable] = None,
                compressor: Optional[compression.Compressor] = None,
                shared_per_client: bool = False):
-    self.algorithm, self.lr_schedule, self.compressor = algorithm, lr_schedule, compressor
+    self.algorithm, self.lr_schedule = algorithm, lr_schedule
+    # The algorithm's declared uplink compressor unless the caller chose one.
+    self.compressor = compressor if compressor is not None else algorithm.uplink
     self._train = local.vmap_clients(
         local.make_client_train(loss_fn, algorithm, lr_schedule, augment=augment, unroll=unroll),
         shared_per_client)

@@ -1,0 +1,336 @@
+"""The contract every registered algorithm keeps, driven by one table (and FedLAMA over each
+layer-wise one).
+
+For every algorithm of fedjax_lama.algorithms.registry (new ones join automatically; the
+traffic table below must then name them):
+- a few rounds on a tiny federation run, and an interrupted-then-resumed run (orbax
+  checkpoint, fresh program) ends with bit-identical parameters, server state and rows;
+- nothing compiles after the first round;
+- rows of clients never sampled are bit-for-bit unchanged, rows of sampled ones moved;
+- communication per round is 5.13's floats up and down per participant;
+- padded clients, steps and examples change nothing (engine level);
+- chunked rounds equal unchunked ones;
+- 8 fake CPU devices equal 1 (one subprocess per mesh, all algorithms in it);
+- FedLAMA over the algorithm: phi = 1 is the algorithm itself, a phi = 2 run resumes
+  exactly and compiles once; combinations that cannot work stop with a ConfigError naming
+  both fields.
+"""
+import collections
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjax_lama import algorithms, checkpointing
+from fedjax_lama import config as config_lib
+from fedjax_lama.algorithms import registry
+from fedjax_lama.engine import local, round as round_lib, sharding
+from tests import test_sharding as helpers
+
+MESH = sharding.client_mesh(jax.devices()[:1])
+
+# Non-trivial settings per algorithm (defaults otherwise), so every extra term is exercised.
+HPARAMS = {
+    "fedprox": {"mu": 0.1},
+    "scaffold": {"option": "II"},
+    "feddyn": {"alpha": 0.1},
+    "fedcm": {"alpha": 0.5},
+    "fedadmm": {"rho": 0.1},
+    "fednova": {"mu": 0.05},
+}
+COMMON = {"fedadam": {"server_lr": 0.03}, "fedyogi": {"server_lr": 0.03},
+          "fedadagrad": {"server_lr": 0.03},
+          # Adaptive local optimizers have their own first moment instead of SGD momentum.
+          "fedams": {"local_momentum": 0.0, "local_lr": 0.01},
+          "fedlamb": {"local_momentum": 0.0, "local_lr": 0.01}}
+
+# 5.13: floats per participating client and round, in units of d (number of parameters),
+# plus scalars: (up in d, up scalars, down in d). Bits of compressed uploads are checked
+# separately (fedpaq, fedcom: 32 L + d (1 + ceil(log2(s + 1)))).
+TRAFFIC = {
+    "fedavg": (1, 0, 1), "fedprox": (1, 0, 1), "scaffold": (2, 0, 2), "fednova": (1, 1, 1),
+    "fedavgm": (1, 0, 1), "fedadam": (1, 0, 1), "fedyogi": (1, 0, 1), "fedadagrad": (1, 0, 1),
+    "feddyn": (1, 0, 1), "fedcm": (1, 0, 2), "fedadmm": (1, 0, 1), "fedsgd": (1, 0, 1),
+    "fedpaq": (1, 0, 1), "fedcom": (1, 0, 1), "fedspeed": (1, 0, 1), "fedlamb": (2, 0, 2),
+    "fedams": (2, 0, 2),
+}
+QUANTIZED = {"fedpaq", "fedcom"}
+
+NAMES = sorted(registry.SPECS)
+
+
+def _layerwise(name: str) -> bool:
+  return algorithms.build(name).layerwise is True
+
+
+LAYERWISE = [n for n in NAMES if _layerwise(n)]
+NOT_LAYERWISE = [n for n in NAMES if not _layerwise(n)]
+
+
+def config_for(name: str, fedlama: bool = False, **overrides):
+  """A tiny config of algorithm `name` (under the FedLAMA schedule if asked)."""
+  c = helpers.tiny_config(**overrides)
+  c.algorithm = name
+  for key, value in HPARAMS.get(name, {}).items():
+    c[name][key] = value
+  for key, value in COMMON.get(name, {}).items():
+    c[key] = value
+  if fedlama:
+    c.schedule = "fedlama"
+    c.fedlama.opt_state_policy = "reset_on_sample"
+  return c
+
+
+def _host(tree):
+  return jax.tree_util.tree_map(lambda x: np.asarray(sharding.to_host(x)), tree)
+
+
+def _bits(tree):
+  return [np.asarray(x).tobytes() for x in jax.tree_util.tree_leaves(_host(tree))]
+
+
+class _Compiles:
+  """Counts XLA backend compilations while active."""
+
+  def __init__(self):
+    self.names = []
+
+  def __call__(self, event, duration, **kwargs):
+    del duration
+    if event == "/jax/core/compile/backend_compile_duration":
+      self.names.append(kwargs.get("fun_name", "?"))
+
+  def __enter__(self):
+    jax.monitoring.register_event_duration_secs_listener(self)
+    return self
+
+  def __exit__(self, *exc):
+    jax.monitoring.unregister_event_duration_listener(self)
+
+
+def _server_and_rows(program, state):
+  server = state["fedlama"].server if "fedlama" in state else state["server"]
+  rows = program.store.to_numpy() if program.store is not None else {}
+  return _host(server), rows
+
+
+def _run_resumed(config, tmp_path, rounds=3, stop_after=1):
+  """Rounds straight through (counting compilations after round 1), then the same run
+  checkpointed after `stop_after` rounds and resumed from the checkpoint into a new state.
+
+  One program serves both runs (its jitted functions compile once): init_state() starts a
+  new store and state, as a new process would, and restoring hands the checkpoint's rows
+  to it."""
+  program = helpers.build(config, MESH)
+  state = program.init_state()
+  initial_rows = program.store.to_numpy() if program.store is not None else {}
+  outs, sampled = [], set()
+  with _Compiles() as later:
+    for r in range(rounds):
+      if r == 1:
+        later.names.clear()
+      state, out = program.run_round(state, r)
+      outs.append(out)
+  straight = _server_and_rows(program, state)
+  later_compiles = list(later.names)
+  for r in range(rounds):
+    sampled |= set(np.asarray(program.opts.sampler.sample(r)).tolist())
+
+  state = program.init_state()
+  for r in range(stop_after):
+    state, _ = program.run_round(state, r)
+  ckpt = checkpointing.Checkpointer(str(tmp_path / "ckpt"))
+  ckpt.save(stop_after - 1, state, {"round": stop_after - 1})
+  state, _ = ckpt.restore(stop_after - 1, program.init_state())
+  ckpt.close()
+  for r in range(stop_after, rounds):
+    state, _ = program.run_round(state, r)
+  return {"straight": straight, "resumed": _server_and_rows(program, state), "outs": outs,
+          "compiles": later_compiles, "initial_rows": initial_rows, "sampled": sorted(sampled),
+          "program": program}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  cache = {}
+
+  def get(name, fedlama=False):
+    if (name, fedlama) not in cache:
+      config = config_for(name, fedlama, active_ratio=0.25, rounds=3)
+      if fedlama:
+        config.fedlama.total_steps = 3 * config.fedlama.phi * config.fedlama.base_interval
+      cache[name, fedlama] = _run_resumed(config, tmp_path_factory.mktemp(name))
+    return cache[name, fedlama]
+
+  return get
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_resume_compiles_rows_and_traffic(runs, name):
+  run = runs(name)
+  server, rows = run["straight"]
+  assert _bits(run["resumed"]) == _bits(run["straight"]), "resumed run differs"
+  assert all(np.all(np.isfinite(x)) for x in jax.tree_util.tree_leaves(server))
+  assert run["compiles"] == [], f"recompiled after round 1: {run['compiles']}"
+  if rows:
+    never = np.setdiff1d(np.arange(helpers.NUM_CLIENTS), run["sampled"])
+    assert len(never) > 0
+    pick = lambda tree, ids: jax.tree_util.tree_map(lambda a: a[ids], tree)
+    assert _bits(pick(rows, never)) == _bits(pick(run["initial_rows"], never))
+    assert _bits(pick(rows, run["sampled"])) != _bits(pick(run["initial_rows"], run["sampled"]))
+  # 5.13's traffic per participant.
+  program = run["program"]
+  d = sum(np.size(x) for x in jax.tree_util.tree_leaves(program.params))
+  up_d, up_scalars, down_d = TRAFFIC[name]
+  for out in run["outs"]:
+    m = out.extra["clients"]
+    assert int(out.floats_up_per_layer.sum()) + out.floats_up_other == m * (up_d * d + up_scalars)
+    assert int(out.floats_down_per_layer.sum()) + out.floats_down_other == m * down_d * d
+    leaves = len(jax.tree_util.tree_leaves(program.params))
+    per_float = 1 + int(np.ceil(np.log2(16 + 1))) if name in QUANTIZED else 32
+    scalar_bits = 32 * up_scalars
+    header = 32 * leaves if name in QUANTIZED else 0
+    assert out.bits_up == m * (up_d * (header + d * per_float) + scalar_bits)
+
+
+@pytest.mark.parametrize("name", LAYERWISE)
+def test_fedlama_over_the_algorithm_resumes_and_compiles_once(runs, name):
+  run = runs(name, fedlama=True)
+  assert _bits(run["resumed"]) == _bits(run["straight"])
+  assert run["compiles"] == [], f"recompiled after window 1: {run['compiles']}"
+  up_d, _, down_d = TRAFFIC[name]
+  for out in run["outs"]:
+    # Each synchronisation moves the due leaves of every model-shaped message.
+    assert int(out.floats_up_per_layer.sum()) * down_d == int(
+        out.floats_down_per_layer.sum()) * up_d
+
+
+@pytest.mark.parametrize("name", LAYERWISE)
+def test_fedlama_with_phi_one_is_the_algorithm(runs, name):
+  lama = config_for(name, fedlama=True, active_ratio=0.25)
+  lama.fedlama.phi = 1
+  lama.fedlama.base_interval = lama.local_steps
+  lama.fedlama.total_steps = 3 * lama.local_steps
+  program = helpers.build(lama, MESH)
+  s_server, s_rows = runs(name)["straight"]
+  l_server, l_rows = _server_and_rows(program, helpers.run(program)[0])
+  close = lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
+  jax.tree_util.tree_map(close, s_server.params, l_server.params)
+  jax.tree_util.tree_map(close, (s_server.opt_state, s_server.extra),
+                         (l_server.opt_state, l_server.extra))
+  jax.tree_util.tree_map(close, s_rows, l_rows)
+
+
+@pytest.mark.parametrize("name", NOT_LAYERWISE)
+def test_fedlama_refuses_what_cannot_work_naming_both_fields(name):
+  c = config_for(name, fedlama=True)
+  with pytest.raises(config_lib.ConfigError, match=r"config\.schedule.*config\.algorithm"):
+    config_lib.validate(c)
+
+
+def test_fedlama_refuses_server_state_that_is_not_per_layer():
+  c = config_for("fedadam", fedlama=True)
+  c.fedadam.variant = "optax"  # optax.adam keeps one step counter for the whole model
+  with pytest.raises(config_lib.ConfigError, match=r"config\.schedule.*config\.algorithm"):
+    helpers.build(c, MESH)
+
+
+def test_fedlama_refuses_per_client_state_with_per_sub_round_sampling():
+  c = config_for("scaffold", fedlama=True)
+  c.fedlama.client_sampling = "round"
+  with pytest.raises(config_lib.ConfigError, match=r"fedlama\.client_sampling.*scaffold"):
+    helpers.build(c, MESH)
+
+
+# ---- padding and chunking -------------------------------------------------------------------
+C, S, B, NDATA = 4, 3, 4, 60
+
+
+def _engine_round(alg, cohorts, population=8):
+  """Two rounds of the bare engine (make_round_fns) on a tiny MLP; returns server and rows."""
+  model = helpers.TinyMLP()
+  r = np.random.default_rng(0)
+  data_x = jnp.asarray(r.normal(size=(NDATA, 2, 2, 1)).astype(np.float32))
+  data_y = jnp.asarray(r.integers(0, 3, NDATA).astype(np.int32))
+  params = model.init(jax.random.PRNGKey(0), data_x[:1])["params"]
+  train_chunk, server_update = round_lib.make_round_fns(
+      local.make_loss_fn(model, False), alg, optax.constant_schedule(0.1), seed=3,
+      weighting="examples", local_steps=cohorts[0].indices.shape[1], population=population)
+  server = alg.init_server(params, {})
+  template = alg.row_init(params) if alg.row_init is not None else {}
+  store = jax.tree_util.tree_map(lambda x: jnp.stack([x] * population), template)
+  for rnd, cohort in enumerate(cohorts):
+    rows = round_lib.gather_rows(store, cohort.client_ids % population) if template else {}
+    sums, new_rows, _ = train_chunk(server, rows, data_x, data_y, cohort, rnd)
+    if template:
+      store = round_lib.scatter_rows(store, cohort.client_ids, cohort.client_mask, new_rows)
+    server = server_update(server, sums)
+  return _host(server), _host(store)
+
+
+def _cohort(idx, example_mask=None, step_mask=None, client_mask=None, ids=None, sizes=None):
+  c, s, b = idx.shape
+  return round_lib.Cohort(
+      jnp.asarray(idx, jnp.int32),
+      jnp.asarray(np.ones((c, s, b)) if example_mask is None else example_mask, jnp.float32),
+      jnp.asarray(np.ones((c, s)) if step_mask is None else step_mask, jnp.float32),
+      jnp.asarray(np.ones(c) if client_mask is None else client_mask, jnp.float32),
+      jnp.asarray(np.arange(c) if ids is None else ids, jnp.int32),
+      jnp.asarray(np.arange(10.0, 10.0 + c) if sizes is None else sizes, jnp.float32))
+
+
+def _padded_variant():
+  """The base cohort, and the same clients with 2 padded clients, 2 padded steps and 3 padded
+  examples per batch added (garbage indices under zero masks)."""
+  r = np.random.default_rng(1)
+  idx = r.integers(0, NDATA, size=(C, S, B))
+  padded = r.integers(0, NDATA, size=(C + 2, S + 2, B + 3))
+  padded[:C, :S, :B] = idx
+  example_mask = np.zeros((C + 2, S + 2, B + 3))
+  example_mask[:C, :S, :B] = 1
+  step_mask = np.zeros((C + 2, S + 2))
+  step_mask[:C, :S] = 1
+  sizes = np.arange(10.0, 10.0 + C)
+  base = _cohort(idx, sizes=sizes)
+  return base, _cohort(padded, example_mask, step_mask, client_mask=[1] * C + [0, 0],
+                       ids=[0, 1, 2, 3, 5, 6], sizes=np.concatenate([sizes, [7.0, 9.0]]))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_padded_clients_steps_and_examples_change_nothing(name):
+  alg = registry.build_algorithm(config_for(name), num_clients=8)
+  base, padded = _padded_variant()
+  want = _engine_round(alg, [base, base])
+  got = _engine_round(alg, [padded, padded])
+  close = lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
+  jax.tree_util.tree_map(close, got[0], want[0])
+  jax.tree_util.tree_map(close, got[1], want[1])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_chunked_rounds_equal_one_chunk(runs, name):
+  config = config_for(name, active_ratio=0.25, rounds=3, **{"engine.clients_per_chunk": 3})
+  program = helpers.build(config, MESH)
+  assert program.chunk_size == 3
+  state, _ = helpers.run(program)
+  close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  jax.tree_util.tree_map(close, _server_and_rows(program, state), runs(name)["straight"])
+
+
+# ---- 8 devices ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sharded_report(tmp_path_factory):
+  cases = [f"algo-{n}:9" for n in NAMES] + [f"lama-{n}:9" for n in LAYERWISE]
+  return helpers.eight_devices_vs_one(tmp_path_factory.mktemp("contract"), cases)
+
+
+@pytest.mark.parametrize("case", [f"algo-{n}:9" for n in NAMES] +
+                         [f"lama-{n}:9" for n in LAYERWISE])
+def test_eight_devices_equal_one(sharded_report, case):
+  r = sharded_report[case]
+  assert r["max_abs"] > 0.01
+  assert r["max_abs_diff"] <= 1e-5 * max(1.0, r["max_abs"]), r
+  np.testing.assert_allclose(r["loss_many"], r["loss_1"], rtol=1e-5)
