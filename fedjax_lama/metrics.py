@@ -37,10 +37,25 @@ class JsonlWriter:
     self.path = path
 
   def read(self) -> list[dict]:
+    """The records on disk. A last line cut short (a kill during an append; every append
+    writes one whole line) is dropped: the checkpoint it belonged to was not yet written.
+    Any other line that does not parse raises ValueError naming the file and line."""
     if not os.path.exists(self.path):
       return []
     with open(self.path) as f:
-      return [json.loads(line) for line in f if line.strip()]
+      lines = f.read().split("\n")
+    records = []
+    for number, line in enumerate(lines, 1):
+      if not line.strip():
+        continue
+      try:
+        records.append(json.loads(line))
+      except json.JSONDecodeError as e:
+        if number == len(lines):  # no newline after it: the append was interrupted
+          break
+        raise ValueError(f"{self.path} line {number} is not a JSON record ({e}); the records "
+                         "before it are intact: move the file away to start its log anew") from e
+    return records
 
   def truncate_after(self, round_idx: int) -> list[dict]:
     """Keeps the records of rounds <= round_idx (those covered by the checkpoint)."""

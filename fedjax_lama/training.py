@@ -161,8 +161,19 @@ def _model_options(config, dataset) -> dict:
 
 
 def _build_model(config, dataset):
-  model = models.get(config.model, num_classes=dataset.num_classes,
-                     **_model_options(config, dataset))
+  if config.model not in models.names():
+    raise config_lib.ConfigError(f"config.model={config.model!r} is not accepted; accepted: "
+                                 f"{', '.join(map(repr, models.names()))}")
+  options = _model_options(config, dataset)
+  try:
+    model = models.get(config.model, num_classes=dataset.num_classes, **options)
+  except ValueError as e:  # options of another model left in config.model_options, bad values
+    given = {k: v for k, v in options.items() if k != "conv_impl"}
+    raise config_lib.ConfigError(
+        f"config.model_options={given!r} is not accepted for config.model={config.model!r}: "
+        f"{e}. Accepted options of {config.model!r} (defaults): "
+        f"{models.options(config.model)}; remove the others from config.model_options "
+        f"(e.g. use a config written for {config.model!r})") from e
   sample = jnp.asarray(dataset.train_x[:1])
   variables = model.init({"params": rng.root_key(config.seed), "dropout": rng.root_key(config.seed)},
                          sample, train=False)
@@ -260,11 +271,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     host = meta["host"]
     program.load_host_state(meta.get("program", {}))
     done = meta["round"] + 1  # records count rounds from 1
-    records = (writer.truncate_after(done) if primary else
-               [r for r in writer.read() if r["round"] <= done])
+    records = _records_up_to(writer, done, primary)
     logger.info("Resumed from round %d in %s", meta["round"], workdir)
   else:
-    records = writer.truncate_after(-1) if primary else []
+    records = _records_up_to(writer, -1, primary)
 
   total_rounds = program.num_rounds
   t_start = time.perf_counter()
@@ -309,6 +319,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     metrics.plot_run(workdir, records, title=f"{config.algorithm} / {config.dataset}")
     program.plot(workdir, ledger)
   return summary
+
+
+def _records_up_to(writer: metrics.JsonlWriter, done: int, primary: bool) -> list:
+  """The records the checkpoint covers (rounds <= done); later ones are dropped from disk."""
+  try:
+    if primary:
+      return writer.truncate_after(done)
+    return [r for r in writer.read() if r["round"] <= done]
+  except ValueError as e:
+    raise TrainingError(f"cannot resume: {e}") from e
 
 
 def _evaluate(config, program, state, fed, round_idx, out, host, ledger, wall_seconds, per_client):

@@ -15,9 +15,7 @@ traffic table below must then name them):
   exactly and compiles once; combinations that cannot work stop with a ConfigError naming
   both fields.
 """
-import collections
-import dataclasses
-
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -217,11 +215,9 @@ def test_fedlama_with_phi_one_is_the_algorithm(runs, name):
   program = helpers.build(lama, MESH)
   s_server, s_rows = runs(name)["straight"]
   l_server, l_rows = _server_and_rows(program, helpers.run(program)[0])
-  close = lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
-  jax.tree_util.tree_map(close, s_server.params, l_server.params)
-  jax.tree_util.tree_map(close, (s_server.opt_state, s_server.extra),
-                         (l_server.opt_state, l_server.extra))
-  jax.tree_util.tree_map(close, s_rows, l_rows)
+  chex.assert_trees_all_close((l_server.params, l_server.opt_state, l_server.extra, l_rows),
+                              (s_server.params, s_server.opt_state, s_server.extra, s_rows),
+                              rtol=2e-5, atol=2e-6)
 
 
 @pytest.mark.parametrize("name", NOT_LAYERWISE)
@@ -305,9 +301,7 @@ def test_padded_clients_steps_and_examples_change_nothing(name):
   base, padded = _padded_variant()
   want = _engine_round(alg, [base, base])
   got = _engine_round(alg, [padded, padded])
-  close = lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
-  jax.tree_util.tree_map(close, got[0], want[0])
-  jax.tree_util.tree_map(close, got[1], want[1])
+  chex.assert_trees_all_close(got, want, rtol=2e-5, atol=2e-6)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -316,8 +310,8 @@ def test_chunked_rounds_equal_one_chunk(runs, name):
   program = helpers.build(config, MESH)
   assert program.chunk_size == 3
   state, _ = helpers.run(program)
-  close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-  jax.tree_util.tree_map(close, _server_and_rows(program, state), runs(name)["straight"])
+  chex.assert_trees_all_close(_server_and_rows(program, state), runs(name)["straight"],
+                              rtol=1e-5, atol=1e-6)
 
 
 # ---- 8 devices ------------------------------------------------------------------------------
