@@ -49,6 +49,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.femnist_num_writers = 256
   c.femnist_writers_per_client = 2
   c.local_test_fraction = 0.0
+  # Held out of the training split (before partitioning) and evaluated as val_accuracy /
+  # val_loss beside the test metrics: tune on it, never on the test set.
+  c.validation_fraction = 0.0
   c.num_clients = 32
   c.client_sampling = "fixed"
   c.active_ratio = 1.0
@@ -138,6 +141,8 @@ def validate(c: ml_collections.ConfigDict, num_classes: int | None = None) -> No
             f"at most the number of classes of {c.dataset!r} ({num_classes})")
   if not (0.0 <= c.local_test_fraction < 1.0):
     _fail("local_test_fraction", c.local_test_fraction, "a fraction in [0, 1)")
+  if not (0.0 <= c.validation_fraction < 1.0):
+    _fail("validation_fraction", c.validation_fraction, "a fraction in [0, 1)")
   for field in ("local_lr", "server_lr"):
     if not (isinstance(c[field], (int, float)) and math.isfinite(c[field]) and c[field] > 0):
       _fail(field, c[field], "a finite number > 0")

@@ -19,6 +19,7 @@ class Federation:
   client_train: list  # list of int64 index arrays into dataset.train_*
   client_test: Optional[list]  # per-client held-out indices or None
   client_test_in: str = "train"  # which arrays client_test indexes: "train" or "test"
+  validation: Optional["fdata.Validation"] = None  # held out of training, for tuning
 
   @property
   def num_clients(self) -> int:

@@ -242,8 +242,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   data_dir = federation.resolve_data_dir(config.data_dir)
   dataset = _load_dataset(config, data_dir)
   config_lib.validate(config, num_classes=dataset.num_classes)
-  dataset = augment.normalize_dataset(dataset, config.normalization)
-  fed = federation.build_federation(partition_spec(config), dataset)
+  validation = None
+  if config.validation_fraction > 0:  # held out before partitioning and normalisation
+    dataset, validation = fdata.split_validation(dataset, config.validation_fraction, config.seed)
+  dataset, validation = augment.normalize_dataset(dataset, config.normalization, validation)
+  fed = dataclasses.replace(federation.build_federation(partition_spec(config), dataset),
+                            validation=validation)
   mesh = sharding.client_mesh()
   model, params, model_state = _build_model(config, dataset)
   program = build_program(config, model, params, model_state, fed, mesh)
@@ -344,6 +348,10 @@ def _evaluate(config, program, state, fed, round_idx, out, host, ledger, wall_se
       "round": round_idx + 1, "local_steps": program.local_steps_done(round_idx),
       "test_accuracy": res.accuracy, "test_loss": res.loss, "train_loss": train_loss,
       "wall_seconds": wall_seconds, **ledger.totals(), **out.extra}
+  if fed.validation is not None:
+    val = evaluation.evaluate(program.eval_fn, params, model_state, fed.validation.x,
+                              fed.validation.y, config.eval_batch_size)
+    record.update(val_accuracy=val.accuracy, val_loss=val.loss)
   if per_client:
     record.update(_per_client(config, program, params, model_state, fed))
   return record
@@ -376,6 +384,10 @@ def _summary(config, records, ledger, program, state, wall_seconds) -> dict:
       "comm_floats_up_per_layer": dict(zip(ledger.names, ledger.up.tolist())),
       "comm_floats_down_per_layer": dict(zip(ledger.names, ledger.down.tolist())),
   }
+  if "val_accuracy" in last:
+    val = [r["val_accuracy"] for r in records]
+    summary.update(final_val_accuracy=val[-1], best_val_accuracy=max(val),
+                   final_val_loss=last["val_loss"])
   summary.update({k: v for k, v in last.items() if k.startswith("client_")})
   summary.update(program.summary(state, ledger))
   return summary

@@ -65,15 +65,15 @@ def test_normalize_per_channel_uses_train_statistics():
   train = (r.random((50, 4, 4, 3)) * [1, 2, 3] + [0, 5, 10]).astype(np.float32)
   test = train[:7] + 1
   ds = Dataset("synthetic", train, np.zeros(50, np.int32), test, np.zeros(7, np.int32), 2)
-  out = augment.normalize_dataset(ds, "per_channel")
+  out, _ = augment.normalize_dataset(ds, "per_channel")
   np.testing.assert_allclose(out.train_x.mean(axis=(0, 1, 2)), 0, atol=1e-5)
   np.testing.assert_allclose(out.train_x.std(axis=(0, 1, 2)), 1, atol=1e-4)
   std = train.std(axis=(0, 1, 2))
   np.testing.assert_allclose(out.test_x - out.train_x[:7], np.broadcast_to(1 / std, (7, 4, 4, 3)),
                              rtol=1e-4)
-  pixel = augment.normalize_dataset(ds, "per_pixel")
+  pixel, _ = augment.normalize_dataset(ds, "per_pixel")
   np.testing.assert_allclose(pixel.train_x.mean(axis=0), 0, atol=1e-5)
-  assert augment.normalize_dataset(ds, "none") is ds
+  assert augment.normalize_dataset(ds, "none")[0] is ds
 
 
 def test_non_image_inputs_are_refused():

@@ -106,3 +106,19 @@ def test_every_requirement_is_imported_somewhere():
     name = line.split(">")[0].split("=")[0].split("<")[0].strip()
     module = import_names.get(name.lower(), name.replace("-", "_"))
     assert (f"import {module}" in sources or f"from {module}" in sources), name
+
+
+def test_validation_split_is_held_out_of_training_and_reported(tmp_path):
+  c = tiny_config(validation_fraction=0.2)
+  summary = training.train_and_evaluate(c, str(tmp_path))
+  rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert all("val_accuracy" in r and "test_accuracy" in r for r in rows)
+  assert summary["best_val_accuracy"] == max(r["val_accuracy"] for r in rows)
+  from fedjax_lama import data as fdata  # pylint: disable=g-import-not-at-top
+  dataset = training._load_dataset(c, "")  # pylint: disable=protected-access
+  trimmed, val = fdata.split_validation(dataset, 0.2, c.seed)
+  assert len(val.y) == round(0.2 * len(dataset.train_y))
+  assert len(trimmed.train_y) + len(val.y) == len(dataset.train_y)
+  # No validation example is a training example (rows of the original split).
+  rows_of = lambda x: {a.tobytes() for a in np.asarray(x).reshape(len(x), -1)}
+  assert not rows_of(trimmed.train_x) & rows_of(val.x)

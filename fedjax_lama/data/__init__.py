@@ -16,6 +16,8 @@ from fedjax_lama.data.datasets import INPUT_KINDS
 from fedjax_lama.data.datasets import INPUT_TOKENS
 from fedjax_lama.data.datasets import load_dataset
 from fedjax_lama.data.datasets import SOURCES
+from fedjax_lama.data.datasets import split_validation
+from fedjax_lama.data.datasets import Validation
 from fedjax_lama.data.datasets import WriterClients
 from fedjax_lama.data.errors import DataError
 from fedjax_lama.data.femnist_h5 import read_femnist_h5

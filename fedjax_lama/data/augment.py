@@ -37,16 +37,20 @@ def normalization_stats(train_x: np.ndarray, kind: str) -> tuple[np.ndarray, np.
   return mean.astype(np.float32), np.maximum(std, 1e-6).astype(np.float32)
 
 
-def normalize_dataset(dataset, kind: str):
-  """A copy of an image dataset standardised with its training split's statistics."""
+def normalize_dataset(dataset, kind: str, validation=None):
+  """A copy of an image dataset (and of its held-out validation examples, if given)
+  standardised with its training split's statistics. Returns (dataset, validation)."""
   if kind == "none":
-    return dataset
+    return dataset, validation
   if np.ndim(dataset.train_x) != 4:
     raise ConfigError(f"config.normalization={kind!r} needs image inputs [N, H, W, C]; dataset "
                      f"{dataset.name!r} has inputs of shape {np.shape(dataset.train_x)}")
   mean, std = normalization_stats(dataset.train_x, kind)
   norm = lambda x: ((np.asarray(x, np.float32) - mean) / std).astype(np.float32)
-  return dataclasses.replace(dataset, train_x=norm(dataset.train_x), test_x=norm(dataset.test_x))
+  if validation is not None:
+    validation = dataclasses.replace(validation, x=norm(validation.x))
+  return (dataclasses.replace(dataset, train_x=norm(dataset.train_x),
+                              test_x=norm(dataset.test_x)), validation)
 
 
 def crop_flip(x: jax.Array, key: jax.Array, pad: int = 4) -> jax.Array:

@@ -638,3 +638,27 @@ def femnist_clients_round_robin(train_client_ids: np.ndarray,
   groups = [chosen[j::num_clients] for j in range(num_clients)]
   requested = int(round(writer_fraction * writers.size))
   return _group_clients(groups, train_client_ids, test_client_ids, requested)
+
+
+@dataclasses.dataclass(frozen=True)
+class Validation:
+  """Examples held out of the training split, for tuning (never the test split)."""
+  x: np.ndarray
+  y: np.ndarray
+
+
+def split_validation(dataset: Dataset, fraction: float, seed: int) -> tuple[Dataset, Validation]:
+  """Holds out round(fraction * N) training examples, drawn uniformly from (seed), before any
+  partitioning: the returned dataset's training split no longer contains them."""
+  if not 0.0 < fraction < 1.0:
+    raise ValueError(f"validation fraction={fraction!r}; accepted: a fraction in (0, 1)")
+  n = len(dataset.train_y)
+  rng = np.random.default_rng(np.random.SeedSequence([seeding.check_seed(seed), 7_7]))
+  held = np.zeros(n, bool)
+  held[rng.permutation(n)[:max(1, int(round(fraction * n)))]] = True
+  keep = ~held
+  ids = dataset.train_client_ids
+  trimmed = dataclasses.replace(dataset, train_x=dataset.train_x[keep],
+                                train_y=dataset.train_y[keep],
+                                train_client_ids=None if ids is None else ids[keep])
+  return trimmed, Validation(dataset.train_x[held], dataset.train_y[held])
