@@ -1,0 +1,49 @@
+"""Host-side asynchronous/tiered simulation: FedAT and its baselines on a virtual clock.
+
+Implements algorithms.md section 3 (system model 3.1, FedAT 3.2, baselines 3.4,
+metrics 3.5) for FedAT (Chai et al., SC'21, shared/seeds/003_656c618fe5de2ce3.txt).
+Pure numpy + Python: local training, evaluation, message encoding and model sums
+are injected (interfaces.py), so the JAX engine plugs in from outside.
+
+Typical use:
+
+    sim = Simulator(SystemConfig(...), FedAT(FedATConfig(...)),
+                    num_examples=n_k, initial_model=w0,
+                    trainer=..., evaluator=..., codec=PolylineCodec())
+    sim.run()
+    sim.ticks, sim.summary(target=0.79), sim.event_log, sim.messages
+
+Modules (imports are one-way, top to bottom):
+  interfaces  Trainer / Evaluator / Codec / ModelAlgebra protocols, TrainJob, TrainResult
+  pytree      numpy pytrees, NumpyAlgebra
+  codecs      RawCodec, PolylineCodec (adapter to fedjax_lama.compression.polyline)
+  streams     named random streams (3.1.6)
+  config      SystemConfig, ComputeModel, NetworkModel and the method configs
+  latency     job latency models (3.1.2, 3.1.3)
+  tiers       straggler parts, unstable clients, profiling and tiering (3.1.3-3.1.5)
+  events      the event queue (3.1.7)
+  metrics     tick statistics and run summaries (3.5)
+  methods     FedAT, FedAvg, FedProx, TiFL, FedAsync, ASO-Fed
+  loop        Simulator: the clock, jobs, deferred training, ticks, state_dict
+  testing     numpy stand-ins (ShiftTrainer, SineEvaluator, RoundingCodec), make_simulator
+"""
+from fedjax_lama.simulation.codecs import PolylineCodec, RawCodec
+from fedjax_lama.simulation.config import (ASOFedConfig, ComputeModel, FedAsyncConfig,
+                                           FedATConfig, FedAvgConfig, FedProxConfig,
+                                           NetworkModel, SystemConfig, TiFLConfig)
+from fedjax_lama.simulation.interfaces import (Codec, Evaluator, ModelAlgebra, Trainer, TrainJob,
+                                               TrainResult)
+from fedjax_lama.simulation.loop import Simulator, tick_times
+from fedjax_lama.simulation.methods import (ASOFed, FedAsync, FedAT, FedAvg, FedProx, METHODS,
+                                            TiFL, cross_tier_fractions, cross_tier_weights)
+from fedjax_lama.simulation.metrics import summarize
+from fedjax_lama.simulation.pytree import NumpyAlgebra
+from fedjax_lama.simulation.streams import Stream
+
+__all__ = [
+    "ASOFed", "ASOFedConfig", "Codec", "ComputeModel", "Evaluator", "FedAT", "FedATConfig",
+    "FedAsync", "FedAsyncConfig", "FedAvg", "FedAvgConfig", "FedProx", "FedProxConfig",
+    "METHODS", "ModelAlgebra", "NetworkModel", "NumpyAlgebra", "PolylineCodec", "RawCodec",
+    "Simulator", "Stream", "SystemConfig", "TiFL", "TiFLConfig", "TrainJob", "TrainResult",
+    "Trainer", "cross_tier_fractions", "cross_tier_weights", "summarize", "tick_times",
+]
