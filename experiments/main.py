@@ -5,11 +5,12 @@ r"""Command-line entry point: one experiment per command.
 
 Running the same command again on the same --workdir resumes the run.
 """
-import logging as std_logging
 import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from experiments import logs
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", "configs/default.py", "Experiment config file.",
@@ -21,13 +22,7 @@ flags.mark_flags_as_required(["workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  # Progress lines come from the "fedjax_lama" logger; orbax's absl chatter stays quiet.
-  logging.set_verbosity(logging.WARNING)
-  handler = std_logging.StreamHandler(sys.stdout)
-  handler.setFormatter(std_logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-  std_logging.getLogger("fedjax_lama").addHandler(handler)
-  std_logging.getLogger("fedjax_lama").setLevel(std_logging.INFO)
-  std_logging.getLogger("fedjax_lama").propagate = False
+  logs.progress_only()
   # Imported here so that --help answers without loading JAX.
   from fedjax_lama import training  # pylint: disable=g-import-not-at-top
   from fedjax_lama.config import ConfigError  # pylint: disable=g-import-not-at-top

@@ -1,0 +1,115 @@
+"""Sweeps shared by the result scripts: resumable runs, tuning on validation, tables.
+
+Every run has its own workdir; a finished run (summary.json present for the same config) is
+reused and an interrupted one resumes, so a killed sweep continues where it stopped.
+Learning rates are picked on the validation split held out of the training data
+(config.validation_fraction; the val_* metrics), never on the test set.
+"""
+import dataclasses
+import json
+import os
+import platform
+import time
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from fedjax_lama import training
+
+
+def run(config, workdir: str) -> dict:
+  """The summary of `config` in `workdir` (trains, resumes or reuses) and its records."""
+  path = os.path.join(workdir, "summary.json")
+  if not os.path.exists(path):
+    training.train_and_evaluate(config, workdir)
+  with open(path) as f:
+    summary = json.load(f)
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    summary["records"] = [json.loads(line) for line in f if line.strip()]
+  return summary
+
+
+def validation_score(summary: dict, last: int = 3) -> float:
+  """Mean validation accuracy of the last `last` evaluations (less noisy than the final one)."""
+  vals = [r["val_accuracy"] for r in summary["records"] if "val_accuracy" in r]
+  if not vals:
+    raise ValueError("the run has no val_accuracy: set config.validation_fraction > 0 to tune")
+  return float(np.mean(vals[-last:]))
+
+
+@dataclasses.dataclass
+class Tuned:
+  value: float                 # the chosen value
+  scores: dict                 # value -> validation score (the tuning seed)
+
+
+def tune(make_config: Callable[[float, int], object], values: Sequence[float], seed: int,
+         workdir: Callable[[float, int], str]) -> Tuned:
+  """The value (e.g. a learning rate) with the best validation score for `seed`.
+
+  A diverged run (non-finite loss) scores -inf instead of stopping the sweep.
+  """
+  scores = {}
+  for v in values:
+    try:
+      scores[v] = validation_score(run(make_config(v, seed), workdir(v, seed)))
+    except training.TrainingError:
+      scores[v] = float("-inf")
+  best = max(scores, key=lambda v: scores[v])
+  return Tuned(best, scores)
+
+
+def mean_std(values) -> str:
+  values = np.asarray([v for v in values if v is not None], float)
+  if not len(values):
+    return "n/a"
+  return f"{values.mean():.4f} ± {values.std():.4f}"
+
+
+def machine() -> str:
+  import jax  # pylint: disable=g-import-not-at-top
+  return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"jax {jax.__version__} on {jax.default_backend()}")
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+  return "\n".join(lines)
+
+
+def plot_curves(path: str, curves: dict, xkey: str = "local_steps", ykey: str = "test_accuracy",
+                xlabel: str = "local steps", title: str = "") -> None:
+  """One line per label: the mean over seeds of ykey against xkey."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+  for label, runs in curves.items():
+    xs = [r[xkey] for r in runs[0]]
+    ys = np.mean([[r[ykey] for r in records] for records in runs], axis=0)
+    ax.plot(xs, ys, label=label)
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ykey.replace("_", " "))
+  ax.set_title(title)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7, ncol=2)
+  fig.tight_layout()
+  fig.savefig(path)
+  plt.close(fig)
+
+
+class Timer:
+  def __enter__(self):
+    self.start = time.perf_counter()
+    return self
+
+  def __exit__(self, *exc):
+    self.seconds = time.perf_counter() - self.start
+
+
+def configured(base, overrides: Optional[dict] = None, **fields):
+  """A copy of `base` with dotted overrides applied ("fedadam.tau": 1e-3, "local_lr": 0.1)."""
+  c = base.copy_and_resolve_references()
+  c.update_from_flattened_dict({**(overrides or {}), **fields})
+  return c
