@@ -28,6 +28,8 @@ from absl import app, flags
 from ml_collections import config_flags
 import numpy as np
 
+from experiments.studies import base_name, early_stop, run_variants
+
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", "configs/fedlama_fmnist_cnn.py", "Base FedLAMA config.")
 flags.DEFINE_list("phis", ["2", "4"], "FedLAMA interval factors.")
@@ -37,47 +39,6 @@ flags.DEFINE_integer("eval_steps", 0, "Evaluate every this many local steps (0: 
                      "and at every longest window).")
 flags.DEFINE_string("out", None, "Output directory.")
 flags.mark_flags_as_required(["out"])
-
-
-def base_name(config) -> str:
-  """The schedule FedLAMA is compared with: FedAvg, FedProx or FedPAQ (AAAI Tables 3, 4)."""
-  if config.compressor.name == "qsgd":
-    return "FedPAQ"
-  return "FedProx" if config.fedlama.local_algorithm == "fedprox" else "FedAvg"
-
-
-def run_variants(base, phis, total_steps):
-  """(label, config) pairs: FedAvg(tau'), FedAvg(phi tau'), FedLAMA(tau', phi)."""
-  tau = base.fedlama.base_interval
-  name = base_name(base)
-  lama = "FedLAMA" if name == "FedAvg" else f"{name}+FedLAMA"
-  out = []
-
-  def variant(label, interval, phi, fixed=None):
-    c = base.copy_and_resolve_references()
-    c.fedlama.base_interval, c.fedlama.phi = interval, phi
-    c.fedlama.fixed_multipliers = fixed
-    c.fedlama.total_steps = total_steps
-    window = interval * phi
-    every = FLAGS.eval_steps or tau * max(phis)
-    c.eval_every = max(1, every // window)
-    out.append((label, c))
-
-  variant(f"{name}({tau})", tau, 1)
-  for phi in phis:
-    variant(f"{name}({phi * tau})", phi * tau, 1)
-  for phi in phis:
-    variant(f"{lama}({tau},{phi})", tau, phi)
-  return out
-
-
-def early_stop(lama_records, baseline_best, total_steps):
-  """D25: first evaluation beating the baseline's best; None when it never does."""
-  for r in lama_records:
-    if r["test_accuracy"] > baseline_best:
-      return {"step": r["local_steps"], "accuracy": r["test_accuracy"],
-              "comm_ratio_budget": r["comm_ratio"] * r["local_steps"] / total_steps}
-  return None
 
 
 def _records(workdir):
@@ -94,7 +55,7 @@ def main(argv):
   results, workdirs = {}, {}
   name = base_name(base)
   for seed in [int(s) for s in FLAGS.seeds]:
-    for label, c in run_variants(base, phis, total):
+    for label, c in run_variants(base, phis, total, FLAGS.eval_steps):
       c.seed = seed
       workdir = os.path.join(FLAGS.out, f"{label}_seed{seed}".replace(",", "_"))
       summary_path = os.path.join(workdir, "summary.json")

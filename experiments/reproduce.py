@@ -1,0 +1,130 @@
+r"""Reproduce a seed paper's table with one command; the report prints the paper's numbers beside.
+
+  python -m experiments.reproduce --list
+  python -m experiments.reproduce --paper=fedlama --table=aaai-t3 --scale=small
+  python -m experiments.reproduce --paper=fedspeed --table=t1 --scale=paper \
+      --data_dir=/data --out=/tmp/fedspeed
+
+Scales (experiments/tables.py): "paper" is the paper's exact setting (for users with the
+data and an accelerator), "small" a reduced version on ../shared/data that finishes on a 2-core
+CPU within about an hour, "smoke" a few-minute check. Learning rates that the papers tuned are
+tuned on a validation split held out of the training data, never on the test set. Writes
+<out>/<paper>_<table>_<scale>.md (our numbers, the paper's, the exact settings, the machine,
+the wall time) with its plots and a JSON of the results. Runs live in --runs (default
+<out>/runs/...) and are reused or resumed, so an interrupted reproduction continues.
+"""
+import json
+import os
+import time
+
+from absl import app, flags
+
+from experiments import logs
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("paper", None, "fedlama | fedspeed | fedat | fedlamb")
+flags.DEFINE_string("table", None, "Table id (see --list).")
+flags.DEFINE_enum("scale", "small", ["smoke", "small", "paper"], "Scale of the reproduction.")
+flags.DEFINE_string("out", "experiments/results/reproduce", "Directory of the reports.")
+flags.DEFINE_string("runs", None, "Directory of the runs (default <out>/runs/<paper>_<table>_"
+                    "<scale>).")
+flags.DEFINE_string("data_dir", None, "Data directory (default: $FEDJAX_LAMA_DATA_DIR, else "
+                    "../shared/data when it exists, else ./data).")
+flags.DEFINE_bool("list", False, "List every paper and table id, then exit.")
+
+# Config fields worth printing as "the exact settings" of a run.
+SETTINGS = ("algorithm", "schedule", "dataset", "model", "partition", "dirichlet_concentration",
+            "classes_per_client", "num_clients", "active_ratio", "client_sampling", "batch_size",
+            "local_steps", "local_epochs", "rounds", "local_lr_schedule", "local_lr_decay_factor",
+            "local_momentum", "weight_decay", "server_lr", "weighting", "validation_fraction",
+            "normalization", "augmentation")
+
+
+def listing() -> str:
+  from experiments import tables  # pylint: disable=g-import-not-at-top
+  lines = []
+  for (paper, table), entry in sorted(tables.REGISTRY.items()):
+    lines.append(f"{paper:9s} {table:30s} {entry.title}")
+  return "\n".join(lines)
+
+
+def settings_of(study) -> str:
+  base = getattr(study, "base", None)
+  if base is None:
+    parts = getattr(study, "parts", {})
+    return "\n".join(f"- {name}: {settings_of(part)}" for name, part in parts.items())
+  fields = ", ".join(f"{k}={base[k]!r}" for k in SETTINGS if k in base)
+  extra = ""
+  if base.get("schedule") == "fedlama" or base.algorithm == "fedlama":
+    extra = (f", fedlama.base_interval={base.fedlama.base_interval}, "
+             f"fedlama.interval_rule={base.fedlama.interval_rule!r}")
+  return fields + extra
+
+
+def reproduce(paper: str, table: str, scale: str, out: str, runs: str = None) -> str:
+  from experiments import sweep, tables  # pylint: disable=g-import-not-at-top
+  key = (paper, table)
+  if key not in tables.REGISTRY:
+    raise app.UsageError(f"--paper={paper!r} --table={table!r} is not known; run --list")
+  entry = tables.REGISTRY[key]
+  study = entry.study(scale)
+  name = f"{paper}_{table}_{scale}"
+  runs = runs or os.path.join(out, "runs", name)
+  os.makedirs(out, exist_ok=True)
+  start = time.perf_counter()
+  results = study.run(runs)
+  wall = time.perf_counter() - start
+  plot = os.path.join(out, f"{name}.png")
+  ours = study.report(results, plot)
+  text = [f"# {paper} {table} ({scale} scale): {entry.title}", "",
+          f"Command: `python -m experiments.reproduce --paper={paper} --table={table} "
+          f"--scale={scale}`", "",
+          f"Machine: {sweep.machine()}. Wall time of this command: {wall / 60:.1f} min "
+          "(finished runs are reused; their own wall times are in the table).", ""]
+  if scale == "small" and entry.reduced:
+    text += [f"Reduced from the paper: {entry.reduced}.", ""]
+  elif scale == "smoke":
+    text += ["Smoke scale: a few rounds on small data, to check the pipeline; the numbers "
+             "mean nothing.", ""]
+  text += ["Settings: " + settings_of(study), "", "## Ours", "", ours, "",
+           f"![curves]({os.path.basename(plot)})", "", "## The paper's (as printed)", "",
+           entry.paper_text()]
+  path = os.path.join(out, f"{name}.md")
+  with open(path, "w") as f:
+    f.write("\n".join(text) + "\n")
+  with open(os.path.join(out, f"{name}.json"), "w") as f:
+    json.dump(_slim(results), f, indent=1, default=str)
+  return path
+
+
+def _slim(results):
+  """The results without per-evaluation records (they stay in the runs' metrics.jsonl)."""
+  if isinstance(results, dict):
+    return {k: _slim(v) for k, v in results.items() if k != "records"}
+  if isinstance(results, list):
+    return [_slim(v) for v in results]
+  return results
+
+
+def _default_data_dir() -> None:
+  if FLAGS.data_dir:
+    os.environ["FEDJAX_LAMA_DATA_DIR"] = FLAGS.data_dir
+  elif "FEDJAX_LAMA_DATA_DIR" not in os.environ and os.path.isdir("../shared/data"):
+    os.environ["FEDJAX_LAMA_DATA_DIR"] = os.path.abspath("../shared/data")
+
+
+def main(argv):
+  del argv
+  logs.progress_only()
+  if FLAGS.list:
+    print(listing())
+    return
+  if not FLAGS.paper or not FLAGS.table:
+    raise app.UsageError("give --paper and --table (or --list)")
+  _default_data_dir()
+  path = reproduce(FLAGS.paper, FLAGS.table, FLAGS.scale, FLAGS.out, FLAGS.runs)
+  print(f"report: {path}")
+
+
+if __name__ == "__main__":
+  app.run(main)
