@@ -1,5 +1,5 @@
 """D25 early stopping and comm_ratio_budget as experiments.fedlama_compare reports them."""
-from experiments import fedlama_compare
+from experiments import studies as fedlama_compare
 
 
 def test_early_stop_is_the_first_evaluation_beating_the_baseline_best():
