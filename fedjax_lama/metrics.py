@@ -99,3 +99,86 @@ def plot_run(workdir: str, records: Iterable[dict], title: str = "") -> list[str
     plt.close(fig)
     paths.append(path)
   return paths
+
+
+class TensorBoardWriter:
+  """TensorBoard event files of the metrics.jsonl records (issue 19 item 5), via tensorboardX.
+
+  `write(record)` logs every numeric scalar of one evaluation record (ints, floats, numpy
+  scalars; nested dicts as "outer/inner" tags) as a scalar summary tagged with its key, at
+  step = record["local_steps"]: the local SGD steps per client so far, the x-axis on which
+  runs of different algorithms, local-step counts and FedLAMA windows compare (one training
+  round is a different number of steps for each). The round number is itself written as the
+  scalar "round" at that step, so TensorBoard can show either. Lists (FedLAMA's per-layer
+  discrepancies and multipliers), strings, booleans and None (a non-finite value in the
+  JSON) are skipped. Values are stored as TensorBoard's float32 scalars (metrics.jsonl stays
+  the exact record). Events reach the disk within `flush_secs` and all of them on close().
+  Each writer opens a new event file whose name ends in a nanosecond stamp, so two writers
+  of one logdir within a second (a quick resume) never overwrite each other's file.
+
+  Resume: a resumed run rewrites the evaluations after its checkpoint; pass
+  `purge_step=resume_purge_step(kept_records)` so TensorBoard hides the events a crashed run
+  wrote at those steps (tensorboardX's purge_step; the same logdir as the first run).
+  """
+
+  def __init__(self, logdir: str, purge_step: int | None = None, flush_secs: int = 10):
+    import time  # pylint: disable=g-import-not-at-top
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+    os.makedirs(logdir, exist_ok=True)
+    self.logdir = logdir
+    # tensorboardX names files by the second: a unique suffix keeps a second writer from
+    # truncating the first one's file (the names still sort by creation time).
+    self._writer = SummaryWriter(logdir=logdir, purge_step=purge_step, flush_secs=flush_secs,
+                                 filename_suffix=f".{time.time_ns()}")
+
+  @staticmethod
+  def scalars(record: dict, prefix: str = "") -> dict:
+    """The {tag: float} that `write` logs for `record`."""
+    out = {}
+    for key, value in record.items():
+      tag = f"{prefix}{key}"
+      if isinstance(value, dict):
+        out.update(TensorBoardWriter.scalars(value, prefix=tag + "/"))
+        continue
+      if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value.item()
+      if isinstance(value, np.generic):
+        value = value.item()
+      if isinstance(value, (int, float)) and not isinstance(value, bool):
+        out[tag] = float(value)
+    return out
+
+  def write(self, record: dict) -> None:
+    if "local_steps" not in record:
+      raise ValueError(f"a metrics record needs 'local_steps' (the TensorBoard step); "
+                       f"got keys {sorted(record)}")
+    step = int(record["local_steps"])
+    for tag, value in self.scalars(record).items():
+      self._writer.add_scalar(tag, value, global_step=step)
+
+  def close(self) -> None:
+    self._writer.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+
+def resume_purge_step(kept_records: list[dict]) -> int:
+  """TensorBoardWriter's purge_step on resume: the step after the last record kept (0: none)."""
+  return int(kept_records[-1]["local_steps"]) + 1 if kept_records else 0
+
+
+def export_tensorboard(workdir: str, logdir: str | None = None) -> str:
+  """Writes the event files of a finished (or running) run's metrics.jsonl after the fact.
+
+  logdir: default workdir/tensorboard. Returns the logdir. The new event file starts with
+  purge_step=0, so TensorBoard shows it in place of any earlier events in that logdir."""
+  logdir = logdir or os.path.join(workdir, "tensorboard")
+  records = JsonlWriter(os.path.join(workdir, "metrics.jsonl")).read()
+  with TensorBoardWriter(logdir, purge_step=0) as tb:
+    for record in records:
+      tb.write(record)
+  return logdir

@@ -36,7 +36,7 @@ from fedjax_lama.engine.algorithm import Algorithm, ClientContext, ClientInfo, L
 from fedjax_lama.errors import ConfigError
 from fedjax_lama.fedlama import layer_sync, layers, selection as sel
 from fedjax_lama.fedlama.options import FedLamaOptions
-from fedjax_lama.programs.common import RoundOutput, RunOptions, pack, with_steps
+from fedjax_lama.programs.common import ProgramBase, RoundOutput, RunOptions, pack, with_steps
 from fedjax_lama.tree import broadcast_clients
 
 
@@ -72,7 +72,7 @@ def check_composable(algorithm: Algorithm, server: ServerState, row, traffic) ->
                       f"{algorithm.name!r}: {'; '.join(problems)}")
 
 
-class FedLamaProgram:
+class FedLamaProgram(ProgramBase):
   """Windows of phi sub-rounds with layer-wise synchronisation (algorithms.md 1.2.4)."""
 
   def __init__(self, opts: RunOptions, fl: FedLamaOptions, algorithm: Algorithm, model, params,
@@ -137,7 +137,6 @@ class FedLamaProgram:
     # Bits of each leaf of one client's uploads (block "leaf": additive over leaves, 5.12).
     self.leaf_bits = sum(compression.leaf_bits(self.compressor, self.traffic.upload_shapes[n])
                          for n in self.traffic.vector_uploads)
-    self.store = None
     # The slots are consumed by the window: donating them avoids a copy of m models.
     # Outputs keep the state's placement (slots split over clients, the rest replicated),
     # so window 2 reuses window 1's executable.
@@ -174,10 +173,7 @@ class FedLamaProgram:
                          jnp.copy(since))
     rows = {}
     if self.algorithm.row_init is not None:
-      self.store = client_store.ClientStore.create(
-          self.row_template, self.fed.num_clients, self.mesh,
-          on_host=self.opts.client_state_on_host)
-      rows = self.store.rows
+      rows = self._new_store(self.row_template)
     return {"fedlama": state, "rows": rows}
 
   # ---- one window, jitted ----------------------------------------------------------------
@@ -275,15 +271,6 @@ class FedLamaProgram:
                         self.unit))
     return round_lib.Cohort(*[np.stack(x) for x in zip(*parts)])
 
-  def _adopt_rows(self, rows):
-    if self.algorithm.row_init is None:
-      return None
-    if self.store is None or rows is not self.store.rows:
-      self.store = None
-      self.store = client_store.ClientStore(rows, self.mesh, on_host=self.opts.client_state_on_host,
-                                            num_clients=self.fed.num_clients, copy=False)
-    return self.store
-
   def run_round(self, state, window: int):
     cohorts = self._pack_window(window)
     n_real = int(cohorts.client_mask[0].sum())
@@ -338,12 +325,6 @@ class FedLamaProgram:
 
   def local_steps_done(self, window: int) -> int:
     return (window + 1) * self.window_steps
-
-  def host_state(self) -> dict:
-    return {}
-
-  def load_host_state(self, d: dict) -> None:
-    del d
 
   def summary(self, state, ledger) -> dict:
     del ledger

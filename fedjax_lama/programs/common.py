@@ -19,6 +19,7 @@ import optax
 
 from fedjax_lama import data as fdata
 from fedjax_lama import federation
+from fedjax_lama.engine import client_store
 from fedjax_lama.engine import round as round_lib
 from fedjax_lama.engine.algorithm import Algorithm
 
@@ -118,3 +119,33 @@ def pack(opts: RunOptions, fed, ids, round_idx: int, num_clients_padded: int, nu
 def with_steps(opts: RunOptions, steps: int) -> RunOptions:
   """The same run in steps mode with `steps` local steps (FedLAMA packs windows so)."""
   return dataclasses.replace(opts, local_steps=steps, local_epochs=0)
+
+
+class ProgramBase:
+  """What every round program shares: the per-client store of its algorithm's rows, and
+  empty host state by default. Subclasses set opts, algorithm, fed and mesh."""
+  store: Optional[client_store.ClientStore] = None
+
+  def _new_store(self, row_template):
+    """A store whose rows all start as the template; its rows for the initial state."""
+    self.store = client_store.ClientStore.create(
+        row_template, self.fed.num_clients, self.mesh, on_host=self.opts.client_state_on_host)
+    return self.store.rows
+
+  def _adopt_rows(self, rows) -> Optional[client_store.ClientStore]:
+    """The store behind `rows`: ours, or a new one for rows restored from a checkpoint."""
+    if self.algorithm.row_init is None:
+      return None
+    if self.store is None or rows is not self.store.rows:
+      self.store = None  # drop the old rows before adopting the new ones
+      # The state hands its rows over (no second copy of N rows on host).
+      self.store = client_store.ClientStore(rows, self.mesh,
+                                            on_host=self.opts.client_state_on_host,
+                                            num_clients=self.fed.num_clients, copy=False)
+    return self.store
+
+  def host_state(self) -> dict:
+    return {}
+
+  def load_host_state(self, d: dict) -> None:
+    del d

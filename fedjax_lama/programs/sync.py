@@ -24,7 +24,8 @@ import numpy as np
 from fedjax_lama import compression
 from fedjax_lama.engine import client_store, evaluate, local, round as round_lib, sharding
 from fedjax_lama.engine.algorithm import Algorithm
-from fedjax_lama.programs.common import RoundOutput, RunOptions, pack, steps_per_round
+from fedjax_lama.programs.common import (ProgramBase, RoundOutput, RunOptions, pack,
+                                         steps_per_round)
 
 
 class _RoundTotals(NamedTuple):
@@ -45,7 +46,7 @@ def _add_chunk(totals: _RoundTotals, sums: round_lib.ChunkSums,
                       totals.count + jnp.sum(stats.count))
 
 
-class SyncProgram:
+class SyncProgram(ProgramBase):
   """Rounds of one synchronous algorithm (see the module docstring)."""
 
   def __init__(self, opts: RunOptions, algorithm: Algorithm, model, params, model_state, fed,
@@ -79,28 +80,13 @@ class SyncProgram:
     row = algorithm.row_init(params) if algorithm.row_init is not None else {}
     self.traffic = round_lib.traffic(algorithm, server, row)
     self.bits_up_per_client = round_lib.uplink_bits(self.traffic, self.compressor)
-    self.store: Optional[client_store.ClientStore] = None
 
   def init_state(self):
     server = self.algorithm.init_server(self.params, self.model_state)
     rows = {}
     if self.algorithm.row_init is not None:
-      self.store = client_store.ClientStore.create(
-          self.algorithm.row_init(self.params), self.fed.num_clients, self.mesh,
-          on_host=self.opts.client_state_on_host)
-      rows = self.store.rows
+      rows = self._new_store(self.algorithm.row_init(self.params))
     return {"server": sharding.replicate(server, self.mesh), "rows": rows}
-
-  def _adopt_rows(self, rows):
-    """The store behind `rows`: ours, or a new one for rows restored from a checkpoint."""
-    if self.algorithm.row_init is None:
-      return None
-    if self.store is None or rows is not self.store.rows:
-      self.store = None  # drop the old rows before adopting the new ones
-      # The state hands its rows over (no second copy of N rows on host).
-      self.store = client_store.ClientStore(rows, self.mesh, on_host=self.opts.client_state_on_host,
-                                            num_clients=self.fed.num_clients, copy=False)
-    return self.store
 
   def run_round(self, state, round_idx: int):
     ids = self.opts.sampler.sample(round_idx)
@@ -136,12 +122,6 @@ class SyncProgram:
 
   def local_steps_done(self, round_idx: int) -> int:
     return (round_idx + 1) * self.num_steps
-
-  def host_state(self) -> dict:
-    return {}
-
-  def load_host_state(self, d: dict) -> None:
-    del d
 
   def summary(self, state, ledger) -> dict:
     del state, ledger
