@@ -157,12 +157,13 @@ def mean_model_state(sums: ChunkSums) -> PyTree:
 def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, lr_schedule: Callable, *,
                    seed: int, weighting: str, local_steps: int, population: int, unroll=1,
                    augment: Optional[Callable] = None,
-                   compressor: Optional[compression.Compressor] = None):
+                   compressor: Optional[compression.Compressor] = None, jit: bool = True):
   """Returns (train_chunk, server_update), both jitted, for a synchronous round.
 
   local_steps: the static step axis of a round (the global step count of round r's first
   step is r * local_steps, for the learning-rate schedule). population: N, for the
-  algorithms' 1/N global means.
+  algorithms' 1/N global means. seed may be traced and the schedule may close over traced
+  values when jit=False (several runs vmapped over a run axis, programs/vectorized.py).
   """
   phase = ClientPhase(loss_fn, algorithm, lr_schedule, seed=seed, unroll=unroll,
                       augment=augment, compressor=compressor)
@@ -188,6 +189,8 @@ def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, lr_schedule: Cal
     has = sums.weight > 0
     return jax.tree_util.tree_map(lambda a, b: jnp.where(has, a, b), new, server)
 
+  if not jit:
+    return train_chunk, server_update
   return jax.jit(train_chunk), jax.jit(server_update)
 
 

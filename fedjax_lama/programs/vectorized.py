@@ -1,0 +1,151 @@
+"""Several runs of one synchronous algorithm as one jitted computation: a run axis beside the
+client axis (issue 19, "vectorized sweeps").
+
+Runs that share shapes -- the same config but for the seed and the local learning rate, as a
+paper's seeds and learning-rate grid are -- train together: each round is ONE jitted call of
+`jax.vmap` over runs of the synchronous round (engine/round.py), each run with its own
+federation (the partition follows its seed), cohort, batches, keys, initial model, rate,
+server state and per-client rows. Every run computes exactly what its sequential run does
+(to float rounding: XLA may batch the arithmetic differently), and writes the same files.
+
+The learning rate enters as a traced scale of a schedule built with rate 1 (every schedule of
+programs/common.py is linear in its base rate), the seed as a traced key root.
+"""
+import dataclasses
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_lama import compression
+from fedjax_lama.engine import evaluate, local, round as round_lib
+from fedjax_lama.engine.algorithm import Algorithm
+from fedjax_lama.programs.common import RoundOutput, RunOptions, pack, steps_per_round
+
+
+def _stack(trees):
+  return jax.tree_util.tree_map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *trees)
+
+
+def _unstack(tree, num: int):
+  return [jax.tree_util.tree_map(lambda x, i=i: x[i], tree) for i in range(num)]
+
+
+def _same(arrays) -> bool:
+  first = arrays[0]
+  return all(a is first or (np.shape(a) == np.shape(first) and np.array_equal(a, first))
+             for a in arrays[1:])
+
+
+class VectorizedSyncProgram:
+  """R synchronous runs trained together (see the module docstring).
+
+  opts_list[r] are the runs' options: equal but for seed and lr.lr (checked); feds, params
+  and model_states are per run. Each run takes the whole static cohort as one chunk.
+  """
+
+  def __init__(self, opts_list: Sequence[RunOptions], algorithm: Algorithm, model,
+               params_list, model_state_list, feds, mesh,
+               compressor: Optional[compression.Compressor] = None):
+    self.num_runs = len(opts_list)
+    base = opts_list[0]
+    for i, o in enumerate(opts_list):
+      differ = [k for k in ("rounds", "local_steps", "local_epochs", "batch_size", "weighting",
+                            "eval_every", "label_smoothing", "unroll")
+                if getattr(o, k) != getattr(base, k)]
+      if differ or o.lr.kind != base.lr.kind or o.sampler.kind != base.sampler.kind:
+        raise ValueError(f"run {i} differs from run 0 in {differ or 'the schedule or sampling'};"
+                         " vectorized runs may differ only in seed and local learning rate")
+    self.opts_list, self.algorithm, self.feds, self.mesh = list(opts_list), algorithm, feds, mesh
+    self.compressor = compressor if compressor is not None else (
+        algorithm.uplink or compression.identity())
+    self.num_rounds, self.eval_every = base.rounds, base.eval_every
+    self.num_steps = max(steps_per_round(o, f, algorithm) for o, f in zip(opts_list, feds))
+    self.chunk_size = max(o.sampler.max_cohort for o in opts_list)
+    has_state = bool(jax.tree_util.tree_leaves(model_state_list[0]))
+    loss_fn = local.make_loss_fn(model, has_state, base.label_smoothing)
+    schedule = dataclasses.replace(base.lr, lr=1.0).build(base.rounds * self.num_steps,
+                                                          self.num_steps)
+    self.eval_fn = evaluate.make_eval_fn(model, has_state)
+    self.params_list, self.model_state_list = list(params_list), list(model_state_list)
+    num_clients = feds[0].num_clients
+    # Training arrays: shared when every run has the same (no seed-dependent validation split).
+    xs = [np.asarray(f.dataset.train_x) for f in feds]
+    ys = [np.asarray(f.dataset.train_y, np.int32) for f in feds]
+    self.data_shared = _same(xs) and _same(ys)
+    self.data_x = jnp.asarray(xs[0]) if self.data_shared else jnp.stack(xs)
+    self.data_y = jnp.asarray(ys[0]) if self.data_shared else jnp.stack(ys)
+    data_axis = None if self.data_shared else 0
+    weighting, steps, augment, unroll = base.weighting, self.num_steps, base.augment, base.unroll
+
+    def one_run(server, store, data_x, data_y, cohort, round_idx, seed, lr):
+      train_chunk, server_update = round_lib.make_round_fns(
+          loss_fn, algorithm, lambda step: schedule(step) * lr, seed=seed, weighting=weighting,
+          local_steps=steps, population=num_clients, unroll=unroll, augment=augment,
+          compressor=self.compressor, jit=False)
+      rows = round_lib.gather_rows(store, cohort.client_ids) if store else {}
+      sums, new_rows, stats = train_chunk(server, rows, data_x, data_y, cohort, round_idx)
+      if store:
+        store = round_lib.scatter_rows(store, cohort.client_ids, cohort.client_mask, new_rows)
+      new = server_update(server, sums)
+      has = sums.weight > 0
+      server = jax.tree_util.tree_map(lambda a, b: jnp.where(has, a, b), new, server)
+      return server, store, jnp.sum(stats.loss_sum), jnp.sum(stats.count)
+
+    self._round = jax.jit(jax.vmap(one_run, in_axes=(0, 0, data_axis, data_axis, 0, None, 0, 0)),
+                          donate_argnums=(0, 1))
+    self.seeds = jnp.asarray([o.seed for o in opts_list], jnp.int32)
+    self.lrs = jnp.asarray([o.lr.lr for o in opts_list], jnp.float32)
+    server = algorithm.init_server(params_list[0], model_state_list[0])
+    row = algorithm.row_init(params_list[0]) if algorithm.row_init is not None else {}
+    self.traffic = round_lib.traffic(algorithm, server, row)
+    self.bits_up_per_client = round_lib.uplink_bits(self.traffic, self.compressor)
+
+  def init_state(self):
+    servers = [self.algorithm.init_server(p, s)
+               for p, s in zip(self.params_list, self.model_state_list)]
+    stores = [{}] * self.num_runs
+    if self.algorithm.row_init is not None:
+      stores = [jax.tree_util.tree_map(
+          lambda r: jnp.broadcast_to(r, (f.num_clients,) + jnp.shape(r)),
+          self.algorithm.row_init(p)) for p, f in zip(self.params_list, self.feds)]
+    return {"server": _stack(servers), "rows": _stack(stores) if stores[0] else {}}
+
+  def run_round(self, state, round_idx: int):
+    cohorts, sizes = [], []
+    for opts, fed in zip(self.opts_list, self.feds):
+      ids = opts.sampler.sample(round_idx)
+      if len(ids) > self.chunk_size:
+        raise ValueError(f"a Bernoulli cohort of {len(ids)} clients exceeds the static "
+                         f"{self.chunk_size}: run it sequentially (chunks)")
+      cohorts.append(pack(opts, fed, ids, round_idx, self.chunk_size, self.num_steps,
+                          self.algorithm))
+      sizes.append(len(ids))
+    cohort = round_lib.Cohort(*[np.stack(x) for x in zip(*cohorts)])
+    server, rows, loss, count = self._round(state["server"], state["rows"], self.data_x,
+                                            self.data_y, cohort, round_idx, self.seeds, self.lrs)
+    loss, count = np.asarray(loss), np.asarray(count)
+    t = self.traffic
+    outs = [RoundOutput(float(l / c) if c else 0.0, float(c), t.up_per_leaf * n,
+                        t.down_per_leaf * n, None, {"clients": n},
+                        bits_up=self.bits_up_per_client * n, floats_up_other=t.up_other * n,
+                        floats_down_other=t.down_other * n)
+            for l, c, n in zip(loss, count, sizes)]
+    return {"server": server, "rows": rows}, outs
+
+  def run_state(self, state, run: int):
+    """The state of one run, as its sequential program would hold it (for checkpoints)."""
+    return jax.tree_util.tree_map(lambda x: x[run], state)
+
+  def stack_states(self, states):
+    return _stack(states)
+
+  def run_eval_params(self, state, run: int):
+    """(params, model_state) of one run, for evaluate.evaluate with self.eval_fn."""
+    server = self.run_state(state, run)["server"]
+    return server.params, server.model_state
+
+  def local_steps_done(self, round_idx: int) -> int:
+    return (round_idx + 1) * self.num_steps
+
