@@ -34,5 +34,10 @@ class Checkpointer:
         state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
     return out["state"], out["meta"]
 
+  def restore_meta(self, step: int) -> dict:
+    """The JSON record of one step alone (to learn the state's structure before restoring it)."""
+    out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    return out["meta"]
+
   def close(self) -> None:
     self._manager.close()

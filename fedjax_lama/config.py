@@ -13,7 +13,7 @@ from fedjax_lama.algorithms import registry
 from fedjax_lama.errors import ConfigError
 
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist", "femnist",
-            "sentiment140", "shakespeare", "reddit", "tinyimagenet")
+            "sentiment140", "shakespeare", "reddit", "tinyimagenet", "synthetic")
 AUGMENTATIONS = ("none", "crop_flip")
 DATA_SOURCES = ("auto", "files", "tfds", "builtin")
 PARTITIONS = ("iid", "dirichlet", "dirichlet_balanced", "shards", "class_cyclic", "one_class", "natural",
@@ -78,6 +78,11 @@ def base_config() -> ml_collections.ConfigDict:
   # with the defaults of their typed hyper-parameters (algorithms.md 5.13).
   for name, defaults in registry.hparam_defaults().items():
     c[name] = ml_collections.ConfigDict(defaults)
+  # Runs on the simulated clock (algorithms.md 3): config.system (the simulated system and the
+  # run's options; config.system.clock=True runs fedavg / fedprox there) and the sections of
+  # the clock-only methods (fedat, tifl, fedasync, asofed), from their typed configs.
+  for name, section in registry.clock_sections().items():
+    c[name] = section
   # Uplink compressor of the client updates (algorithms.md 5.10, 5.12). "auto": the
   # algorithm's own (QSGD with config.fedpaq.levels for fedpaq/fedcom), else "identity".
   # FedPAQ + FedLAMA (AAAI Table 4b) is algorithm="fedlama" with name="qsgd".

@@ -57,8 +57,12 @@ def _check_workdir(workdir: str, config) -> None:
       raise config_lib.ConfigError(f"{path} is not valid JSON ({e}); move it away or use a new "
                                    "--workdir") from e
   new = _config_dict(config)
+  # A section added to the config after the run started (e.g. config.system) is no change
+  # while it keeps its default.
+  defaults = _config_dict(config_lib.base_config())
   diff = sorted(k for k in set(old) | set(new)
-                if k not in RESUMABLE_CHANGES and old.get(k) != new.get(k))
+                if k not in RESUMABLE_CHANGES and old.get(k) != new.get(k)
+                and not (k not in old and new.get(k) == defaults.get(k)))
   if diff:
     raise config_lib.ConfigError(
         f"--workdir={workdir} holds a run with a different config (fields: {', '.join(diff)}); "
@@ -239,6 +243,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   """
   config = copy.deepcopy(config)
   config_lib.validate(config)
+  if registry.runs_on_clock(config):  # FedAT and its baselines (algorithms.md 3)
+    return _train_on_clock(config, workdir, stop_after_tick=stop_after_round)
   data_dir = federation.resolve_data_dir(config.data_dir)
   dataset = _load_dataset(config, data_dir)
   config_lib.validate(config, num_classes=dataset.num_classes)
@@ -323,6 +329,37 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     metrics.plot_run(workdir, records, title=f"{config.algorithm} / {config.dataset}")
     program.plot(workdir, ledger)
   return summary
+
+
+def _train_on_clock(config, workdir: str, stop_after_tick: Optional[int]) -> dict:
+  """A run on the simulated clock: data, partition and model as above, then
+  fedjax_lama.simulation.clock_run with the registry's typed options.
+
+  stop_after_tick: stop after the checkpoint that follows that evaluation tick (tests).
+  """
+  from fedjax_lama.simulation import clock_run  # pylint: disable=g-import-not-at-top
+  options = registry.clock_options(config)
+  dataset = _load_dataset(config, federation.resolve_data_dir(config.data_dir))
+  config_lib.validate(config, num_classes=dataset.num_classes)
+  dataset, _ = augment.normalize_dataset(dataset, config.normalization)
+  try:
+    fed = federation.build_federation(partition_spec(config), dataset)
+  except ValueError as e:
+    if isinstance(e, (config_lib.ConfigError, fdata.DataError)):
+      raise
+    raise config_lib.ConfigError(f"config.partition={config.partition!r} with config.num_clients="
+                                 f"{config.num_clients!r}, config.classes_per_client="
+                                 f"{config.classes_per_client!r}: {e}") from e
+  model, params, model_state = _build_model(config, dataset)
+  if jax.tree_util.tree_leaves(model_state):
+    raise config_lib.ConfigError(
+        f"config.model={config.model!r} keeps BatchNorm statistics, which runs on the simulated "
+        "clock do not carry (models travel as parameters only); accepted: a model without them")
+  _check_workdir(workdir, config)  # every check passes before the workdir is written
+  return clock_run.run(options, fed, model, params, workdir, config_json=_config_dict(config),
+                       mesh=sharding.client_mesh(),
+                       augment=augment.augmentation(config.augmentation, fed.dataset),
+                       stop_after_tick=stop_after_tick)
 
 
 def _records_up_to(writer: metrics.JsonlWriter, done: int, primary: bool) -> list:

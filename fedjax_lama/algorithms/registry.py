@@ -9,8 +9,14 @@ FedLAMA (fedjax_lama.fedlama) is an aggregation schedule over any layer-wise
 algorithm: config.schedule="fedlama" with config.algorithm=<base>;
 config.algorithm="fedlama" is the alias for config.fedlama.local_algorithm (FedAvg by
 default) under that schedule.
+
+Runs on the simulated clock (algorithms.md 3; fedjax_lama.simulation): config.algorithm
+in CLOCK_METHODS (FedAT, TiFL, FedAsync, ASO-Fed) always runs there, and the registry's
+FedAvg and FedProx run there with config.system.clock=True. `clock_options` turns
+config.system.* and config.<method>.* into the simulation's typed configs.
 """
 import dataclasses
+import math
 from typing import NamedTuple, Optional
 
 import ml_collections
@@ -21,6 +27,8 @@ from fedjax_lama.algorithms import (common, fedadmm, fedavg, fedcm, feddyn, fedl
 from fedjax_lama.engine.algorithm import Algorithm
 from fedjax_lama.errors import ConfigError
 from fedjax_lama.fedlama import options as fedlama_options
+from fedjax_lama.simulation import config as sim_config
+from fedjax_lama.simulation import run_options
 
 _MODULES = (fedavg, fedprox, scaffold, fednova, server_opt, feddyn, fedcm, fedadmm, fedsgd,
             fedpaq, fedspeed, fedlamb)
@@ -29,9 +37,14 @@ SCHEDULES = ("none", fedlama_options.NAME)
 COMPRESSOR_NAMES = ("auto",) + tuple(compression.COMPRESSORS)
 
 
+# Methods that exist only on the simulated clock, and registry algorithms that also run there.
+CLOCK_METHODS = ("fedat", "tifl", "fedasync", "asofed")
+CLOCK_SYNC = ("fedavg", "fedprox")
+
+
 def names() -> list[str]:
   """Every accepted config.algorithm."""
-  return sorted(SPECS) + [fedlama_options.NAME]
+  return sorted(SPECS) + [fedlama_options.NAME] + list(CLOCK_METHODS)
 
 
 def hparam_defaults() -> dict:
@@ -79,6 +92,11 @@ def select(config) -> Selection:
   if name not in names():
     raise ConfigError(f"config.algorithm={name!r} is not accepted; accepted: "
                       f"{', '.join(map(repr, names()))}")
+  if name in CLOCK_METHODS:
+    if schedule != "none":
+      raise ConfigError(f"config.schedule={schedule!r} is not accepted with config.algorithm="
+                        f"{name!r} (a method on the simulated clock); accepted: 'none'")
+    return Selection(name, "none", None)
   if name == fedlama_options.NAME or schedule == fedlama_options.NAME:
     options = _typed(fedlama_options.FedLamaOptions, config, fedlama_options.NAME)
     base = options.local_algorithm if name == fedlama_options.NAME else name
@@ -101,6 +119,9 @@ def build_algorithm(config, num_clients: int = 1, mean_client_examples: float = 
                     ) -> Algorithm:
   """The Algorithm that config asks for (the base algorithm under a schedule)."""
   selection = select(config)
+  if selection.base in CLOCK_METHODS:
+    raise ConfigError(f"config.algorithm={selection.base!r} runs only on the simulated clock "
+                      "(train_and_evaluate dispatches it there); it has no synchronous Algorithm")
   spec = SPECS[selection.base]
   hparams = _typed(spec.hparams, config, spec.name)
   opts = common_options(config, num_clients, mean_client_examples)
@@ -132,6 +153,9 @@ def uplink_compressor(config, algorithm: Algorithm) -> compression.Compressor:
 
 def validate(config) -> None:
   """Every algorithm, schedule and compressor field of `config` (no data needed)."""
+  if runs_on_clock(config):
+    clock_options(config)
+    return
   selection = select(config)
   algorithm = build_algorithm(config)
   uplink_compressor(config, algorithm)
@@ -149,3 +173,183 @@ def build(name: str, common_opts: Optional[common.Common] = None, **hparams) -> 
     raise ValueError(f"algorithm {name!r} is unknown; accepted: {', '.join(sorted(SPECS))}")
   spec = SPECS[name]
   return spec.build(spec.hparams(**hparams), common_opts or common.Common())
+
+
+# ---- runs on the simulated clock (algorithms.md 3) ---------------------------------------------
+_UNLIMITED_BANDWIDTH = ("bandwidth_down_bytes_per_s", "bandwidth_up_bytes_per_s")
+# config.system: the simulated system (SystemConfig, 3.1.8) without the fields the top level
+# already has (num_clients, seed, local_epochs, batch_size), plus the run's own options.
+_SYSTEM_FROM_TOP = ("num_clients", "seed", "local_epochs", "batch_size")
+_SYSTEM_EXTRAS = {
+    "clock": False,                  # True: run config.algorithm (fedavg, fedprox) on the clock
+    "local_optimizer": "adam",       # 3.2.1 step 4: Adam(local_lr, 0.9, 0.999, 1e-7); or "sgd"
+    "polyline_mode": "flat",         # 3.3.8
+    "call_size_multiple": 10,        # trainer calls padded to a multiple of this many clients
+    "target_accuracy": None,         # 3.5: time and bytes to this accuracy (None: not measured)
+    "fedprox_variable_epochs": True,  # 3.4.3: FedProx's jobs run 1..E epochs (stream PROX_E)
+    "baseline_compression_precision": None,  # FedAvg / FedProx messages (None: raw float32)
+}
+
+
+def _dataclass_section(cls, skip=()) -> ml_collections.ConfigDict:
+  section = ml_collections.ConfigDict()
+  for field in dataclasses.fields(cls):
+    if field.name in skip:
+      continue
+    default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+    if dataclasses.is_dataclass(default):
+      section[field.name] = _dataclass_section(type(default))
+    elif field.type in (int, float, str, bool, tuple) and default is not None:
+      section[field.name] = default
+    else:  # Optional[...] or a scalar-or-per-client union
+      section[field.name] = ml_collections.FieldReference(default, field_type=object)
+  return section
+
+
+def clock_sections() -> dict:
+  """config.system and the sections of the clock-only methods, with their defaults."""
+  system = _dataclass_section(sim_config.SystemConfig, skip=_SYSTEM_FROM_TOP)
+  for name, default in _SYSTEM_EXTRAS.items():
+    system[name] = (ml_collections.FieldReference(default, field_type=object)
+                    if default is None else default)
+  for name in _UNLIMITED_BANDWIDTH:  # config.json cannot hold inf: None means unlimited
+    system.network_model[name] = None
+  sections = {"system": system}
+  for name in CLOCK_METHODS:
+    sections[name] = _dataclass_section(run_options.METHOD_CONFIGS[name])
+  return sections
+
+
+def runs_on_clock(config) -> bool:
+  """Whether config asks for a run on the simulated clock."""
+  system = config.get("system")
+  clock = bool(system.get("clock", False)) if system is not None else False
+  return config.algorithm in CLOCK_METHODS or clock
+
+
+def _clock_typed(cls, values: dict, path: str, prefix: Optional[str] = None):
+  """cls(**values) with ConfigErrors naming config.<path>.<field>."""
+  fields = {f.name for f in dataclasses.fields(cls)}
+  unknown = sorted(set(values) - fields)
+  if unknown:
+    raise ConfigError(f"config.{path}.{unknown[0]} is not a field; accepted: "
+                      f"{', '.join(sorted(fields))}")
+  values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+  try:
+    return cls(**values)
+  except (ValueError, TypeError) as e:
+    raise ConfigError(f"config.{prefix or path}.{e}") from e
+
+
+def _clock_shared_fields(config) -> None:
+  """Shared fields that runs on the clock do not silently ignore."""
+  def refuse(ok, field, accepted):
+    if not ok:
+      raise ConfigError(f"config.{field}={config[field]!r} is not accepted on the simulated "
+                        f"clock (config.algorithm={config.algorithm!r}); accepted: {accepted}")
+  refuse(isinstance(config.local_epochs, int) and config.local_epochs >= 1, "local_epochs",
+         "an integer >= 1 (E local epochs per job, algorithms.md 3.2.1)")
+  refuse(config.weighting == "examples", "weighting", "'examples' (n_k-weighted means, 3.4)")
+  refuse(config.local_lr_schedule == "constant", "local_lr_schedule", "'constant'")
+  refuse(config.local_lr_warmup_steps == 0, "local_lr_warmup_steps", "0")
+  refuse(config.server_lr == 1.0, "server_lr", "1.0 (the simulation's server rules, 3.2-3.4)")
+  refuse(config.get("schedule", "none") == "none", "schedule", "'none'")
+  refuse(config.validation_fraction == 0.0, "validation_fraction", "0.0")
+  refuse(0.0 < config.local_test_fraction < 1.0, "local_test_fraction",
+         "a fraction in (0, 1): every client's local test split is evaluated (3.5, 3.6.3)")
+  if config.compressor.name not in ("auto", "identity"):
+    raise ConfigError(f"config.compressor.name={config.compressor.name!r} is not accepted on the "
+                      "simulated clock; accepted: 'auto' or 'identity' (messages are compressed "
+                      "with polyline: config.<method>.compression_precision)")
+
+
+def clock_options(config) -> run_options.ClockOptions:
+  """The typed options of a run on the clock; ConfigErrors name the config field."""
+  name = config.algorithm
+  if name not in CLOCK_METHODS + CLOCK_SYNC:
+    accepted = ", ".join(map(repr, CLOCK_SYNC + CLOCK_METHODS))
+    raise ConfigError(f"config.algorithm={name!r} cannot run on the simulated clock "
+                      f"(config.system.clock=True); accepted there: {accepted}")
+  _clock_shared_fields(config)
+  values = _section(config, "system")
+  extras = {k: values.pop(k, default) for k, default in _SYSTEM_EXTRAS.items()}
+  _clock_extras(config, extras)
+  return run_options.ClockOptions(
+      method=name, method_config=_clock_method_config(config, name, extras),
+      system=_clock_system(config, values), local_lr=float(config.local_lr),
+      local_optimizer=extras["local_optimizer"], local_momentum=float(config.local_momentum),
+      polyline_mode=extras["polyline_mode"], call_size_multiple=extras["call_size_multiple"],
+      target_accuracy=(None if extras["target_accuracy"] is None
+                       else float(extras["target_accuracy"])),
+      checkpoint_every_ticks=config.checkpoint_every, eval_batch_size=config.eval_batch_size,
+      label_smoothing=float(config.label_smoothing), unroll=config.engine.unroll,
+      plots=bool(config.plots), algorithm=name, dataset=config.dataset, model=config.model)
+
+
+def _clock_system(config, values: dict) -> sim_config.SystemConfig:
+  """SystemConfig from config.system (its own fields) and the top-level shared fields."""
+  nested = {}
+  for field, cls in (("compute_model", sim_config.ComputeModel),
+                     ("network_model", sim_config.NetworkModel)):
+    given = dict(values.pop(field, {}) or {})
+    if field == "network_model":
+      given.update({k: math.inf for k in _UNLIMITED_BANDWIDTH if given.get(k, 0) is None})
+    nested[field] = _clock_typed(cls, given, f"system.{field}", prefix="system")
+  top = {k: config[k] for k in _SYSTEM_FROM_TOP}
+  if not isinstance(top["seed"], int) or top["seed"] < 0:
+    raise ConfigError(f"config.seed={top['seed']!r} is not accepted on the simulated clock; "
+                      "accepted: an integer >= 0")
+  allowed = {f.name for f in dataclasses.fields(sim_config.SystemConfig)} - set(top)
+  unknown = sorted(set(values) - allowed)
+  if unknown:
+    raise ConfigError(f"config.system.{unknown[0]} is not a field; accepted: "
+                      f"{', '.join(sorted(allowed | set(_SYSTEM_EXTRAS)))}")
+  return _clock_typed(sim_config.SystemConfig, {**values, **nested, **top}, "system")
+
+
+def _clock_extras(config, extras: dict) -> None:
+  """The run options of config.system that are not part of the simulated system."""
+  def refuse(field, accepted):
+    raise ConfigError(f"config.system.{field}={extras[field]!r} is not accepted; accepted: "
+                      f"{accepted}")
+  if not isinstance(extras["clock"], bool):
+    refuse("clock", "True or False")
+  optimizer = extras["local_optimizer"]
+  if optimizer not in run_options.LOCAL_OPTIMIZERS:
+    refuse("local_optimizer", ", ".join(map(repr, run_options.LOCAL_OPTIMIZERS)))
+  for field in ("local_momentum", "weight_decay") if optimizer == "adam" else ("weight_decay",):
+    if config[field] != 0:
+      raise ConfigError(f"config.{field}={config[field]!r} is not accepted with "
+                        f"config.system.local_optimizer={optimizer!r}; accepted: 0.0")
+  if extras["polyline_mode"] not in run_options.POLYLINE_MODES:
+    refuse("polyline_mode", ", ".join(map(repr, run_options.POLYLINE_MODES)))
+  multiple = extras["call_size_multiple"]
+  if isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1:
+    refuse("call_size_multiple", "an integer >= 1")
+  target = extras["target_accuracy"]
+  if target is not None and not (isinstance(target, (int, float)) and not isinstance(target, bool)
+                                 and 0.0 < target <= 1.0):
+    refuse("target_accuracy", "None or an accuracy in (0, 1]")
+  if not isinstance(extras["fedprox_variable_epochs"], bool):
+    refuse("fedprox_variable_epochs", "True or False")
+
+
+def _clock_method_config(config, name: str, extras: dict):
+  """The typed config of the method: config.<name> for the clock-only methods; FedAvg and
+  FedProx take their cohort from config.active_ratio and mu from config.fedprox."""
+  if name in CLOCK_METHODS:
+    return _clock_typed(run_options.METHOD_CONFIGS[name], _section(config, name), name)
+  if config.client_sampling != "fixed":
+    raise ConfigError(f"config.client_sampling={config.client_sampling!r} is not accepted on the "
+                      "simulated clock; accepted: 'fixed' (round(active_ratio * num_clients) "
+                      "clients per round, 3.4.1)")
+  cohort = max(1, int(round(config.active_ratio * config.num_clients)))
+  fields = {"clients_per_round": cohort,
+            "compression_precision": extras["baseline_compression_precision"]}
+  if name == "fedprox":
+    fields.update(mu=float(_typed(SPECS["fedprox"].hparams, config, "fedprox").mu),
+                  variable_epochs=extras["fedprox_variable_epochs"])
+  try:
+    return run_options.METHOD_CONFIGS[name](**fields)
+  except ValueError as e:  # the only field a user sets here is the precision
+    raise ConfigError(f"config.system.baseline_{e}") from e

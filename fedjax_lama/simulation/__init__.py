@@ -26,6 +26,14 @@ Modules (imports are one-way, top to bottom):
   methods     FedAT, FedAvg, FedProx, TiFL, FedAsync, ASO-Fed
   loop        Simulator: the clock, jobs, deferred training, ticks, state_dict
   testing     numpy stand-ins (ShiftTrainer, SineEvaluator, RoundingCodec), make_simulator
+
+The JAX side, imported on its own (this package's __init__ does not load it):
+  run_options    ClockOptions, the typed options of a run (built by the registry)
+  job_packing    minibatches of a group of jobs from stream BATCH (3.2.1 step 5), in jnp
+  engine_adapter EngineTrainer (one vectorised engine call per batch of jobs),
+                 LocalTestEvaluator, JaxAlgebra
+  clock_run      the run contract on the clock (metrics, summary, plots, checkpoints,
+                 exact resume); training.train_and_evaluate dispatches to it
 """
 from fedjax_lama.simulation.codecs import PolylineCodec, RawCodec
 from fedjax_lama.simulation.config import (ASOFedConfig, ComputeModel, FedAsyncConfig,
