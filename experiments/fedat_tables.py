@@ -26,34 +26,18 @@ about 73 jobs per virtual second: --budget_s=300 for three seeds is ~18 hours. S
       --eval_interval_s=10 --seeds=0 --settings=2,iid --out=/tmp/fedat_smoke \
       --report=/tmp/fedat_smoke/report.md
 """
+import dataclasses
 import json
-import logging as std_logging
 import math
 import os
-import sys
 from typing import Optional
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 import numpy as np
 
 from configs import fedat_fmnist
-
-FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", "configs/fedat_fmnist.py",
-                                "Base config (its #class setting is replaced per run).")
-flags.DEFINE_list("settings", list(fedat_fmnist.SETTINGS), "#class per client settings.")
-flags.DEFINE_list("methods", ["fedat", "fedavg", "fedprox", "tifl", "fedasync"],
-                  "Methods of Tables 1-2 (also: asofed).")
-flags.DEFINE_list("precisions", ["3", "4", "6", "none"], "FedAT polyline precisions of the "
-                  "ablation ('none': raw float32); empty to skip.")
-flags.DEFINE_string("ablation_setting", "2", "#class setting of the precision ablation.")
-flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds.")
-flags.DEFINE_float("budget_s", 300.0, "Virtual-time budget of every run (seconds).")
-flags.DEFINE_float("eval_interval_s", 50.0, "Virtual seconds between evaluation ticks.")
-flags.DEFINE_list("targets", ["2=0.79"], "Target accuracies per setting, setting=accuracy.")
-flags.DEFINE_string("out", "experiments/results/fedat_fmnist/runs", "Run directories.")
-flags.DEFINE_string("report", "experiments/results/fedat_fmnist.md", "Markdown report.")
+from experiments import logs
 
 LABELS = {"fedat": "FedAT", "fedavg": "FedAvg", "fedprox": "FedProx", "tifl": "TiFL",
           "fedasync": "FedAsync", "asofed": "ASO-Fed"}
@@ -73,6 +57,27 @@ PAPER_T2_FMNIST_MB = {"FedAvg": 1048.25, "TiFL": 1041.98, "FedProx": 2169.95,
                       "FedAsync": 9895.53, "FedAT": 1041.54}
 
 
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command's flags (defined only when it runs as a command, so the study is importable)."""
+  config_flags.DEFINE_config_file("config", "configs/fedat_fmnist.py",
+                                  "Base config (its #class setting is replaced per run).")
+  flags.DEFINE_list("settings", list(fedat_fmnist.SETTINGS), "#class per client settings.")
+  flags.DEFINE_list("methods", ["fedat", "fedavg", "fedprox", "tifl", "fedasync"],
+                    "Methods of Tables 1-2 (also: asofed).")
+  flags.DEFINE_list("precisions", ["3", "4", "6", "none"], "FedAT polyline precisions of the "
+                    "ablation ('none': raw float32); empty to skip.")
+  flags.DEFINE_string("ablation_setting", "2", "#class setting of the precision ablation.")
+  flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds.")
+  flags.DEFINE_float("budget_s", 300.0, "Virtual-time budget of every run (seconds).")
+  flags.DEFINE_float("eval_interval_s", 50.0, "Virtual seconds between evaluation ticks.")
+  flags.DEFINE_list("targets", ["2=0.79"], "Target accuracies per setting, setting=accuracy.")
+  flags.DEFINE_string("out", "experiments/results/fedat_fmnist/runs", "Run directories.")
+  flags.DEFINE_string("report", "experiments/results/fedat_fmnist.md", "Markdown report.")
+
+
 # ---- runs ---------------------------------------------------------------------------------------
 def parse_targets(items) -> dict:
   out = {}
@@ -82,15 +87,16 @@ def parse_targets(items) -> dict:
   return out
 
 
-def run_config(base, setting: str, method: str, seed: int, precision="4"):
+def run_config(base, setting: str, method: str, seed: int, precision="4", budget_s=300.0,
+               eval_interval_s=50.0, targets=None):
   """The config of one run: the base config at a setting, method, seed and budget."""
   c = base.copy_and_resolve_references()
-  fedat_fmnist.apply_setting(c, setting, parse_targets(FLAGS.targets))
+  fedat_fmnist.apply_setting(c, setting, targets or {})
   c.algorithm = method
   c.system.clock = method in ("fedavg", "fedprox")
   c.seed = seed
-  c.system.max_virtual_time_s = float(FLAGS.budget_s)
-  c.system.eval_interval_s = float(FLAGS.eval_interval_s)
+  c.system.max_virtual_time_s = float(budget_s)
+  c.system.eval_interval_s = float(eval_interval_s)
   if method == "fedat":
     c.fedat.compression_precision = None if precision == "none" else int(precision)
   return c
@@ -230,22 +236,23 @@ def setup_text(c) -> str:
 
 
 def report(base, results: dict, settings: list, targets: dict, seeds: list, ablation: list,
-           plot_name: str) -> str:
+           plot_name: str, budget_s: float = 300.0, eval_interval_s: float = 50.0,
+           ablation_setting: str = "2") -> str:
   n = len(seeds)
-  tabled = settings + [s for s in [FLAGS.ablation_setting] if ablation and s in results
+  tabled = settings + [s for s in [ablation_setting] if ablation and s in results
                        and s not in settings]
   table = build_tables(results, tabled, targets, n)
   lines = [
       f"# FedAT on {base.dataset}: Tables 1-2 and the precision ablation on the simulated "
       "system", "",
       "Produced by `python -m experiments.fedat_tables` (algorithms.md 3.6.7) with "
-      f"`--budget_s={FLAGS.budget_s:g} --eval_interval_s={FLAGS.eval_interval_s:g} "
+      f"`--budget_s={budget_s:g} --eval_interval_s={eval_interval_s:g} "
       f"--seeds={','.join(map(str, seeds))} --settings={','.join(settings)}`. "
       f"{setup_text(base)} Accuracy is pooled over every client's local "
       f"{base.local_test_fraction:.0%} test split at each tick; variance is the population "
       "variance of per-client accuracy averaged over the ticks (3.5); mean ± std over "
       f"{n} seed(s). The paper trained to convergence within an unstated budget; this study "
-      f"stops at {FLAGS.budget_s:g} s of virtual time, so compare orderings, not absolute "
+      f"stops at {budget_s:g} s of virtual time, so compare orderings, not absolute "
       "numbers.",
       "",
       "## Table 1: best accuracy and accuracy variance",
@@ -313,7 +320,7 @@ def report(base, results: dict, settings: list, targets: dict, seeds: list, abla
     lines += ["No setting of this study has a target (--targets).", ""]
 
   if ablation:
-    s = FLAGS.ablation_setting
+    s = ablation_setting
     lines += [f"## Precision ablation (FedAT, #class {s}; paper Fig. 5 on CIFAR-10)", "",
               "| precision | best accuracy | mean variance | bytes per upload | MB uploaded "
               "in the budget | MB up to target | virtual time to target (s) |",
@@ -334,8 +341,8 @@ def report(base, results: dict, settings: list, targets: dict, seeds: list, abla
 
   lines += ["## Where the paper's ordering holds here", ""]
   lines += ordering_lines(table, settings, n) or ["- (no setting with FedAT and a baseline)"]
-  if ablation and FLAGS.ablation_setting in table:
-    accs = {p: table[FLAGS.ablation_setting].get(run_label("fedat", p), {}).get("best")
+  if ablation and ablation_setting in table:
+    accs = {p: table[ablation_setting].get(run_label("fedat", p), {}).get("best")
             for p in ablation}
     accs = {p: a[0] for p, a in accs.items() if a}
     if len(accs) > 1:
@@ -353,52 +360,78 @@ def report(base, results: dict, settings: list, targets: dict, seeds: list, abla
   return "\n".join(lines) + "\n"
 
 
+@dataclasses.dataclass
+class FedATStudy:
+  """Tables 1-2 and the precision ablation: every run, then the report (reproduce's study)."""
+  base: object
+  settings: list
+  methods: list
+  precisions: list
+  seeds: list
+  budget_s: float = 300.0
+  eval_interval_s: float = 50.0
+  targets: dict = dataclasses.field(default_factory=lambda: {"2": 0.79})
+  ablation_setting: str = "2"
+
+  def plan(self) -> list:
+    plan = [(s, m, "4") for s in self.settings for m in self.methods]
+    plan += [(self.ablation_setting, "fedat", p) for p in self.precisions
+             if (self.ablation_setting, "fedat", p) not in plan]
+    return plan
+
+  def run(self, runs_dir: str) -> dict:
+    root = os.path.join(runs_dir, f"budget{self.budget_s:g}")
+    results = {}
+    for seed in self.seeds:
+      for setting, method, precision in self.plan():
+        label = run_label(method, precision)
+        workdir = os.path.join(root, setting, label, f"seed{seed}")
+        config = run_config(self.base, setting, method, seed, precision, self.budget_s,
+                            self.eval_interval_s, self.targets)
+        out = run_one(config, workdir)
+        results.setdefault(setting, {}).setdefault(label, []).append(out)
+        s = out["summary"]
+        print(f"#class {setting} {label} seed {seed}: best {s['best_test_accuracy']:.4f} "
+              f"virtual {s['virtual_time']:.0f}s updates {s['global_updates']} "
+              f"MB {s['comm_bytes'] / MB:.1f} wall {s['wall_seconds']:.0f}s", flush=True)
+    return results
+
+  def report(self, results: dict, plot_path: Optional[str] = None) -> str:
+    settings = [s for s in self.settings if s in results]
+    plot_name = ""
+    if plot_path:
+      plot(results, settings, plot_path)
+      plot_name = os.path.basename(plot_path)
+    return report(self.base, results, settings, self.targets, self.seeds, self.precisions,
+                  plot_name, self.budget_s, self.eval_interval_s, self.ablation_setting)
+
+  def raw(self, results: dict) -> dict:
+    return {s: {label: [{"workdir": r["workdir"], "summary": r["summary"],
+                         "measures": measures(r["records"], self.targets.get(s))}
+                        for r in runs]
+                for label, runs in by_label.items()} for s, by_label in results.items()}
+
+
 def main(argv):
   del argv
-  logging.set_verbosity(logging.WARNING)
-  progress = std_logging.getLogger("fedjax_lama")  # one line per tick of every run
-  handler = std_logging.StreamHandler(sys.stdout)
-  handler.setFormatter(std_logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-  progress.addHandler(handler)
-  progress.setLevel(std_logging.INFO)
-  progress.propagate = False
-  base = FLAGS.config
-  settings = [s.lower() for s in FLAGS.settings]
-  seeds = [int(s) for s in FLAGS.seeds]
-  targets = parse_targets(FLAGS.targets)
-  ablation = [p.lower() for p in FLAGS.precisions]
-  root = os.path.join(FLAGS.out, f"budget{FLAGS.budget_s:g}")
-  results = {}
-  plan = [(s, m, "4") for s in settings for m in FLAGS.methods]
-  if ablation:
-    plan += [(FLAGS.ablation_setting, "fedat", p) for p in ablation
-             if (FLAGS.ablation_setting, "fedat", p) not in plan]
-  for seed in seeds:
-    for setting, method, precision in plan:
-      label = run_label(method, precision)
-      workdir = os.path.join(root, setting, label, f"seed{seed}")
-      out = run_one(run_config(base, setting, method, seed, precision), workdir)
-      results.setdefault(setting, {}).setdefault(label, []).append(out)
-      s = out["summary"]
-      print(f"#class {setting} {label} seed {seed}: best {s['best_test_accuracy']:.4f} "
-            f"virtual {s['virtual_time']:.0f}s updates {s['global_updates']} "
-            f"MB {s['comm_bytes'] / MB:.1f} wall {s['wall_seconds']:.0f}s", flush=True)
+  logs.progress_only()
+  study = FedATStudy(FLAGS.config, [s.lower() for s in FLAGS.settings], list(FLAGS.methods),
+                     [p.lower() for p in FLAGS.precisions], [int(s) for s in FLAGS.seeds],
+                     FLAGS.budget_s, FLAGS.eval_interval_s, parse_targets(FLAGS.targets),
+                     FLAGS.ablation_setting)
+  results = study.run(FLAGS.out)
   report_dir = os.path.dirname(os.path.abspath(FLAGS.report))
   os.makedirs(report_dir, exist_ok=True)
-  plot_name = os.path.splitext(os.path.basename(FLAGS.report))[0] + "_accuracy.png"
-  plot(results, [s for s in settings if s in results], os.path.join(report_dir, plot_name))
-  text = report(base, results, [s for s in settings if s in results], targets, seeds, ablation,
-                plot_name)
+  plot_path = os.path.splitext(os.path.abspath(FLAGS.report))[0] + "_accuracy.png"
+  text = study.report(results, plot_path)
   with open(FLAGS.report, "w") as f:
     f.write(text)
-  raw = {s: {label: [{"workdir": r["workdir"], "summary": r["summary"],
-                      "measures": measures(r["records"], targets.get(s))} for r in runs]
-             for label, runs in by_label.items()} for s, by_label in results.items()}
   with open(os.path.splitext(FLAGS.report)[0] + ".json", "w") as f:
-    json.dump({"budget_s": FLAGS.budget_s, "seeds": seeds, "targets": targets, "runs": raw},
-              f, indent=1, default=lambda x: None)
+    json.dump({"budget_s": study.budget_s, "seeds": study.seeds, "targets": study.targets,
+               "runs": study.raw(results)}, f, indent=1, default=lambda x: None)
   print(text)
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

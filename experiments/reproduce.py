@@ -27,7 +27,7 @@ flags.DEFINE_string("table", None, "Table id (see --list).")
 flags.DEFINE_enum("scale", "small", ["smoke", "small", "paper"], "Scale of the reproduction.")
 flags.DEFINE_string("out", "experiments/results/reproduce", "Directory of the reports.")
 flags.DEFINE_string("runs", None, "Directory of the runs (default <out>/runs/<paper>_<table>_"
-                    "<scale>).")
+                    "<scale>; tables of one study share it).")
 flags.DEFINE_string("data_dir", None, "Data directory (default: $FEDJAX_LAMA_DATA_DIR, else "
                     "../shared/data when it exists, else ./data).")
 flags.DEFINE_bool("list", False, "List every paper and table id, then exit.")
@@ -69,7 +69,7 @@ def reproduce(paper: str, table: str, scale: str, out: str, runs: str = None) ->
   entry = tables.REGISTRY[key]
   study = entry.study(scale)
   name = f"{paper}_{table}_{scale}"
-  runs = runs or os.path.join(out, "runs", name)
+  runs = runs or os.path.join(out, "runs", f"{entry.runs_key}_{scale}")
   os.makedirs(out, exist_ok=True)
   start = time.perf_counter()
   results = study.run(runs)

@@ -35,6 +35,11 @@ class Entry:
   study: Callable[[str], object]     # scale -> Comparison | FedLamaTable | Custom
   reduced: str = ""                  # what the small scale changes, for the report
   paper_file: str = ""               # experiments/paper_tables/<file>.md
+  shares_runs_with: str = ""         # entries running the same study share its runs
+
+  @property
+  def runs_key(self) -> str:
+    return f"{self.paper}_{self.shares_runs_with or self.table}"
 
   def paper_text(self) -> str:
     path = os.path.join(PAPER_TABLES, (self.paper_file or f"{self.paper}_{self.table}") + ".md")
@@ -288,7 +293,8 @@ def _fedspeed_readme(scale):
 register(Entry("fedspeed", "readme-cifar10", "FL-Simulator README table (README hyper-parameters)",
                _fedspeed_readme, _SMALL_FEDSPEED + "; the README's lr 0.1 for every method"))
 register(Entry("fedspeed", "readme-hparams", "FL-Simulator README hyper-parameters",
-               _fedspeed_readme, "the hyper-parameters are the runs of readme-cifar10"))
+               _fedspeed_readme, "the hyper-parameters are the runs of readme-cifar10",
+               shares_runs_with="readme-cifar10"))
 
 
 # ---- Fed-LAMB (algorithms.md 4.5, 4.6) ---------------------------------------------------------
@@ -350,3 +356,32 @@ for _setting, _tables in (("c10_e1", ("f3-cifar-resnet9-iid-c10-e1", "f4-cifar-r
                    _fedlamb_study(fedlamb_cifar10_resnet9.get_config, _setting),
                    _LAMB_REDUCED + "; ResNet-9 replaced by FedAT's CNN at the small scale",
                    "fedlamb_figures"))
+
+
+# ---- FedAT (algorithms.md 3.6, 3.7) ------------------------------------------------------------
+def _fedat_study(scale):
+  from configs import fedat_cifar10, fedat_fmnist  # pylint: disable=g-import-not-at-top
+  from experiments.fedat_tables import FedATStudy  # pylint: disable=g-import-not-at-top
+  methods = ["fedat", "fedavg", "fedprox", "tifl", "fedasync"]
+  if scale == "paper":
+    return Multi({
+        "CIFAR-10": FedATStudy(fedat_cifar10.get_config(), list(fedat_fmnist.SETTINGS),
+                               methods, ["3", "4", "6", "none"], [0, 1, 2], 20_000.0, 50.0,
+                               {"2": 0.50}),
+        "Fashion-MNIST": FedATStudy(fedat_fmnist.get_config(), ["2"], methods, [], [0, 1, 2],
+                                    20_000.0, 50.0, {"2": 0.79})})
+  base = _with(fedat_fmnist.get_config(), local_epochs=1)
+  if scale == "small":
+    return FedATStudy(base, list(fedat_fmnist.SETTINGS), methods, ["3", "4", "6", "none"], [0],
+                      200.0, 20.0, {"2": 0.79})
+  return FedATStudy(base, ["2"], ["fedat", "fedavg"], [], [0], 20.0, 10.0, {"2": 0.79})
+
+
+_FEDAT_REDUCED = ("Fashion-MNIST stands in for CIFAR-10 at every #class setting "
+                  "(algorithms.md 0); E = 1 local epoch instead of 3; 200 s of virtual time "
+                  "instead of the paper's budget (20,000 s here), ticks every 20 s; one seed")
+for _table, _title in (("t1", "Table 1: best accuracy and variance of per-client accuracy"),
+                       ("t2", "Table 2: bytes up and down to the target accuracy"),
+                       ("text", "figures quoted in the text (precision ablation, time ratios)")):
+  register(Entry("fedat", _table, f"FedAT {_title}", _fedat_study, _FEDAT_REDUCED,
+                 f"fedat_{_table}", shares_runs_with="tables"))
