@@ -60,12 +60,11 @@ class Comparison:
 
     for v in self.variants:
       lr = rate(v)
-      runs = []
-      for seed in self.seeds:
-        try:
-          runs.append(sweep.run(config_of(v)(lr, seed), workdir_of(v)(lr, seed)))
-        except sweep.training.TrainingError as e:  # diverged: reported, the study goes on
-          runs.append({"diverged": str(e)})
+      outcomes = sweep.run_group([config_of(v)(lr, seed) for seed in self.seeds],
+                                 [workdir_of(v)(lr, seed) for seed in self.seeds])
+      # A diverged run is reported as such; the study goes on.
+      runs = [{"diverged": str(r)} if isinstance(r, sweep.training.TrainingError) else r
+              for r in outcomes]
       results[v.label] = {"lr": lr, "runs": runs,
                           "scores": tuned[v.label].scores if v.label in tuned else None}
       print(f"{v.label}: lr {lr:g}, final test accuracy "

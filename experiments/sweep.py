@@ -17,16 +17,35 @@ import numpy as np
 from fedjax_lama import training
 
 
-def run(config, workdir: str) -> dict:
-  """The summary of `config` in `workdir` (trains, resumes or reuses) and its records."""
-  path = os.path.join(workdir, "summary.json")
-  if not os.path.exists(path):
-    training.train_and_evaluate(config, workdir)
-  with open(path) as f:
+def _load(workdir: str) -> dict:
+  with open(os.path.join(workdir, "summary.json")) as f:
     summary = json.load(f)
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     summary["records"] = [json.loads(line) for line in f if line.strip()]
   return summary
+
+
+def run(config, workdir: str) -> dict:
+  """The summary of `config` in `workdir` (trains, resumes or reuses) and its records."""
+  if not os.path.exists(os.path.join(workdir, "summary.json")):
+    training.train_and_evaluate(config, workdir)
+  return _load(workdir)
+
+
+def run_group(configs, workdirs) -> list:
+  """Like `run` for several runs; those still to train go through training.train_many, which
+  trains runs differing only in seed and learning rate as one vectorized computation. A
+  diverged run comes back as its TrainingError."""
+  todo = [i for i, w in enumerate(workdirs) if not os.path.exists(os.path.join(w, "summary.json"))]
+  outcome = {}
+  if todo:
+    try:
+      done = training.train_many([configs[i] for i in todo], [workdirs[i] for i in todo])
+      outcome = dict(zip(todo, done))
+    except training.TrainingError as e:  # one after another: the first divergence stops them
+      outcome = {i: e for i in todo}
+  return [outcome[i] if isinstance(outcome.get(i), training.TrainingError) else _load(w)
+          for i, w in enumerate(workdirs)]
 
 
 def validation_score(summary: dict, last: int = 3) -> float:
@@ -47,14 +66,12 @@ def tune(make_config: Callable[[float, int], object], values: Sequence[float], s
          workdir: Callable[[float, int], str]) -> Tuned:
   """The value (e.g. a learning rate) with the best validation score for `seed`.
 
-  A diverged run (non-finite loss) scores -inf instead of stopping the sweep.
+  The values' runs train together when they can (run_group); a diverged run (non-finite
+  loss) scores -inf instead of stopping the sweep.
   """
-  scores = {}
-  for v in values:
-    try:
-      scores[v] = validation_score(run(make_config(v, seed), workdir(v, seed)))
-    except training.TrainingError:
-      scores[v] = float("-inf")
+  results = run_group([make_config(v, seed) for v in values], [workdir(v, seed) for v in values])
+  scores = {v: float("-inf") if isinstance(r, training.TrainingError) else validation_score(r)
+            for v, r in zip(values, results)}
   best = max(scores, key=lambda v: scores[v])
   return Tuned(best, scores)
 

@@ -93,6 +93,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_batch_size = 1000
   c.per_client_eval = "final"  # "final" | "every" | "never"
   c.plots = True
+  c.tensorboard = False  # also write TensorBoard event files to <workdir>/tensorboard
   c.engine = ml_collections.ConfigDict({"conv_impl": "auto", "unroll": 1, "clients_per_chunk": 0,
                                         "client_state_on_host": False})
   return c

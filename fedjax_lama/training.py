@@ -34,7 +34,7 @@ from fedjax_lama.programs.sync import SyncProgram
 logger = logging.getLogger("fedjax_lama")
 
 # Fields that may change between a run and its resumption without changing results.
-RESUMABLE_CHANGES = ("checkpoint_every", "plots", "data_dir", "per_client_eval")
+RESUMABLE_CHANGES = ("checkpoint_every", "plots", "data_dir", "per_client_eval", "tensorboard")
 
 
 class TrainingError(RuntimeError):
@@ -234,6 +234,119 @@ def build_program(config, model, params, model_state, fed, mesh):
   return SyncProgram(opts, algorithm, model, params, model_state, fed, mesh, compressor)
 
 
+def _prepare(config):
+  """Data, federation, model of a validated config: (fed, model, params, model_state)."""
+  data_dir = federation.resolve_data_dir(config.data_dir)
+  dataset = _load_dataset(config, data_dir)
+  config_lib.validate(config, num_classes=dataset.num_classes)
+  validation = None
+  if config.validation_fraction > 0:  # held out before partitioning and normalisation
+    dataset, validation = fdata.split_validation(dataset, config.validation_fraction, config.seed)
+  dataset, validation = augment.normalize_dataset(dataset, config.normalization, validation)
+  fed = dataclasses.replace(federation.build_federation(partition_spec(config), dataset),
+                            validation=validation)
+  model, params, model_state = _build_model(config, dataset)
+  return fed, model, params, model_state
+
+
+class _Run:
+  """One run's workdir: config.json, metrics.jsonl (and TensorBoard events), orbax
+  checkpoints, the communication ledger and the host counters (architecture.md 3).
+
+  `program` is the run's round program, or a view of one run of a vectorized program: it
+  answers eval_fn, eval_params(state), local_steps_done(r), num_rounds, eval_every,
+  host_state(), load_host_state(d), summary(state, ledger) and plot(workdir, ledger).
+  """
+
+  def __init__(self, config, workdir: str, program, fed, params):
+    self.config, self.workdir, self.program, self.fed = config, workdir, program, fed
+    self.primary = jax.process_index() == 0  # multi-host: one writer of the plain files
+    os.makedirs(workdir, exist_ok=True)
+    config_path = os.path.join(workdir, "config.json")
+    if self.primary and not os.path.exists(config_path):
+      metrics.write_json(config_path, _config_dict(config))
+    self.ledger = comm.Ledger(*comm.layer_table(params))
+    self.writer = metrics.JsonlWriter(os.path.join(workdir, "metrics.jsonl"))
+    self.ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
+    self.start_round, self.wall_offset = 0, 0.0
+    self.host = {"best_test_accuracy": None, "loss_sum": 0.0, "loss_count": 0.0}
+    self.records, self.tensorboard = [], None
+
+  def restore(self, state):
+    """The state to continue from: the latest checkpoint's, else `state` (a fresh start)."""
+    latest = self.ckpt.latest_step()
+    if latest is not None:
+      state, meta = self.ckpt.restore(latest, state)
+      self.start_round = meta["round"] + 1
+      self.wall_offset = meta["wall_seconds"]
+      self.ledger.load(meta["ledger"])
+      self.host = meta["host"]
+      self.program.load_host_state(meta.get("program", {}))
+      self.records = _records_up_to(self.writer, meta["round"] + 1, self.primary)
+      logger.info("Resumed from round %d in %s", meta["round"], self.workdir)
+    else:
+      self.records = _records_up_to(self.writer, -1, self.primary)
+    if self.primary and self.config.tensorboard:
+      self.tensorboard = metrics.TensorBoardWriter(
+          os.path.join(self.workdir, "tensorboard"),
+          purge_step=metrics.resume_purge_step(self.records) if latest is not None else None)
+    self.t_start = time.perf_counter()
+    return state
+
+  def wall(self) -> float:
+    return self.wall_offset + time.perf_counter() - self.t_start
+
+  def after_round(self, state, round_idx: int, out) -> None:
+    """Accounting, evaluation and checkpoint of a finished round."""
+    config, program = self.config, self.program
+    self.ledger.add(out.floats_up_per_layer, out.floats_down_per_layer, out.bytes, out.bits_up,
+                    out.floats_up_other, out.floats_down_other)
+    if not np.isfinite(out.train_loss):
+      raise TrainingError(
+          f"non-finite training loss ({out.train_loss}) at round {round_idx}: stopped; the workdir "
+          f"keeps the last checkpoint. Accepted: finite losses; try a smaller config.local_lr "
+          f"(now {config.local_lr}) or config.server_lr (now {config.server_lr})")
+    self.host["loss_sum"] += out.train_loss * out.train_count
+    self.host["loss_count"] += out.train_count
+    total = program.num_rounds
+    last = round_idx == total - 1
+    if (round_idx + 1) % program.eval_every == 0 or last:
+      record = _evaluate(config, program, state, self.fed, round_idx, out, self.host,
+                         self.ledger, self.wall(),
+                         per_client=config.per_client_eval == "every" or
+                         (last and config.per_client_eval == "final"))
+      self.records.append(record)
+      if self.primary:
+        self.writer.write(record)
+        if self.tensorboard is not None:
+          self.tensorboard.write(record)
+      eta = ((self.wall() - self.wall_offset) / (round_idx + 1 - self.start_round)
+             * (total - round_idx - 1))
+      logger.info("round %d/%d  test_acc %.4f  test_loss %.4f  train_loss %.4f  %.1fs  ETA %.1fs",
+                  round_idx + 1, total, record["test_accuracy"], record["test_loss"],
+                  record["train_loss"], record["wall_seconds"], eta)
+    if (round_idx + 1) % config.checkpoint_every == 0 or last:
+      self.ckpt.save(round_idx, state, {"round": round_idx, "wall_seconds": self.wall(),
+                                        "ledger": self.ledger.dump(), "host": self.host,
+                                        "program": program.host_state()})
+
+  def close(self) -> None:
+    self.ckpt.close()
+    if self.tensorboard is not None:
+      self.tensorboard.close()
+
+  def finish(self, state) -> dict:
+    """summary.json and the plots of a completed run."""
+    summary = _summary(self.config, self.records, self.ledger, self.program, state, self.wall())
+    if self.primary:
+      metrics.write_json(os.path.join(self.workdir, "summary.json"), summary)
+    if self.primary and self.config.plots:
+      metrics.plot_run(self.workdir, self.records,
+                       title=f"{self.config.algorithm} / {self.config.dataset}")
+      self.program.plot(self.workdir, self.ledger)
+    return summary
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        stop_after_round: Optional[int] = None) -> dict:
   """Runs (or resumes) the experiment described by `config`, writing into `workdir`.
@@ -245,90 +358,118 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   config_lib.validate(config)
   if registry.runs_on_clock(config):  # FedAT and its baselines (algorithms.md 3)
     return _train_on_clock(config, workdir, stop_after_tick=stop_after_round)
-  data_dir = federation.resolve_data_dir(config.data_dir)
-  dataset = _load_dataset(config, data_dir)
-  config_lib.validate(config, num_classes=dataset.num_classes)
-  validation = None
-  if config.validation_fraction > 0:  # held out before partitioning and normalisation
-    dataset, validation = fdata.split_validation(dataset, config.validation_fraction, config.seed)
-  dataset, validation = augment.normalize_dataset(dataset, config.normalization, validation)
-  fed = dataclasses.replace(federation.build_federation(partition_spec(config), dataset),
-                            validation=validation)
-  mesh = sharding.client_mesh()
-  model, params, model_state = _build_model(config, dataset)
-  program = build_program(config, model, params, model_state, fed, mesh)
-
+  fed, model, params, model_state = _prepare(config)
+  program = build_program(config, model, params, model_state, fed, sharding.client_mesh())
   _check_workdir(workdir, config)  # every check passes before the workdir is written
-  primary = jax.process_index() == 0  # multi-host: one writer of the plain files
-  os.makedirs(workdir, exist_ok=True)
-  config_path = os.path.join(workdir, "config.json")
-  if primary and not os.path.exists(config_path):
-    metrics.write_json(config_path, _config_dict(config))
-  layer_names, layer_sizes = comm.layer_table(params)
-  ledger = comm.Ledger(layer_names, layer_sizes)
+  run = _Run(config, workdir, program, fed, params)
+  state = run.restore(program.init_state())
+  try:
+    for round_idx in range(run.start_round, program.num_rounds):
+      state, out = program.run_round(state, round_idx)
+      run.after_round(state, round_idx, out)
+      if stop_after_round is not None and round_idx >= stop_after_round:
+        return {"interrupted_after_round": round_idx}
+  finally:
+    run.close()
+  return run.finish(state)
 
-  state = program.init_state()
-  writer = metrics.JsonlWriter(os.path.join(workdir, "metrics.jsonl"))
-  ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
-  start_round, wall_offset, host = 0, 0.0, {"best_test_accuracy": None, "loss_sum": 0.0,
-                                             "loss_count": 0.0}
-  latest = ckpt.latest_step()
-  if latest is not None:
-    state, meta = ckpt.restore(latest, state)
-    start_round = meta["round"] + 1
-    wall_offset = meta["wall_seconds"]
-    ledger.load(meta["ledger"])
-    host = meta["host"]
-    program.load_host_state(meta.get("program", {}))
-    done = meta["round"] + 1  # records count rounds from 1
-    records = _records_up_to(writer, done, primary)
-    logger.info("Resumed from round %d in %s", meta["round"], workdir)
-  else:
-    records = _records_up_to(writer, -1, primary)
 
-  total_rounds = program.num_rounds
-  t_start = time.perf_counter()
-  wall = lambda: wall_offset + time.perf_counter() - t_start
-  round_idx = start_round - 1
-  for round_idx in range(start_round, total_rounds):
-    state, out = program.run_round(state, round_idx)
-    ledger.add(out.floats_up_per_layer, out.floats_down_per_layer, out.bytes, out.bits_up,
-               out.floats_up_other, out.floats_down_other)
-    if not np.isfinite(out.train_loss):
-      raise TrainingError(
-          f"non-finite training loss ({out.train_loss}) at round {round_idx}: stopped; the workdir "
-          f"keeps the last checkpoint. Accepted: finite losses; try a smaller config.local_lr "
-          f"(now {config.local_lr}) or config.server_lr (now {config.server_lr})")
-    host["loss_sum"] += out.train_loss * out.train_count
-    host["loss_count"] += out.train_count
-    last = round_idx == total_rounds - 1
-    if (round_idx + 1) % program.eval_every == 0 or last:
-      record = _evaluate(config, program, state, fed, round_idx, out, host, ledger, wall(),
-                         per_client=config.per_client_eval == "every" or
-                         (last and config.per_client_eval == "final"))
-      records.append(record)
-      if primary:
-        writer.write(record)
-      eta = (wall() - wall_offset) / (round_idx + 1 - start_round) * (total_rounds - round_idx - 1)
-      logger.info("round %d/%d  test_acc %.4f  test_loss %.4f  train_loss %.4f  %.1fs  ETA %.1fs",
-                   round_idx + 1, total_rounds, record["test_accuracy"], record["test_loss"],
-                   record["train_loss"], record["wall_seconds"], eta)
-    if (round_idx + 1) % config.checkpoint_every == 0 or last:
-      ckpt.save(round_idx, state, {"round": round_idx, "wall_seconds": wall(),
-                                   "ledger": ledger.dump(), "host": host,
-                                   "program": program.host_state()})
-    if stop_after_round is not None and round_idx >= stop_after_round:
-      ckpt.close()
-      return {"interrupted_after_round": round_idx}
-  ckpt.close()
+# Fields vectorized runs may differ in (programs/vectorized.py); the rest must be equal.
+VECTORIZABLE_FIELDS = ("seed", "local_lr")
 
-  summary = _summary(config, records, ledger, program, state, wall())
-  if primary:
-    metrics.write_json(os.path.join(workdir, "summary.json"), summary)
-  if primary and config.plots:
-    metrics.plot_run(workdir, records, title=f"{config.algorithm} / {config.dataset}")
-    program.plot(workdir, ledger)
-  return summary
+
+def _vectorizable(configs) -> bool:
+  """Runs of one synchronous config differing only in seed and local_lr (and where it lands)."""
+  if len(configs) < 2 or any(registry.runs_on_clock(c) for c in configs):
+    return False
+  if any(registry.select(c).schedule != "none" for c in configs):
+    return False
+  ignore = set(VECTORIZABLE_FIELDS) | set(RESUMABLE_CHANGES)
+  first = {k: v for k, v in _config_dict(configs[0]).items() if k not in ignore}
+  return all({k: v for k, v in _config_dict(c).items() if k not in ignore} == first
+             for c in configs[1:])
+
+
+class _RunView:
+  """One run of a vectorized program, as the run loop sees a program."""
+
+  def __init__(self, program, index: int):
+    self.vec, self.index = program, index
+    self.eval_fn, self.num_rounds, self.eval_every = (program.eval_fn, program.num_rounds,
+                                                      program.eval_every)
+
+  def eval_params(self, state):
+    return state["server"].params, state["server"].model_state
+
+  def local_steps_done(self, round_idx: int) -> int:
+    return self.vec.local_steps_done(round_idx)
+
+  def host_state(self) -> dict:
+    return {}
+
+  def load_host_state(self, d: dict) -> None:
+    del d
+
+  def summary(self, state, ledger) -> dict:
+    del state, ledger
+    return {"vectorized_runs": self.vec.num_runs}
+
+  def plot(self, workdir, ledger) -> None:
+    del workdir, ledger
+
+
+def train_many(configs, workdirs) -> list:
+  """Several runs, each written to its own workdir exactly as train_and_evaluate writes it.
+
+  Runs of one synchronous config that differ only in seed and local_lr (a paper's seeds and
+  learning-rate grid) train together as ONE jitted computation per round, with a run axis
+  beside the client axis (programs/vectorized.py); they resume together when every workdir
+  stopped at the same round. Any other set of runs, or workdirs at different rounds, runs
+  one after another. A run that diverges (TrainingError) is returned as that error, in its
+  place, when the runs train together; one after another, the error is raised.
+  """
+  from fedjax_lama.programs.vectorized import VectorizedSyncProgram  # pylint: disable=g-import-not-at-top
+  configs = [copy.deepcopy(c) for c in configs]
+  for c in configs:
+    config_lib.validate(c)
+  if not _vectorizable(configs):
+    return [train_and_evaluate(c, w) for c, w in zip(configs, workdirs)]
+  prepared = [_prepare(c) for c in configs]
+  mesh = sharding.client_mesh()
+  programs = [build_program(c, *p[1:], p[0], mesh) for c, p in zip(configs, prepared)]
+  if any(type(p).__name__ != "SyncProgram" or p.chunk_size < p.opts.sampler.max_cohort
+         for p in programs):  # chunked or scheduled rounds: one after another
+    return [train_and_evaluate(c, w) for c, w in zip(configs, workdirs)]
+  vec = VectorizedSyncProgram([p.opts for p in programs], programs[0].algorithm,
+                              prepared[0][1], [p[2] for p in prepared], [p[3] for p in prepared],
+                              [p[0] for p in prepared], mesh, programs[0].compressor)
+  for c, w in zip(configs, workdirs):
+    _check_workdir(w, c)
+  runs = [_Run(c, w, _RunView(vec, i), p[0], p[2])
+          for i, (c, w, p) in enumerate(zip(configs, workdirs, prepared))]
+  fresh = vec.init_state()
+  states = [run.restore(vec.run_state(fresh, i)) for i, run in enumerate(runs)]
+  if len({run.start_round for run in runs}) > 1:  # resumed from different rounds
+    for run in runs:
+      run.close()
+    return [train_and_evaluate(c, w) for c, w in zip(configs, workdirs)]
+  state = vec.stack_states(states)
+  failed = {}  # a diverged run stops alone; the others go on
+  try:
+    for round_idx in range(runs[0].start_round, vec.num_rounds):
+      state, outs = vec.run_round(state, round_idx)
+      for i, (run, out) in enumerate(zip(runs, outs)):
+        if i in failed:
+          continue
+        try:
+          run.after_round(vec.run_state(state, i), round_idx, out)
+        except TrainingError as e:
+          failed[i] = e
+  finally:
+    for run in runs:
+      run.close()
+  return [failed[i] if i in failed else run.finish(vec.run_state(state, i))
+          for i, run in enumerate(runs)]
 
 
 def _train_on_clock(config, workdir: str, stop_after_tick: Optional[int]) -> dict:

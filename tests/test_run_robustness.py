@@ -122,3 +122,15 @@ def test_validation_split_is_held_out_of_training_and_reported(tmp_path):
   # No validation example is a training example (rows of the original split).
   rows_of = lambda x: {a.tobytes() for a in np.asarray(x).reshape(len(x), -1)}
   assert not rows_of(trimmed.train_x) & rows_of(val.x)
+
+
+def test_tensorboard_events_are_written_beside_metrics(tmp_path):
+  c = tiny_config(tensorboard=True)
+  training.train_and_evaluate(c, str(tmp_path))
+  events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+  assert events and all(e.stat().st_size > 0 for e in events)
+  from tests.test_tensorboard import scalars_by_tag  # pylint: disable=g-import-not-at-top
+  scalars = scalars_by_tag(tmp_path / "tensorboard")
+  steps = [r["local_steps"] for r in map(json.loads,
+                                         (tmp_path / "metrics.jsonl").read_text().splitlines())]
+  assert [step for step, _ in scalars["test_accuracy"]] == steps

@@ -67,3 +67,32 @@ def test_runs_that_differ_in_more_than_seed_and_rate_are_refused():
   with pytest.raises(ValueError, match="local_steps"):
     VectorizedSyncProgram(opts, algo, pieces[0][0], [p[1] for p in pieces], [{}] * 2,
                           [p[2] for p in pieces], MESH)
+
+
+def _records(workdir):
+  import json  # pylint: disable=g-import-not-at-top
+  with open(f"{workdir}/metrics.jsonl") as f:
+    return [json.loads(line) for line in f]
+
+
+def test_train_many_writes_what_train_and_evaluate_writes(tmp_path):
+  from tests.test_training import tiny_config  # pylint: disable=g-import-not-at-top
+  configs = [tiny_config(seed=s, local_lr=lr, validation_fraction=0.2) for s, lr in RUNS]
+  vec_dirs = [str(tmp_path / f"vec{i}") for i in range(len(configs))]
+  summaries = training.train_many(configs, vec_dirs)
+  assert all(s["vectorized_runs"] == len(configs) for s in summaries)
+  for i, c in enumerate(configs):
+    seq = training.train_and_evaluate(c, str(tmp_path / f"seq{i}"))
+    a, b = _records(vec_dirs[i]), _records(tmp_path / f"seq{i}")
+    assert [r["round"] for r in a] == [r["round"] for r in b]
+    for key in ("test_loss", "val_loss", "train_loss", "comm_floats_up", "comm_bytes"):
+      np.testing.assert_allclose([r[key] for r in a], [r[key] for r in b], rtol=1e-4, err_msg=key)
+    assert summaries[i]["final_test_accuracy"] == pytest.approx(seq["final_test_accuracy"],
+                                                                abs=0.01)
+
+
+def test_train_many_falls_back_to_one_after_another(tmp_path):
+  from tests.test_training import tiny_config  # pylint: disable=g-import-not-at-top
+  configs = [tiny_config(seed=0), tiny_config(seed=0, local_steps=2)]
+  summaries = training.train_many(configs, [str(tmp_path / "a"), str(tmp_path / "b")])
+  assert all("vectorized_runs" not in s for s in summaries)
