@@ -13,34 +13,11 @@ Inputs are standardised per channel with the training split's statistics (the au
 (x - 0.5)/0.5). CIFAR-10 is not in shared/data (algorithms.md 0): needs
 <data_dir>/cifar10/cifar-10-batches-py (BUILD.md).
 """
-from fedjax_lama.config import base_config
+from configs.fedlamb_mnist_mlp import paper_setting, setting_of
 
 SETTINGS = {"iid_e1": ("iid", 1), "iid_e3": ("iid", 3), "noniid_e3": ("one_class", 3)}
 
 
 def get_config(setting: str = "iid_e1"):
-  if setting not in SETTINGS:
-    raise ValueError(f"setting {setting!r} is not accepted; accepted: {', '.join(SETTINGS)}")
-  partition, epochs = SETTINGS[setting]
-  c = base_config()
-  c.algorithm = "fedlamb"
-  c.dataset = "cifar10"
-  c.model = "cifar_cnn"  # PyTorch-style init (4.5.3)
-  c.normalization = "per_channel"
-  c.augmentation = "none"
-  c.partition = partition
-  c.num_clients = 50
-  c.client_sampling = "fixed"
-  c.active_ratio = 0.5
-  c.batch_size = 32
-  c.local_epochs = epochs
-  c.local_steps = 0
-  c.rounds = 100
-  c.local_lr = 3e-3
-  c.local_momentum = 0.0  # Fed-LAMB / Fed-AMS refuse it (beta1 is their momentum)
-  c.weight_decay = 0.0
-  c.weighting = "uniform"
-  c.fedlamb.lam = 0.0
-  c.eval_every = 1
-  c.checkpoint_every = 10
-  return c
+  partition, epochs = setting_of(SETTINGS, setting)
+  return paper_setting("cifar10", "cifar_cnn", partition, epochs, 3e-3)  # PyTorch-style init

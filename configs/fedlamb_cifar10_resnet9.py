@@ -14,34 +14,13 @@ Fed-AMS: --config.algorithm=fedams (scripts: 1e-4); Fed-SGD is FedAvg:
 --config.algorithm=fedavg (scripts: 5e-3). Needs <data_dir>/cifar10/cifar-10-batches-py
 (BUILD.md; CIFAR-10 is not in shared/data, algorithms.md 0).
 """
-from fedjax_lama.config import base_config
+from configs.fedlamb_mnist_mlp import paper_setting, setting_of
 
 SETTINGS = {"c10_e1": (10, 1), "c10_e3": (10, 3), "c50_e1": (50, 1), "c50_e3": (50, 3)}
 
 
 def get_config(setting: str = "c10_e1"):
-  if setting not in SETTINGS:
-    raise ValueError(f"setting {setting!r} is not accepted; accepted: {', '.join(SETTINGS)}")
-  num_clients, epochs = SETTINGS[setting]
-  c = base_config()
-  c.algorithm = "fedlamb"
-  c.dataset = "cifar10"
-  c.model = "resnet9"  # variant he_basic_1111, PyTorch-style init (4.5.3)
-  c.normalization = "per_channel"  # the authors use (x - 0.5)/0.5
-  c.augmentation = "none"
-  c.partition = "iid"
-  c.num_clients = num_clients
-  c.client_sampling = "fixed"
-  c.active_ratio = 0.5
-  c.batch_size = 32
-  c.local_epochs = epochs
-  c.local_steps = 0
-  c.rounds = 100
-  c.local_lr = 5e-4
-  c.local_momentum = 0.0  # Fed-LAMB / Fed-AMS refuse it (beta1 is their momentum)
-  c.weight_decay = 0.0
-  c.weighting = "uniform"
-  c.fedlamb.lam = 0.0
-  c.eval_every = 1
-  c.checkpoint_every = 10
-  return c
+  num_clients, epochs = setting_of(SETTINGS, setting)
+  # He-style ResNet-9 (variant he_basic_1111), PyTorch-style init (4.5.3); the authors
+  # normalise with (x - 0.5) / 0.5, here the training split's per-channel statistics.
+  return paper_setting("cifar10", "resnet9", "iid", epochs, 5e-4, num_clients)

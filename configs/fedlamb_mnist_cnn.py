@@ -12,34 +12,13 @@ Fed-AMS: --config.algorithm=fedams; Fed-SGD is FedAvg: --config.algorithm=fedavg
 fedlamb.lam are tuned per method on 4.5.5's grids; 1e-2 is a grid point, not a tuned value.
 Files: <data_dir>/mnist/.
 """
-from fedjax_lama.config import base_config
+from configs.fedlamb_mnist_mlp import paper_setting, setting_of
 
 SETTINGS = {"noniid_e1": ("one_class", 1), "noniid_e5": ("one_class", 5),
             "iid_e1": ("iid", 1), "iid_e5": ("iid", 5)}
 
 
 def get_config(setting: str = "noniid_e1"):
-  if setting not in SETTINGS:
-    raise ValueError(f"setting {setting!r} is not accepted; accepted: {', '.join(SETTINGS)}")
-  partition, epochs = SETTINGS[setting]
-  c = base_config()
-  c.algorithm = "fedlamb"
-  c.dataset = "mnist"
-  c.model = "mnist_cnn"  # PyTorch-style init, dropout 0.5 (4.5.3)
-  c.normalization = "per_channel"  # the training split's (0.1307, 0.3081), as the authors'
-  c.partition = partition
-  c.num_clients = 50
-  c.client_sampling = "fixed"
-  c.active_ratio = 0.5
-  c.batch_size = 32
-  c.local_epochs = epochs
-  c.local_steps = 0
-  c.rounds = 100
-  c.local_lr = 1e-2
-  c.local_momentum = 0.0  # Fed-LAMB / Fed-AMS refuse it (beta1 is their momentum)
-  c.weight_decay = 0.0
-  c.weighting = "uniform"
-  c.fedlamb.lam = 0.0
-  c.eval_every = 1
-  c.checkpoint_every = 10
-  return c
+  partition, epochs = setting_of(SETTINGS, setting)
+  # PyTorch-style init, dropout 0.5 (4.5.3).
+  return paper_setting("mnist", "mnist_cnn", partition, epochs, 1e-2)

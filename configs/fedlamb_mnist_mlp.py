@@ -19,28 +19,42 @@ SETTINGS = {"noniid_e1": ("one_class", 1), "noniid_e5": ("one_class", 5),
             "iid_e1": ("iid", 1), "iid_e5": ("iid", 5)}
 
 
-def get_config(setting: str = "noniid_e1"):
-  if setting not in SETTINGS:
-    raise ValueError(f"setting {setting!r} is not accepted; accepted: {', '.join(SETTINGS)}")
-  partition, epochs = SETTINGS[setting]
+def paper_setting(dataset: str, model: str, partition: str, epochs: int, local_lr: float,
+                  num_clients: int = 50):
+  """The setting every Fed-LAMB experiment shares (4.5.4): `num_clients` clients, half drawn
+  per round without replacement, batch 32, E local epochs, uniform weights (C10), no momentum
+  (Fed-LAMB / Fed-AMS refuse it: beta1 is their momentum), lambda 0, 100 rounds."""
   c = base_config()
   c.algorithm = "fedlamb"
-  c.dataset = "mnist"
-  c.model = "mnist_mlp"  # PyTorch-style init (init_style "torch", 4.5.3)
+  c.dataset = dataset
+  c.model = model
   c.normalization = "per_channel"
+  c.augmentation = "none"
   c.partition = partition
-  c.num_clients = 50
+  c.num_clients = num_clients
   c.client_sampling = "fixed"
   c.active_ratio = 0.5
   c.batch_size = 32
   c.local_epochs = epochs
   c.local_steps = 0
   c.rounds = 100
-  c.local_lr = 1e-2
-  c.local_momentum = 0.0  # Fed-LAMB / Fed-AMS refuse it (beta1 is their momentum)
+  c.local_lr = local_lr
+  c.local_momentum = 0.0
   c.weight_decay = 0.0
   c.weighting = "uniform"
   c.fedlamb.lam = 0.0
   c.eval_every = 1
   c.checkpoint_every = 10
   return c
+
+
+def setting_of(settings: dict, setting: str):
+  if setting not in settings:
+    raise ValueError(f"setting {setting!r} is not accepted; accepted: {', '.join(settings)}")
+  return settings[setting]
+
+
+def get_config(setting: str = "noniid_e1"):
+  partition, epochs = setting_of(SETTINGS, setting)
+  # PyTorch-style init (init_style "torch", 4.5.3); the training split's (0.1307, 0.3081).
+  return paper_setting("mnist", "mnist_mlp", partition, epochs, 1e-2)

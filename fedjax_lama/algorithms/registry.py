@@ -63,17 +63,22 @@ def _section(config, name: str) -> dict:
 
 def _typed(cls, config, name: str):
   """cls(**config.<name>) with ConfigErrors that name config.<name>.<field>."""
-  values = _section(config, name)
+  return _typed_values(cls, _section(config, name), name)
+
+
+def _typed_values(cls, values: dict, path: str, prefix: Optional[str] = None):
+  """cls(**values) with ConfigErrors naming config.<path>.<field> (the dataclass's own message
+  names the field; `prefix` replaces `path` in it for nested sections)."""
   fields = {f.name for f in dataclasses.fields(cls)}
   unknown = sorted(set(values) - fields)
   if unknown:
-    raise ConfigError(f"config.{name}.{unknown[0]} is not a field; accepted: "
+    raise ConfigError(f"config.{path}.{unknown[0]} is not a field; accepted: "
                       f"{', '.join(sorted(fields)) or 'none'}")
   values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
   try:
     return cls(**values)
-  except common.HparamError as e:
-    raise ConfigError(f"config.{name}.{e}") from e
+  except (ValueError, TypeError) as e:  # HparamError, and the simulation's ValueErrors
+    raise ConfigError(f"config.{prefix or path}.{e}") from e
 
 
 class Selection(NamedTuple):
@@ -227,20 +232,6 @@ def runs_on_clock(config) -> bool:
   return config.algorithm in CLOCK_METHODS or clock
 
 
-def _clock_typed(cls, values: dict, path: str, prefix: Optional[str] = None):
-  """cls(**values) with ConfigErrors naming config.<path>.<field>."""
-  fields = {f.name for f in dataclasses.fields(cls)}
-  unknown = sorted(set(values) - fields)
-  if unknown:
-    raise ConfigError(f"config.{path}.{unknown[0]} is not a field; accepted: "
-                      f"{', '.join(sorted(fields))}")
-  values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
-  try:
-    return cls(**values)
-  except (ValueError, TypeError) as e:
-    raise ConfigError(f"config.{prefix or path}.{e}") from e
-
-
 def _clock_shared_fields(config) -> None:
   """Shared fields that runs on the clock do not silently ignore."""
   def refuse(ok, field, accepted):
@@ -294,7 +285,7 @@ def _clock_system(config, values: dict) -> sim_config.SystemConfig:
     given = dict(values.pop(field, {}) or {})
     if field == "network_model":
       given.update({k: math.inf for k in _UNLIMITED_BANDWIDTH if given.get(k, 0) is None})
-    nested[field] = _clock_typed(cls, given, f"system.{field}", prefix="system")
+    nested[field] = _typed_values(cls, given, f"system.{field}", prefix="system")
   top = {k: config[k] for k in _SYSTEM_FROM_TOP}
   if not isinstance(top["seed"], int) or top["seed"] < 0:
     raise ConfigError(f"config.seed={top['seed']!r} is not accepted on the simulated clock; "
@@ -304,7 +295,7 @@ def _clock_system(config, values: dict) -> sim_config.SystemConfig:
   if unknown:
     raise ConfigError(f"config.system.{unknown[0]} is not a field; accepted: "
                       f"{', '.join(sorted(allowed | set(_SYSTEM_EXTRAS)))}")
-  return _clock_typed(sim_config.SystemConfig, {**values, **nested, **top}, "system")
+  return _typed_values(sim_config.SystemConfig, {**values, **nested, **top}, "system")
 
 
 def _clock_extras(config, extras: dict) -> None:
@@ -338,7 +329,7 @@ def _clock_method_config(config, name: str, extras: dict):
   """The typed config of the method: config.<name> for the clock-only methods; FedAvg and
   FedProx take their cohort from config.active_ratio and mu from config.fedprox."""
   if name in CLOCK_METHODS:
-    return _clock_typed(run_options.METHOD_CONFIGS[name], _section(config, name), name)
+    return _typed_values(run_options.METHOD_CONFIGS[name], _section(config, name), name)
   if config.client_sampling != "fixed":
     raise ConfigError(f"config.client_sampling={config.client_sampling!r} is not accepted on the "
                       "simulated clock; accepted: 'fixed' (round(active_ratio * num_clients) "
