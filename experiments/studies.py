@@ -76,8 +76,8 @@ class Comparison:
     if self.target is not None:
       header.append(f"rounds to {self.target:.2f}")
     header += [f"acc @ round {r}" for r in self.early_rounds]
-    header += ["floats up / d / client / round", "floats down / d", "wall s / run",
-               self.paper_header]
+    header += ["floats up / d / client / round", "floats down / d", "bits up / 32d",
+               "wall s / run", self.paper_header]
     rows = []
     for v in self.variants:
       res = results[v.label]
@@ -98,6 +98,7 @@ class Comparison:
       d = runs[0]["num_parameters"]
       row += [f"{runs[0]['comm_floats_up'] / (d * per):.4g}",
               f"{runs[0]['comm_floats_down'] / (d * per):.4g}",
+              f"{runs[0]['comm_bits_up'] / (32 * d * per):.4g}",
               f"{np.mean([r['wall_seconds'] for r in runs]):.0f}", v.paper or "-"]
       if len(runs) < len(res["runs"]):
         row[2] += f" ({len(res['runs']) - len(runs)} diverged)"
