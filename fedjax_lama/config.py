@@ -9,7 +9,7 @@ import math
 
 import ml_collections
 
-from fedjax_lama.algorithms import registry
+from fedjax_lama import registry
 from fedjax_lama.errors import ConfigError
 
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist", "femnist",
@@ -27,7 +27,7 @@ SCHEDULES = registry.SCHEDULES
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.algorithm = "fedavg"   # fedjax_lama.algorithms.registry.names()
+  c.algorithm = "fedavg"   # fedjax_lama.algorithms.names()
   c.schedule = "none"      # "fedlama": FedLAMA's layer-wise intervals over config.algorithm
   c.seed = 0
   # Data and federation.

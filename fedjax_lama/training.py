@@ -22,7 +22,7 @@ import logging
 from fedjax_lama import checkpointing, comm, federation, metrics, models, rng
 from fedjax_lama import config as config_lib
 from fedjax_lama import data as fdata
-from fedjax_lama.algorithms import registry
+from fedjax_lama import registry
 from fedjax_lama.data import augment
 from fedjax_lama.engine import evaluate as evaluation
 from fedjax_lama.engine import local

@@ -1,7 +1,7 @@
 """The contract every registered algorithm keeps, driven by one table (and FedLAMA over each
 layer-wise one).
 
-For every algorithm of fedjax_lama.algorithms.registry (new ones join automatically; the
+For every algorithm of fedjax_lama.registry (new ones join automatically; the
 traffic table below must then name them):
 - a few rounds on a tiny federation run, and an interrupted-then-resumed run (orbax
   checkpoint, fresh program) ends with bit-identical parameters, server state and rows;
@@ -24,7 +24,7 @@ import pytest
 
 from fedjax_lama import algorithms, checkpointing
 from fedjax_lama import config as config_lib
-from fedjax_lama.algorithms import registry
+from fedjax_lama import registry
 from fedjax_lama.engine import local, round as round_lib, sharding
 from tests import test_sharding as helpers
 

@@ -17,7 +17,7 @@ import pytest
 
 from fedjax_lama import federation, training
 from fedjax_lama import data as fdata
-from fedjax_lama.algorithms import registry
+from fedjax_lama import registry
 from fedjax_lama.config import ConfigError, base_config
 from fedjax_lama.engine import local
 from fedjax_lama.simulation import clock_run, engine_adapter, job_packing

@@ -3,7 +3,7 @@
 A module registers its algorithms as `Spec(name, Hparams, build)`: `Hparams` is a
 frozen dataclass of its hyper-parameters (the keys of config.<name>, algorithms.md
 5.13) that validates itself; `build(hp, common) -> Algorithm` closes over them.
-No module reads a ConfigDict: fedjax_lama.algorithms.registry does.
+No module reads a ConfigDict: fedjax_lama.registry does.
 """
 import dataclasses
 from typing import Any, Callable, Optional

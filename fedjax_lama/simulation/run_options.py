@@ -2,7 +2,7 @@
 
 FedAT (Chai et al., SC'21, shared/seeds/003_656c618fe5de2ce3.txt) and its baselines run
 on the simulated system of algorithms.md 3.1. The registry
-(fedjax_lama.algorithms.registry.clock_options) builds a `ClockOptions` from a config
+(fedjax_lama.registry.clock_options) builds a `ClockOptions` from a config
 (config.system.*, config.<method>.*); clock_run.py runs it. Pure dataclasses: importing
 this module pulls in neither JAX nor a config library.
 """

@@ -22,17 +22,15 @@ from typing import NamedTuple, Optional
 import ml_collections
 
 from fedjax_lama import compression
-from fedjax_lama.algorithms import (common, fedadmm, fedavg, fedcm, feddyn, fedlamb, fednova,
-                                    fedpaq, fedprox, fedsgd, fedspeed, scaffold, server_opt)
+from fedjax_lama import algorithms
+from fedjax_lama.algorithms import common
 from fedjax_lama.engine.algorithm import Algorithm
 from fedjax_lama.errors import ConfigError
 from fedjax_lama.fedlama import options as fedlama_options
 from fedjax_lama.simulation import config as sim_config
 from fedjax_lama.simulation import run_options
 
-_MODULES = (fedavg, fedprox, scaffold, fednova, server_opt, feddyn, fedcm, fedadmm, fedsgd,
-            fedpaq, fedspeed, fedlamb)
-SPECS = {spec.name: spec for module in _MODULES for spec in module.SPECS}
+SPECS = algorithms.SPECS
 SCHEDULES = ("none", fedlama_options.NAME)
 COMPRESSOR_NAMES = ("auto",) + tuple(compression.COMPRESSORS)
 
@@ -169,15 +167,6 @@ def validate(config) -> None:
     raise ConfigError(f"config.compressor.block={config.compressor.block!r} is not accepted; "
                       "accepted: 'leaf' with the fedlama schedule (a partial synchronisation "
                       "sends whole leaves)")
-
-
-def build(name: str, common_opts: Optional[common.Common] = None, **hparams) -> Algorithm:
-  """An algorithm by name with keyword hyper-parameters, for use outside the CLI:
-  `build("scaffold", Common(local_momentum=0.9), option="II")`."""
-  if name not in SPECS:
-    raise ValueError(f"algorithm {name!r} is unknown; accepted: {', '.join(sorted(SPECS))}")
-  spec = SPECS[name]
-  return spec.build(spec.hparams(**hparams), common_opts or common.Common())
 
 
 # ---- runs on the simulated clock (algorithms.md 3) ---------------------------------------------
