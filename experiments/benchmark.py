@@ -1,22 +1,44 @@
-r"""Engine training throughput vs a per-step Python loop and the centralized ceiling.
+r"""Engine training throughput against the hardware's limit, a per-step loop and peers.
 
   python -m experiments.benchmark [--model=fedat_cnn --clients=32 --steps=10 --batch=32]
+  python -m experiments.benchmark --peers=fedjax [--peers_path=/tmp/peers]
 
-Three plans train the same clients on the same CIFAR-shaped random data, side by
-side in one process (architecture.md 4):
-  loop     what FedJAX's default backend and most PyTorch simulators do: for each
-           client, for each step, call one jitted SGD step (lax convolutions);
-  engine   this project's round: one jitted call of a vmapped rolled `lax.scan`
-           over local steps, then the masked server mean, with the convolution
-           plan the engine picks for the platform (`--conv_impl`, default auto);
-  ceiling  one shared model, one jitted SGD step over the whole cohort's batch
-           (clients x batch examples), called `steps` times from Python: simulating
-           N clients cannot be cheaper than training one model on the same samples.
-           Measured with lax convolutions and with the engine's plan; the faster counts.
-The last line printed is one JSON object with the samples/s of each plan and the
-ratios engine/loop (`ratio`) and engine/ceiling (`engine_vs_ceiling`).
+Side by side in one process, interleaved (best of --repeats after one warm-up each), on
+the same clients and the same random data shaped like the model's dataset
+(architecture.md 4, docs/performance.md):
+  engine   this project's round: one jitted call of the local training of every client
+           (a rolled `lax.scan` over local steps; clients added by `engine.local`'s client
+           map, --client_map) with the convolution plan the engine picks for the platform
+           (--conv_impl, default auto), then the masked server mean;
+  loop     what FedJAX's default backend and most PyTorch simulators do: for each client,
+           for each step, call one jitted SGD step (lax convolutions);
+  central  the "centralized step", a reference only: one shared model, one jitted SGD
+           step over the whole cohort's batch (clients x batch examples), called `steps`
+           times. It is NOT a limit: the engine can beat it (a batch of clients x batch
+           examples spills caches that one client's batch fits in). Measured with lax
+           convolutions and with the engine's plan; the faster counts;
+  matmul   a dense float32 matmul (--matmul_size, 2048: 2 n^3 FLOPs; 3 calls per repeat,
+           the best counts), the machine's measured peak FLOP/s in this process, under the
+           same load as the plans;
+  peers    with --peers=fedjax, FedJAX 0.0.17's `fed_avg` (its default jit backend) on the
+           identical model (this zoo's flax module in a `fedjax.Model`), data and shapes,
+           when FedJAX is importable (requirements-peers.txt; see docs/performance.md).
+
+Model FLOP utilization (MFU): `flops_per_sample` is XLA's cost analysis of ONE
+un-vectorized plain-SGD training step of the model with lax convolutions (forward,
+backward, update) divided by the batch: the useful work of a sample, one count for every
+plan (a plan that computes more, such as padded rows, gets no credit for it).
+`engine_flops_per_s` = flops_per_sample x engine samples/s, `peak_flops_per_s` the best
+matmul rate, `mfu` = engine_flops_per_s / peak_flops_per_s.
+
+The last line printed is one JSON object: samples/s of each plan, the ratios engine/loop
+(`ratio`), engine/central (`engine_vs_central`), engine/peer, the FLOP figures and the
+load average of the machine before and after (other jobs share a CPU box: compare ratios
+from one run, never absolute times across runs).
 """
 import json
+import os
+import sys
 import time
 
 from absl import app, flags
@@ -37,11 +59,21 @@ flags.DEFINE_integer("repeats", 3, "Timed rounds of each plan, interleaved, afte
                      "the best counts.")
 flags.DEFINE_string("conv_impl", "auto", "Engine convolution plan: auto, lax or patches.")
 flags.DEFINE_integer("unroll", 1, "lax.scan unroll of the engine.")
+flags.DEFINE_enum("client_map", "auto", list(local.CLIENT_MAPS),
+                  "How the engine adds the client axis (engine/local.py CLIENT_MAPS).")
+flags.DEFINE_bool("compare_client_maps", False, "Also time the engine with the other client "
+                  "map (scan or vmap) side by side.")
+flags.DEFINE_integer("matmul_size", 2048, "n of the n x n x n float32 matmul timed as the peak.")
+flags.DEFINE_list("peers", [], "Peer simulators to run side by side: fedjax.")
+flags.DEFINE_string("peers_path", os.environ.get("FEDJAX_LAMA_PEERS_PATH", ""),
+                    "A directory appended to sys.path to import the peers from, e.g. the "
+                    "target of `pip install --no-deps --target DIR -r requirements-peers.txt`.")
 
 INPUT_SHAPES = {"leaf_cnn": (28, 28, 1), "mnist_mlp": (28, 28, 1), "mnist_cnn": (28, 28, 1),
                 "mlp": (8, 8, 1)}
 NUM_CLASSES = {"leaf_cnn": 62, "wrn28_10": 100}
 LR = 0.01
+PEERS = ("fedjax",)
 
 
 def _model(name, conv_impl):
@@ -55,26 +87,142 @@ def _time(fn):
   return time.perf_counter() - t0
 
 
-def _sgd_step(model, has_state):
-  """One jitted plain-SGD step of one model on one batch (every example real)."""
+def _sgd_step(model, has_state, jit=True):
+  """One plain-SGD step of one model on one batch (every example real)."""
   loss_fn = local.make_loss_fn(model, has_state)
   key = jax.random.PRNGKey(0)
 
-  @jax.jit
   def step(p, s, xb, yb):
     (_, (s, _)), g = jax.value_and_grad(loss_fn, has_aux=True)(p, s, xb, yb,
                                                               jnp.ones(xb.shape[0]), key)
     return jax.tree_util.tree_map(lambda a, b: a - LR * b, p, g), s
 
-  return step
+  return jax.jit(step) if jit else step
 
+
+def _cost_flops(compiled) -> float:
+  analysis = compiled.cost_analysis()
+  if isinstance(analysis, (list, tuple)):  # older jax: one dict per computation
+    analysis = analysis[0]
+  return float(analysis["flops"])
+
+
+def training_flops_per_sample(model_name: str, batch: int = 32, conv_impl: str = "lax",
+                              input_shape=None) -> float:
+  """XLA's FLOP count of ONE un-vectorized plain-SGD step on `batch` examples, per example.
+
+  The step is what `loop` runs (forward, backward, parameter update of one model on one
+  batch), lowered and compiled for the default backend; `cost_analysis()["flops"]` counts
+  the multiply-adds of dots and convolutions as 2 FLOPs and elementwise ops as 1. The
+  benchmark counts it with lax convolutions (`conv_impl="lax"`) for every plan: the useful
+  work of a sample, whatever plan computes it.
+  """
+  shape = tuple(input_shape or INPUT_SHAPES.get(model_name, (32, 32, 3)))
+  model, _ = _model(model_name, models.resolve_conv_impl(conv_impl))
+  x = jax.ShapeDtypeStruct((batch,) + shape, jnp.float32)
+  y = jax.ShapeDtypeStruct((batch,), jnp.int32)
+  variables = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0),
+                                                jnp.zeros((1,) + shape), train=False))
+  params, state = variables["params"], variables.get("batch_stats", {})
+  step = _sgd_step(model, bool(jax.tree_util.tree_leaves(state)))
+  return _cost_flops(step.lower(params, state, x, y).compile()) / batch
+
+
+def matmul_plan(n: int = 2048):
+  """(run, flops): one jitted n x n x n float32 matmul and its 2 n^3 FLOPs."""
+  ka, kb = jax.random.split(jax.random.PRNGKey(1))
+  a = jax.random.normal(ka, (n, n), jnp.float32)
+  b = jax.random.normal(kb, (n, n), jnp.float32)
+  dot = jax.jit(jnp.dot)
+  return (lambda: dot(a, b)), 2.0 * n ** 3
+
+
+def _load() -> list:
+  try:
+    return [round(x, 2) for x in os.getloadavg()]
+  except OSError:
+    return []
+
+
+# ---- FedJAX (peer) -----------------------------------------------------------------------
+
+def import_fedjax(path: str = ""):
+  """The `fedjax` module, or None. `path` is appended (never prepended: FedJAX's wheel
+  installs top-level `experiments`/`examples` packages that must not shadow ours)."""
+  if path and path not in sys.path:
+    sys.path.append(path)
+  # The one shim FedJAX 0.0.17 needs on current JAX (docs/performance.md): its tree_util
+  # calls `jax.tree_map`, removed from JAX in 0.6; it is `jax.tree_util.tree_map`.
+  if "tree_map" not in vars(jax):
+    jax.tree_map = jax.tree_util.tree_map
+  try:
+    import fedjax  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
+  return fedjax
+
+
+def fedjax_plan(fedjax, model, params, model_state, x, y, indices, lr=LR):
+  """FedJAX 0.0.17's fed_avg on our model, data and shapes: run() -> new server params.
+
+  The model is our flax module (lax plan) in a `fedjax.Model`, FedJAX's own model container,
+  so the computation is identical by construction; clients are `fedjax.ClientDataset`s of
+  numpy arrays in our step order (`skip_shuffle`), so FedJAX's step k of client c trains on
+  the same batch as ours. Client SGD(lr), server SGD(1.0) on the example-weighted mean delta:
+  FedAvg with equal client sizes, the same update as the loop's mean.
+  """
+  if jax.tree_util.tree_leaves(model_state):
+    raise ValueError("the FedJAX peer runs models without BatchNorm statistics only")
+  clients, steps, batch = indices.shape
+
+  def apply_for_train(p, b, rng=None):
+    rngs = {"dropout": rng} if rng is not None else {}
+    return model.apply({"params": p}, b["x"], train=True, rngs=rngs)
+
+  def apply_for_eval(p, b):
+    return model.apply({"params": p}, b["x"], train=False)
+
+  def train_loss(b, preds):
+    return optax.softmax_cross_entropy_with_integer_labels(preds, b["y"])
+
+  fmodel = fedjax.Model(init=lambda rng: params, apply_for_train=apply_for_train,
+                        apply_for_eval=apply_for_eval, train_loss=train_loss, eval_metrics={})
+  algorithm = fedjax.algorithms.fed_avg.federated_averaging(
+      grad_fn=fedjax.model_grad(fmodel), client_optimizer=fedjax.optimizers.sgd(lr),
+      server_optimizer=fedjax.optimizers.sgd(1.0),
+      client_batch_hparams=fedjax.ShuffleRepeatBatchHParams(
+          batch_size=batch, num_epochs=1, skip_shuffle=True, drop_remainder=True))
+  host_x, host_y = np.asarray(x), np.asarray(y)
+  datasets = [fedjax.ClientDataset({"x": host_x[indices[c].reshape(-1)],
+                                    "y": host_y[indices[c].reshape(-1)]})
+              for c in range(clients)]
+  rngs = jax.random.split(jax.random.PRNGKey(0), clients)
+  cohort = [(str(c).encode(), datasets[c], rngs[c]) for c in range(clients)]
+  server = algorithm.init(params)
+
+  def run():
+    state, _ = algorithm.apply(server, cohort)
+    return state.params
+
+  return run
+
+
+# ---- the benchmark -----------------------------------------------------------------------
 
 def run(model_name="fedat_cnn", clients=32, steps=10, batch=32, repeats=3, conv_impl="auto",
-        unroll=1, ceiling_impls=("lax", "engine")) -> dict:
-  """Times the three plans; ceiling_impls: the ceiling's convolution plans ("engine": the
-  engine's), the fastest counts."""
+        unroll=1, central_impls=("lax", "engine"), client_map="auto", peers=(),
+        peers_path="", matmul_size=2048, loop=True, compare_client_maps=False) -> dict:
+  """Times the plans side by side; returns the JSON dict (see the module docstring).
+
+  central_impls: the centralized step's convolution plans ("engine": the engine's; empty:
+  no centralized step), the faster counts. loop=False leaves the loop out.
+  compare_client_maps: also time the engine with the other client map(s) (engine/local.py),
+  reported as `engine_<map>_samples_per_s`.
+  """
+  load_before = _load()
   shape = INPUT_SHAPES.get(model_name, (32, 32, 3))
   engine_impl = models.resolve_conv_impl(conv_impl)
+  engine_map = local.resolve_client_map(client_map)
   engine_model, num_classes = _model(model_name, engine_impl)
   loop_model, _ = _model(model_name, "lax")
   data_rng = np.random.default_rng(0)
@@ -85,20 +233,35 @@ def run(model_name="fedat_cnn", clients=32, steps=10, batch=32, repeats=3, conv_
   params, model_state = variables["params"], variables.get("batch_stats", {})
   has_state = bool(jax.tree_util.tree_leaves(model_state))
   indices = np.arange(n, dtype=np.int32).reshape(clients, steps, batch)
+  flops_per_sample = training_flops_per_sample(model_name, batch, "lax", shape)
 
-  # Engine: one jitted vmapped scan for the cohort, then the server mean.
+  # Engine: one jitted call of every client's local training, then the server mean.
   alg = algorithms.build("fedavg")
-  train_chunk, server_update = round_lib.make_round_fns(
-      local.make_loss_fn(engine_model, has_state), alg, optax.constant_schedule(LR), seed=0,
-      weighting="uniform", local_steps=steps, population=clients, unroll=unroll)
   server = alg.init_server(params, model_state)
   cohort = round_lib.Cohort(jnp.asarray(indices), jnp.ones((clients, steps, batch)),
                             jnp.ones((clients, steps)), jnp.ones((clients,)),
                             jnp.arange(clients, dtype=jnp.int32), jnp.ones((clients,)))
 
-  def engine_round():
-    sums, _, _ = train_chunk(server, {}, data_x, data_y, cohort, 0)
-    return server_update(server, sums).params
+  def engine_plan(client_map):
+    saved = local.CLIENT_MAP
+    local.CLIENT_MAP = client_map  # read when the round's functions are built
+    try:
+      train_chunk, server_update = round_lib.make_round_fns(
+          local.make_loss_fn(engine_model, has_state), alg, optax.constant_schedule(LR),
+          seed=0, weighting="uniform", local_steps=steps, population=clients, unroll=unroll)
+    finally:
+      local.CLIENT_MAP = saved
+
+    def engine_round():
+      sums, _, _ = train_chunk(server, {}, data_x, data_y, cohort, 0)
+      return server_update(server, sums).params
+
+    return engine_round
+
+  plans = {"engine": engine_plan(engine_map)}
+  other_maps = [m for m in local.CLIENT_MAPS if m not in ("auto", engine_map)]
+  if compare_client_maps:  # the other client map(s), as references
+    plans.update({f"engine_{m}": engine_plan(m) for m in other_maps})
 
   # Loop baseline: per client, per step, one jitted SGD step; then the mean.
   sgd_step = _sgd_step(loop_model, has_state)
@@ -115,13 +278,17 @@ def run(model_name="fedat_cnn", clients=32, steps=10, batch=32, repeats=3, conv_
       finals.append(p)
     return mean(*finals)
 
-  # Centralized ceiling: one shared model, step k trains on every client's batch k.
+  if loop:
+    plans["loop"] = loop_round
+
+  # Centralized step (a reference, not a limit): one shared model, step k trains on every
+  # client's batch k.
   central_x = [data_x[indices[:, k].reshape(-1)] for k in range(steps)]
   central_y = [data_y[indices[:, k].reshape(-1)] for k in range(steps)]
-  ceilings = {}
-  for impl in ceiling_impls:
+  centrals = {}
+  for impl in central_impls:
     impl = engine_impl if impl == "engine" else models.resolve_conv_impl(impl)
-    ceilings[impl] = engine_model if impl == engine_impl else _model(model_name, impl)[0]
+    centrals[impl] = engine_model if impl == engine_impl else _model(model_name, impl)[0]
 
   def central_round(step):
     def go():
@@ -131,38 +298,111 @@ def run(model_name="fedat_cnn", clients=32, steps=10, batch=32, repeats=3, conv_
       return p
     return go
 
-  plans = {"loop": loop_round, "engine": engine_round}
-  plans.update({f"ceiling_{impl}": central_round(_sgd_step(m, has_state))
-                for impl, m in ceilings.items()})
-  first = {name: _time(fn) for name, fn in plans.items()}  # compile + one run
+  plans.update({f"central_{impl}": central_round(_sgd_step(m, has_state))
+                for impl, m in centrals.items()})
+
+  peer_notes = {}
+  for peer in peers:
+    if peer != "fedjax":
+      raise ValueError(f"--peers: unknown peer {peer!r}; accepted: {', '.join(PEERS)}")
+    fedjax = import_fedjax(peers_path)
+    if fedjax is None:
+      peer_notes[peer] = ("not installed: pip install --no-deps --target DIR -r "
+                          "requirements-peers.txt, then --peers_path=DIR (docs/performance.md)")
+      continue
+    try:
+      plans["fedjax"] = fedjax_plan(fedjax, loop_model, params, model_state, data_x, data_y,
+                                    indices)
+    except ValueError as e:
+      peer_notes[peer] = str(e)
+
+  matmul, matmul_flops = matmul_plan(matmul_size)
+  plans["matmul"] = matmul
+
+  outputs, first = {}, {}
+  for name, fn in plans.items():  # compile + one run
+    t0 = time.perf_counter()
+    outputs[name] = jax.block_until_ready(fn())
+    first[name] = time.perf_counter() - t0
   best = {name: float("inf") for name in plans}
   for _ in range(repeats):  # interleaved, against the drift of a shared machine
     for name, fn in plans.items():
-      best[name] = min(best[name], _time(fn))
-  ceiling_impl = min(ceilings, key=lambda impl: best[f"ceiling_{impl}"])
-  ceiling_t = best[f"ceiling_{ceiling_impl}"]
-  engine_t, loop_t = best["engine"], best["loop"]
+      for _ in range(3 if name == "matmul" else 1):
+        best[name] = min(best[name], _time(fn))
+
   samples = clients * steps * batch
-  return {"model": model_name, "clients": clients, "steps": steps, "batch": batch,
-          "platform": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
-          "engine_conv_impl": engine_impl, "ceiling_conv_impl": ceiling_impl,
-          "engine_samples_per_s": samples / engine_t, "loop_samples_per_s": samples / loop_t,
-          "ceiling_samples_per_s": samples / ceiling_t,
-          "ratio": loop_t / engine_t, "engine_vs_ceiling": ceiling_t / engine_t,
-          "first_call_s": first,
-          "seconds_per_round": {name: t for name, t in best.items()}}
+  sps = {name: samples / t for name, t in best.items() if name != "matmul"}
+  peak = matmul_flops / best["matmul"]
+  engine_flops = flops_per_sample * sps["engine"]
+  result = {
+      "model": model_name, "clients": clients, "steps": steps, "batch": batch,
+      "platform": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
+      "jax": jax.__version__, "engine_conv_impl": engine_impl, "engine_client_map": engine_map,
+      "engine_samples_per_s": sps["engine"],
+      "flops_per_sample": flops_per_sample, "engine_flops_per_s": engine_flops,
+      "peak_flops_per_s": peak, "mfu": engine_flops / peak, "matmul_size": matmul_size,
+      "first_call_s": first, "seconds_per_round": {k: t for k, t in best.items()},
+      "repeats": repeats, "load_avg_before": load_before, "load_avg_after": _load(),
+  }
+  if loop:
+    result.update(loop_samples_per_s=sps["loop"], ratio=sps["engine"] / sps["loop"],
+                  loop_mfu=flops_per_sample * sps["loop"] / peak)
+  for m in other_maps:
+    if f"engine_{m}" in sps:
+      result[f"engine_{m}_samples_per_s"] = sps[f"engine_{m}"]
+      result[f"engine_vs_engine_{m}"] = sps["engine"] / sps[f"engine_{m}"]
+  if centrals:
+    central_impl = min(centrals, key=lambda impl: best[f"central_{impl}"])
+    result.update(central_conv_impl=central_impl,
+                  central_samples_per_s=sps[f"central_{central_impl}"],
+                  engine_vs_central=sps["engine"] / sps[f"central_{central_impl}"])
+  if "fedjax" in plans:
+    ref = outputs["loop"] if loop else outputs["engine"]
+    result.update(fedjax_samples_per_s=sps["fedjax"], engine_vs_fedjax=sps["engine"] /
+                  sps["fedjax"], fedjax_max_param_diff=max(
+                      float(jnp.max(jnp.abs(a - b))) for a, b in zip(
+                          jax.tree_util.tree_leaves(outputs["fedjax"]),
+                          jax.tree_util.tree_leaves(ref))))
+  if peer_notes:
+    result["peers_skipped"] = peer_notes
+  return result
+
+
+def summary_line(r: dict) -> str:
+  parts = [f"{r['model']}: {r['clients']} clients x {r['steps']} steps x batch {r['batch']} on "
+           f"{r['platform']} ({r['device_kind']}), load {r['load_avg_before']}: engine "
+           f"{r['engine_samples_per_s']:.0f} samples/s ({r['engine_conv_impl']}, "
+           f"{r['engine_client_map']})"]
+  if "loop_samples_per_s" in r:
+    parts.append(f"per-step loop {r['loop_samples_per_s']:.0f}")
+  if "central_samples_per_s" in r:
+    parts.append(f"centralized step {r['central_samples_per_s']:.0f}")
+  if "fedjax_samples_per_s" in r:
+    parts.append(f"FedJAX fed_avg {r['fedjax_samples_per_s']:.0f}")
+  line = ", ".join(parts) + "."
+  ratios = [f"engine/loop {r['ratio']:.2f}"] if "ratio" in r else []
+  ratios += [f"engine/{k[len('engine_vs_'):]} {v:.2f}" for k, v in r.items()
+             if k.startswith("engine_vs_engine_")]
+  if "engine_vs_fedjax" in r:
+    ratios.append(f"engine/fedjax {r['engine_vs_fedjax']:.2f}")
+  if "engine_vs_central" in r:
+    ratios.append(f"engine/central {r['engine_vs_central']:.2f}")
+  line += (f"\n  {', '.join(ratios)}; {r['flops_per_sample'] / 1e6:.1f} MFLOP per training "
+           f"sample, engine {r['engine_flops_per_s'] / 1e9:.1f} GFLOP/s of a measured "
+           f"{r['peak_flops_per_s'] / 1e9:.1f} GFLOP/s {r['matmul_size']}^3 matmul: "
+           f"MFU {r['mfu']:.3f}")
+  for peer, why in r.get("peers_skipped", {}).items():
+    line += f"\n  peer {peer} skipped: {why}"
+  return line
 
 
 def main(argv):
   del argv
   result = run(FLAGS.model, FLAGS.clients, FLAGS.steps, FLAGS.batch, FLAGS.repeats,
-               FLAGS.conv_impl, FLAGS.unroll)
-  print(f"{result['model']}: {result['clients']} clients x {result['steps']} steps x batch "
-        f"{result['batch']} on {result['platform']} ({result['device_kind']}): engine "
-        f"{result['engine_samples_per_s']:.0f} samples/s, per-step loop "
-        f"{result['loop_samples_per_s']:.0f} samples/s, centralized ceiling "
-        f"{result['ceiling_samples_per_s']:.0f} samples/s; engine/loop {result['ratio']:.2f}, "
-        f"engine/ceiling {result['engine_vs_ceiling']:.2f}")
+               FLAGS.conv_impl, FLAGS.unroll, client_map=FLAGS.client_map, peers=FLAGS.peers,
+               peers_path=FLAGS.peers_path, matmul_size=FLAGS.matmul_size,
+               compare_client_maps=FLAGS.compare_client_maps)
+  print(summary_line(result))
   print(json.dumps(result))
 
 

@@ -1,23 +1,29 @@
-r"""Engine vs per-step loop vs centralized ceiling over a grid; client-state memory.
+r"""Engine vs per-step loop vs the hardware's limit (MFU) over a grid; client-state memory.
 
 COMMANDS (from the repository root):
 
+  python -m experiments.benchmark_suite --models_table     # experiments/results/models_cpu.md
   python -m experiments.benchmark_suite --quick            # a few minutes on a 2-core CPU
   python -m experiments.benchmark_suite --out=suite.json   # the full grid (hours on CPU)
   python -m experiments.benchmark_suite --models=resnet20 --clients_grid=32 --steps_grid=5,20 \
       --conv_impl=lax
   python -m experiments.benchmark_suite --memory           # peak RSS, 1,000 clients' rows
 
-Throughput (architecture.md 4): for every (model, clients, steps) of the grid,
-`experiments.benchmark.run` times, side by side in one process, the engine's
-round (one jitted vmapped scan + server mean, convolution plan
-`models.resolve_conv_impl(--conv_impl)`), the per-client Python loop of a
-jitted SGD step (FedJAX's default backend) and the centralized ceiling (one
-model, one jitted step over the whole cohort's batch, per local step; with
-lax convolutions and with the engine's plan, the faster counts; --quick
-measures the engine's plan only and one timed round per plan). It prints a
-markdown table of samples/s with the ratios engine/loop and engine/ceiling, and
-one JSON line (also written to --out).
+Throughput (architecture.md 4, docs/performance.md): for every (model, clients, steps) of
+the grid, `experiments.benchmark.run` times, side by side in one process and interleaved,
+the engine's round (one jitted call of every client's local scan + server mean, convolution
+plan `models.resolve_conv_impl(--conv_impl)`, client map `engine.local.CLIENT_MAP`), the
+per-client Python loop of a jitted SGD step (FedJAX's default backend), the centralized
+step (a reference, not a limit: one model, one jitted step over the whole cohort's batch,
+per local step; with lax convolutions and with the engine's plan, the faster counts; --quick
+and --models_table measure the engine's plan only) and a 2048^3 float32 matmul (the
+measured peak FLOP/s). It prints a markdown table of samples/s with engine/loop, MFU and
+engine/central, and one JSON line (also written to --out).
+
+--models_table regenerates experiments/results/models_cpu.md (--table_out): every image
+model of the zoo at 8 clients x 5 steps x batch 32 (WRN-28-10 at 2 x 2 x 8, the size this
+CPU can run), 3 interleaved repeats, the engine's other client map timed beside it, and the
+machine's load average around each row.
 
 Memory (--memory): per-client persistent state of `--memory_clients` clients of
 `--memory_row` parameters' shape (ResNet20's 272,762 float32 each, 1.09 GB for
@@ -53,6 +59,9 @@ flags.DEFINE_list("models", ["fedat_cnn", "resnet20"], "Models of the grid.")
 flags.DEFINE_list("clients_grid", ["8", "32", "128"], "Clients per round, one run each.")
 flags.DEFINE_list("steps_grid", ["5", "20"], "Local steps per client, one run each.")
 flags.DEFINE_string("out", "", "Write the JSON results here too.")
+flags.DEFINE_bool("models_table", False, "Every image model of the zoo (TABLE_MODELS) at "
+                  "8 x 5 x 32; writes --table_out.")
+flags.DEFINE_string("table_out", "experiments/results/models_cpu.md", "Where --models_table writes its markdown.")
 flags.DEFINE_bool("memory", False, "Measure client-state memory instead of throughput.")
 flags.DEFINE_integer("memory_clients", 1000, "Clients holding a row of state.")
 flags.DEFINE_string("memory_row", "resnet20", "Model whose parameters' shape is one row.")
@@ -60,38 +69,93 @@ flags.DEFINE_integer("memory_cohort", 32, "Clients gathered and scattered per ro
 flags.DEFINE_integer("memory_rounds", 5, "Rounds of gather/update/scatter.")
 flags.DEFINE_enum("memory_worker", "", ["", "host", "device"], "Internal: one placement.")
 
-# --quick: the smallest grid point, one timed round per plan, the ceiling with the
+# --quick: the smallest grid point, one timed round per plan, the centralized step with the
 # engine's convolution plan only.
-QUICK = {"clients": [8], "steps": [5], "repeats": 1, "ceiling_impls": ("engine",)}
-FULL_CEILING = ("lax", "engine")
+QUICK = {"clients": [8], "steps": [5], "repeats": 1, "central_impls": ("engine",)}
+FULL_CENTRAL = ("lax", "engine")
+# --models_table: every model of the zoo that takes images, and the sizes it runs at.
+TABLE_MODELS = ("fedat_cnn", "cifar_cnn", "pfl_cnn", "leaf_cnn", "mnist_cnn", "mnist_mlp",
+                "cifar_lenet", "fedspeed_lenet", "resnet20", "resnet9", "resnet18_gn",
+                "wrn28_10", "mlp")
+TABLE_SIZE = (8, 5, 32)
+TABLE_SIZES = {"wrn28_10": (2, 2, 8)}  # 36.5M parameters: what this CPU can run
+TABLE_OUT = "experiments/results/models_cpu.md"
 
 
 def throughput(model_names, clients, steps, batch, repeats, conv_impl, unroll=1,
-               ceiling_impls=FULL_CEILING) -> list[dict]:
+               central_impls=FULL_CENTRAL, compare_client_maps=False,
+               sizes=None) -> list[dict]:
+  """benchmark.run over the grid; `sizes` (model -> (clients, steps, batch)) overrides it."""
   rows = []
   for name in model_names:
-    for c in clients:
-      for k in steps:
-        r = benchmark.run(name, clients=c, steps=k, batch=batch, repeats=repeats,
-                          conv_impl=conv_impl, unroll=unroll, ceiling_impls=ceiling_impls)
-        print(f"  {name} {c} clients x {k} steps: engine/loop {r['ratio']:.2f}, "
-              f"engine/ceiling {r['engine_vs_ceiling']:.2f}", file=sys.stderr, flush=True)
-        rows.append(r)
+    grid = ([sizes[name]] if sizes and name in sizes else
+            [(c, k, batch) for c in clients for k in steps])
+    for c, k, b in grid:
+      r = benchmark.run(name, clients=c, steps=k, batch=b, repeats=repeats,
+                        conv_impl=conv_impl, unroll=unroll, central_impls=central_impls,
+                        compare_client_maps=compare_client_maps)
+      print(f"  {name} {c} clients x {k} steps x batch {b}: engine/loop {r['ratio']:.2f}, "
+            f"MFU {r['mfu']:.3f}, load {r['load_avg_before']}", file=sys.stderr, flush=True)
+      rows.append(r)
   return rows
 
 
 def markdown(rows: list[dict]) -> str:
+  other = any(k.startswith("engine_vs_engine_") for r in rows for k in r)
   lines = ["| model | clients | steps | batch | engine plan | engine samples/s | loop samples/s "
-           "| ceiling samples/s | engine/loop | engine/ceiling | engine first call s |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| engine/loop | MFLOP/sample | engine GFLOP/s | matmul GFLOP/s | MFU | central "
+           "samples/s | engine/central |" + (" other client map |" if other else "")
+           + " load avg (1 min) | engine first call s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+           + ("---|" if other else "")]
   for r in rows:
+    central = (f"{r['central_samples_per_s']:.0f} ({r['central_conv_impl']}) | "
+               f"{r['engine_vs_central']:.2f}" if "central_samples_per_s" in r else "- | -")
+    others = [f"{k[len('engine_vs_engine_'):]} x{1 / v:.2f}" for k, v in r.items()
+              if k.startswith("engine_vs_engine_")]
     lines.append(
         f"| {r['model']} | {r['clients']} | {r['steps']} | {r['batch']} | "
-        f"{r['engine_conv_impl']} | {r['engine_samples_per_s']:.0f} | "
-        f"{r['loop_samples_per_s']:.0f} | {r['ceiling_samples_per_s']:.0f} "
-        f"({r['ceiling_conv_impl']}) | {r['ratio']:.2f} | {r['engine_vs_ceiling']:.2f} | "
+        f"{r['engine_conv_impl']}, {r['engine_client_map']} | "
+        f"{r['engine_samples_per_s']:.0f} | {r['loop_samples_per_s']:.0f} | "
+        f"**{r['ratio']:.2f}** | {r['flops_per_sample'] / 1e6:.2f} | "
+        f"{r['engine_flops_per_s'] / 1e9:.1f} | {r['peak_flops_per_s'] / 1e9:.1f} | "
+        f"{r['mfu']:.3f} | {central} |" + (f" {', '.join(others) or '-'} |" if other else "")
+        + f" {r['load_avg_before'][0] if r['load_avg_before'] else '?'} | "
         f"{r['first_call_s']['engine']:.1f} |")
   return "\n".join(lines)
+
+
+def models_table(rows: list[dict], command: str) -> str:
+  """experiments/results/models_cpu.md from the --models_table rows."""
+  loads = [x for r in rows for x in (r["load_avg_before"][:1] + r["load_avg_after"][:1])]
+  below = [f"{r['model']} ({r['ratio']:.2f})" for r in rows if r["ratio"] < 1.5]
+  return "\n".join([
+      "# Engine vs per-step loop and the hardware's limit, every image model, CPU",
+      "",
+      "Generated by one command (issue 20), all plans of a row side by side in one process, "
+      "interleaved, best of the repeats after one warm-up each:",
+      "",
+      f"    {command}",
+      "",
+      f"Machine: {rows[0]['device_kind']} ({rows[0]['platform']}), jax {rows[0]['jax']}; "
+      f"{os.cpu_count()} CPU cores shared with other jobs: 1-minute load average "
+      f"{min(loads):.1f} to {max(loads):.1f} during the run (a load above 2 means the plans "
+      "got less than the whole machine, the matmul peak included). Random inputs shaped as "
+      "each model's dataset (CIFAR 32x32x3 unless the model is for 28x28x1; `mlp` 8x8x1). "
+      "engine = this project's round (convolution plan, client map: engine/local.py); "
+      "loop = per-client Python loop of one jitted SGD step with lax convolutions (FedJAX's "
+      "shape); MFU = XLA's FLOP count of one un-vectorized training step per sample x engine "
+      "samples/s / the FLOP/s of a 2048^3 float32 matmul timed in the same process; central "
+      "= one model, one jitted step on the whole cohort's batch (a reference, not a limit); "
+      "other client map = the engine with the other client map, relative to the engine "
+      "(x0.5: half as fast). Absolute numbers on a shared machine are noise: read the ratios "
+      "of a row. No GPU was lent to this task.",
+      "",
+      markdown(rows),
+      "",
+      ("Rows below the 1.5x target of issue 20: " + ", ".join(below) + "."
+       if below else "Every row reaches engine/loop >= 1.5."),
+      ""])
 
 
 # ---- memory ------------------------------------------------------------------------------
@@ -188,13 +252,26 @@ def main(argv):
                   FLAGS.memory_rounds)
     print(memory_markdown(rows))
     result = {"memory": rows}
+  elif FLAGS.models_table:
+    names = FLAGS.models if FLAGS["models"].present else list(TABLE_MODELS)
+    sizes = {name: TABLE_SIZES.get(name, TABLE_SIZE) for name in names}
+    rows = throughput(names, [], [], FLAGS.batch, FLAGS.repeats, FLAGS.conv_impl, FLAGS.unroll,
+                      ("engine",), compare_client_maps=True, sizes=sizes)
+    command = "python -m experiments.benchmark_suite --models_table" + (
+        f" --models={','.join(names)}" if FLAGS["models"].present else "") + (
+        f" --repeats={FLAGS.repeats}" if FLAGS["repeats"].present else "")
+    table = models_table(rows, command)
+    with open(FLAGS.table_out, "w") as f:
+      f.write(table)
+    print(table)
+    result = {"throughput": rows}
   else:
     clients = QUICK["clients"] if FLAGS.quick else [int(c) for c in FLAGS.clients_grid]
     steps = QUICK["steps"] if FLAGS.quick else [int(k) for k in FLAGS.steps_grid]
     repeats = QUICK["repeats"] if FLAGS.quick else FLAGS.repeats
-    ceiling = QUICK["ceiling_impls"] if FLAGS.quick else FULL_CEILING
+    central = QUICK["central_impls"] if FLAGS.quick else FULL_CENTRAL
     rows = throughput(FLAGS.models, clients, steps, FLAGS.batch, repeats, FLAGS.conv_impl,
-                      FLAGS.unroll, ceiling)
+                      FLAGS.unroll, central)
     print(markdown(rows))
     result = {"throughput": rows}
   if FLAGS.out:

@@ -30,7 +30,7 @@ from fedjax_lama.data.errors import DataError
 DATA_DIR_ENV = 'FEDJAX_LAMA_DATA_DIR'
 DATASET_NAMES = ('digits', 'mnist', 'fashion_mnist', 'cifar10', 'cifar100',
                  'femnist', 'emnist', 'sentiment140', 'shakespeare', 'reddit',
-                 'tinyimagenet')
+                 'tinyimagenet', 'synthetic')
 SOURCES = ('auto', 'files', 'tfds', 'builtin')
 
 # What `Dataset.train_x` holds (see `Dataset`).
@@ -55,6 +55,7 @@ _SOURCES_OF = {
     'shakespeare': ('files',),
     'reddit': ('files',),
     'tinyimagenet': ('files',),
+    'synthetic': ('builtin',),
 }
 _IDX_NAMES = ('train-images-idx3-ubyte', 'train-labels-idx1-ubyte',
               't10k-images-idx3-ubyte', 't10k-labels-idx1-ubyte')
@@ -122,6 +123,9 @@ DATASET_OPTIONS = {
     },
     'shakespeare': {'target': 'sequence'},
     'reddit': {'vocab_size': leaf_text.DEFAULT_REDDIT_VOCAB_SIZE},
+    # CIFAR-10's shapes and sizes by default (the workload of docs/performance.md).
+    'synthetic': {'height': 32, 'width': 32, 'channels': 3, 'num_classes': 10,
+                  'train_examples': 50_000, 'test_examples': 10_000},
 }
 _OPTION_CHOICES = {
     ('femnist', 'format'): ('auto', 'leaf', 'h5'),
@@ -407,7 +411,41 @@ def _load_tfds(name: str, data_dir: str | None) -> Dataset:
                  _to_unit_float(test_x), test_y, num_classes)
 
 
-def _load_builtin(name: str) -> Dataset:
+def synthetic_images(height: int = 32, width: int = 32, channels: int = 3,
+                     num_classes: int = 10, train_examples: int = 50_000,
+                     test_examples: int = 10_000, seed: int = 0) -> Dataset:
+  """Random learnable images of any shape: 'synthetic', for workloads and benchmarks.
+
+  Each class has a fixed random prototype image; an example is its class's prototype
+  plus independent noise, x = clip(0.5 + 0.2 * prototype + 0.2 * noise, 0, 1), float32
+  NHWC in [0, 1], labels uniform over the classes. Classes overlap (a model learns them
+  over many rounds, the accuracy says it trains), and the arrays are a pure function of
+  the arguments. CIFAR-10's shapes and sizes by default (600 MB of float32 training
+  images), so a workload has the real dataset's compute and memory without the files.
+  """
+  rng = np.random.default_rng(seed)
+  shape = (height, width, channels)
+  prototypes = rng.standard_normal((num_classes,) + shape).astype(np.float32)
+
+  def split(n):
+    y = rng.integers(0, num_classes, n).astype(np.int32)
+    x = rng.standard_normal((n,) + shape, dtype=np.float32)
+    x *= 0.2
+    x += 0.2 * prototypes[y]
+    x += 0.5
+    return np.clip(x, 0.0, 1.0, out=x), y
+
+  train_x, train_y = split(train_examples)
+  test_x, test_y = split(test_examples)
+  return Dataset('synthetic', train_x, train_y, test_x, test_y, num_classes,
+                 info={'synthetic': dict(height=height, width=width,
+                                         channels=channels,
+                                         num_classes=num_classes)})
+
+
+def _load_builtin(name: str, options: Mapping[str, Any]) -> Dataset:
+  if name == 'synthetic':
+    return synthetic_images(**options)
   train_x, train_y, test_x, test_y = readers.load_digits_arrays()
   return Dataset(name, train_x, train_y, test_x, test_y, 10)
 
@@ -455,7 +493,8 @@ def load_dataset(name: str, data_dir: str | None = None,
       (no download); 'femnist' reads LEAF JSON files, else TFF's federated
       EMNIST HDF5 files; 'emnist' comes from tfds; 'sentiment140' reads the
       original CSVs; 'shakespeare' and 'reddit' read LEAF JSON;
-      'tinyimagenet' reads the `tiny-imagenet-200` release.
+      'tinyimagenet' reads the `tiny-imagenet-200` release; 'synthetic' makes
+      random learnable images (`synthetic_images`, CIFAR-10-shaped by default).
     data_dir: directory of the original files (e.g. `data_dir/mnist/*.gz`,
       `data_dir/cifar10/cifar-10-batches-py/`, `data_dir/femnist_leaf/`, or the
       files directly in `data_dir`; BUILD.md lists every layout), also passed
@@ -467,7 +506,9 @@ def load_dataset(name: str, data_dir: str | None = None,
       sentiment140 `vocab_size` (10,000), `representation` ('counts': dense
       float32 bag of words, refused above `max_dense_bytes`; 'tokens': int32
       ids), `lowercase`, `max_tokens`; shakespeare `target` ('sequence' or
-      'last'); reddit `vocab_size` (used when no reddit_vocab.pck is found).
+      'last'); reddit `vocab_size` (used when no reddit_vocab.pck is found);
+      synthetic `height`, `width`, `channels`, `num_classes`,
+      `train_examples`, `test_examples`.
 
   Returns:
     A `Dataset`: float32 NHWC images in [0, 1] or int32 token arrays (see
@@ -493,7 +534,7 @@ def load_dataset(name: str, data_dir: str | None = None,
   if data_dir is None:
     data_dir = os.environ.get(DATA_DIR_ENV) or None
   if 'builtin' in possible:
-    return _load_builtin(name)
+    return _load_builtin(name, options)
   if name == 'femnist':
     found = _find_femnist(data_dir, options['format'])
     if found is None:

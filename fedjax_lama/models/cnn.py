@@ -130,3 +130,30 @@ class LeNet(nn.Module):
     for f in dense:
       x = nn.relu(layers.Dense(f, init_style=self.init_style)(x))
     return layers.Dense(self.num_classes, init_style=self.init_style)(x)
+
+
+class PflCNN(nn.Module):
+  """pfl-research's `simple_cnn` (its CIFAR-10 benchmark model, benchmarks/model): conv 3x3
+  32 VALID, ReLU, conv 3x3 64 VALID, ReLU, 2x2 max-pool, dropout 0.25, dense 128, ReLU,
+  dropout 0.5, dense classes. 1,626,442 parameters on 32x32x3 with 10 classes (the dense
+  input follows the image size). Glorot-uniform kernels as there; zero biases ("keras").
+  """
+  num_classes: int = 10
+  dropout: float = 0.5  # after the dense layer; conv_dropout after the pool
+  conv_dropout: float = 0.25
+  init_style: str = "keras"
+  conv_impl: str = "lax"
+
+  @nn.compact
+  def __call__(self, x: Array, train: bool = False) -> Array:
+    conv = lambda f: layers.Conv(f, (3, 3), padding="VALID",
+                                 init_style=self.init_style,
+                                 conv_impl=self.conv_impl)
+    x = nn.relu(conv(32)(x))
+    x = nn.relu(layers.max_pool(conv(64)(x), (2, 2), impl=self.conv_impl))
+    if self.conv_dropout:
+      x = nn.Dropout(self.conv_dropout)(x, deterministic=not train)
+    x = nn.relu(layers.Dense(128, init_style=self.init_style)(_flatten(x)))
+    if self.dropout:
+      x = nn.Dropout(self.dropout)(x, deterministic=not train)
+    return layers.Dense(self.num_classes, init_style=self.init_style)(x)

@@ -99,6 +99,11 @@ _MODELS: dict[str, _Entry] = {
             num_classes, dropout, init_style, conv_impl),
         {"dropout": 0.5, "init_style": "torch"},
         "Fed-LAMB MNIST CNN (4.5.3); 21,840"),
+    "pfl_cnn": _Entry(
+        lambda num_classes, dropout, conv_dropout, init_style, conv_impl: cnn.PflCNN(
+            num_classes, dropout, conv_dropout, init_style, conv_impl),
+        {"dropout": 0.5, "conv_dropout": 0.25, "init_style": "keras"},
+        "pfl-research's CIFAR-10 simple_cnn; 1,626,442 (32x32x3, 10 classes)"),
     "cifar_lenet": _Entry(
         _lenet("fedlamb"), {"init_style": "torch"},
         "Fed-LAMB code's CNNCifar (4.5.3); 62,006"),

@@ -1,0 +1,141 @@
+"""The benchmark's FLOP figures (issue 20) and the engine's client maps. No timing thresholds:
+only what the numbers are made of is checked, never how large a speed is."""
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from experiments import benchmark
+from fedjax_lama import algorithms, models
+from fedjax_lama.engine import local, round as round_lib
+
+TINY = dict(clients=2, steps=2, batch=4, repeats=1, matmul_size=64)
+
+
+def test_flops_per_sample_is_positive_and_one_count_for_every_plan():
+  lax_count = benchmark.training_flops_per_sample("fedat_cnn", 8, conv_impl="lax")
+  # About 26 MFLOP: 3 x the forward multiply-adds of conv 32/64/64 + dense 64/10, less the
+  # input gradient of the first layer, plus elementwise work.
+  assert 20e6 < lax_count < 32e6
+  # The engine's plan computes the same useful work; its own count differs only by
+  # elementwise bookkeeping (pads, concatenations count nothing, pooling differently).
+  patches_count = benchmark.training_flops_per_sample("fedat_cnn", 8, conv_impl="patches")
+  assert abs(patches_count - lax_count) <= 0.02 * lax_count
+  # The per-sample count does not depend on the batch the step is compiled for.
+  assert benchmark.training_flops_per_sample("fedat_cnn", 4) == pytest.approx(lax_count,
+                                                                               rel=0.02)
+
+
+@pytest.fixture(scope="module")
+def tiny_runs():
+  return {impl: benchmark.run("fedat_cnn", conv_impl=impl, central_impls=("engine",), **TINY)
+          for impl in ("lax", "patches")}
+
+
+@pytest.mark.parametrize("impl", ["lax", "patches"])
+def test_json_has_the_mfu_figures(tiny_runs, impl):
+  r = json.loads(json.dumps(tiny_runs[impl]))  # the JSON line round-trips
+  for key in ("flops_per_sample", "engine_flops_per_s", "peak_flops_per_s", "mfu",
+              "engine_samples_per_s", "loop_samples_per_s", "ratio", "central_samples_per_s",
+              "engine_vs_central", "load_avg_before", "load_avg_after"):
+    assert key in r, key
+  assert not any("ceiling" in key for key in r)  # renamed: the centralized step is no limit
+  assert r["engine_conv_impl"] == impl
+  assert r["flops_per_sample"] > 0 and r["peak_flops_per_s"] > 0
+  assert r["engine_flops_per_s"] == pytest.approx(r["flops_per_sample"] *
+                                                  r["engine_samples_per_s"])
+  assert r["mfu"] == pytest.approx(r["engine_flops_per_s"] / r["peak_flops_per_s"])
+  assert r["loop_mfu"] == pytest.approx(r["flops_per_sample"] * r["loop_samples_per_s"] /
+                                        r["peak_flops_per_s"])
+  assert r["ratio"] == pytest.approx(r["engine_samples_per_s"] / r["loop_samples_per_s"])
+  assert "engine" in benchmark.summary_line(r) and "MFU" in benchmark.summary_line(r)
+
+
+def test_loop_and_engine_plans_share_the_flop_count(tiny_runs):
+  """The count is of one un-vectorized lax step, whatever plan the engine runs."""
+  assert tiny_runs["lax"]["flops_per_sample"] == tiny_runs["patches"]["flops_per_sample"]
+  assert tiny_runs["lax"]["flops_per_sample"] == benchmark.training_flops_per_sample(
+      "fedat_cnn", TINY["batch"])
+
+
+def test_other_client_map_and_missing_peer_are_reported():
+  r = benchmark.run("mlp", central_impls=(), compare_client_maps=True, peers=("fedjax",),
+                    peers_path=os.environ.get("FEDJAX_LAMA_PEERS_PATH", ""), **TINY)
+  other = "vmap" if r["engine_client_map"] == "scan" else "scan"
+  assert r[f"engine_vs_engine_{other}"] == pytest.approx(
+      r["engine_samples_per_s"] / r[f"engine_{other}_samples_per_s"])
+  assert "central_samples_per_s" not in r
+  if "fedjax_samples_per_s" in r:  # FedJAX installed: the same model, data and updates
+    assert r["fedjax_max_param_diff"] < 1e-4
+    assert r["engine_vs_fedjax"] == pytest.approx(r["engine_samples_per_s"] /
+                                                  r["fedjax_samples_per_s"])
+  else:
+    assert "fedjax" in r["peers_skipped"]
+  with pytest.raises(ValueError, match="unknown peer"):
+    benchmark.run("mlp", central_impls=(), peers=("flower",), **TINY)
+
+
+def test_matmul_plan_counts_two_n_cubed():
+  run, flops = benchmark.matmul_plan(16)
+  assert flops == 2 * 16 ** 3
+  assert run().shape == (16, 16)
+
+
+@pytest.mark.parametrize("name, clients", [("fedat_cnn", 5), ("mlp", 6)])
+def test_scan_client_map_equals_vmap(name, clients):
+  """The "scan" client map (groups of clients in a lax.scan) trains every client exactly as
+  "vmap" does, to float32 rounding, whatever the group size."""
+  model = models.get(name, num_classes=10, conv_impl="patches")
+  shape = benchmark.INPUT_SHAPES.get(name, (32, 32, 3))
+  steps, batch = 2, 3
+  n = clients * steps * batch
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(n,) + shape).astype(np.float32))
+  y = jnp.asarray(rng.integers(0, 10, n).astype(np.int32))
+  params = model.init(jax.random.PRNGKey(0), x[:1])["params"]
+  alg = algorithms.build("fedavg")
+  example_mask = np.ones((clients, steps, batch), np.float32)
+  example_mask[1, 1, 2] = 0.0
+  step_mask = np.ones((clients, steps), np.float32)
+  step_mask[2, 1] = 0.0  # a padded step
+  cohort = round_lib.Cohort(jnp.asarray(np.arange(n, dtype=np.int32).reshape(clients, steps,
+                                                                              batch)),
+                            jnp.asarray(example_mask), jnp.asarray(step_mask),
+                            jnp.ones(clients), jnp.arange(clients, dtype=jnp.int32),
+                            jnp.full((clients,), float(steps * batch)))
+  server = alg.init_server(params, {})
+  outs = {}
+  for client_map, budget in (("vmap", None), ("scan", 0), ("scan", 1 << 40)):
+    saved = local.CLIENT_MAP, local.SCAN_GROUP_BYTES
+    local.CLIENT_MAP = client_map
+    if budget is not None:
+      local.SCAN_GROUP_BYTES = budget  # 0: one client per group; huge: one group (vmap)
+    try:
+      train_chunk, server_update = round_lib.make_round_fns(
+          local.make_loss_fn(model, False), alg, optax.constant_schedule(0.1), seed=0,
+          weighting="examples", local_steps=steps, population=clients)
+      sums, _, stats = train_chunk(server, {}, x, y, cohort, 0)
+      outs[(client_map, budget)] = (server_update(server, sums).params, stats)
+    finally:
+      local.CLIENT_MAP, local.SCAN_GROUP_BYTES = saved
+  ref = jax.tree_util.tree_leaves(outs[("vmap", None)])
+  for key, out in outs.items():
+    for a, b in zip(jax.tree_util.tree_leaves(out), ref):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=str(key))
+
+
+def test_scan_group_sizes():
+  assert local.resolve_client_map("auto", "cpu") == "scan"
+  assert local.resolve_client_map("auto", "gpu") == "vmap"
+  with pytest.raises(ValueError, match="client_map"):
+    local.resolve_client_map("loop")
+  devices = jax.device_count()
+  # One client per device when a client's step alone fills the budget; the whole chunk when
+  # all of them fit; in between the largest divisor that fits.
+  assert local.scan_group(8 * devices, 10**12) == devices
+  assert local.scan_group(8 * devices, 1, budget=100) == 8 * devices
+  assert local.scan_group(12 * devices, 10, budget=45) == 4 * devices
