@@ -1,0 +1,71 @@
+"""experiments.reproduce: an entry for every table of algorithms.md section 7, a study for
+every scale, and one smoke reproduction end to end (report, plot, JSON; a rerun reuses runs)."""
+import json
+import os
+
+import pytest
+
+from experiments import reproduce, tables
+
+# algorithms.md section 7, written out here (not read from the registry under test).
+SECTION_7 = {
+    "fedlama": ["aaai-t1", "aaai-t2", "aaai-t3", "aaai-t4a", "aaai-t4b"]
+               + [f"v1-t{i}" for i in range(1, 13)],
+    "fedspeed": ["t1", "ablation-rho", "ablation-alpha", "fig-local-epochs", "readme-cifar10",
+                 "readme-hparams"],
+    "fedat": ["t1", "t2", "text"],
+    "fedlamb": ["f2-mnist-mlp-noniid-e1", "f2-mnist-mlp-noniid-e5", "f2-mnist-cnn-noniid-e1",
+                "f2-mnist-cnn-noniid-e5"],
+}
+
+
+@pytest.mark.parametrize("paper,table", [(p, t) for p, ids in SECTION_7.items() for t in ids])
+def test_every_table_of_section_7_has_an_entry_with_the_papers_text(paper, table):
+  entry = tables.REGISTRY[(paper, table)]
+  assert entry.paper_text().strip()
+  assert f"{paper:9s} {table}" in reproduce.listing()
+
+
+def test_fedlamb_cifar_figures_have_entries():
+  ids = {t for p, t in tables.REGISTRY if p == "fedlamb"}
+  assert any(t.startswith("f3-cifar-") for t in ids)
+  assert any(t.startswith("f4-cifar-") for t in ids)
+
+
+@pytest.mark.parametrize("scale", tables.SCALES)
+def test_every_entry_builds_its_study_at_every_scale(scale):
+  for key, entry in tables.REGISTRY.items():
+    study = entry.study(scale)
+    assert callable(getattr(study, "run", None)), key
+    assert callable(getattr(study, "report", None)), key
+  # The small scale says what it reduced.
+  assert all(e.reduced for e in tables.REGISTRY.values()
+             if e.paper != "fedlama" or e.table.startswith("aaai-t"))
+
+
+def test_unknown_table_is_refused_with_the_list_hint(tmp_path):
+  with pytest.raises(Exception, match="--list"):
+    reproduce.reproduce("fedlamb", "no-such-table", "smoke", str(tmp_path))
+
+
+def test_smoke_reproduction_writes_report_plot_and_json_and_reuses_runs(tmp_path):
+  out, runs = str(tmp_path / "out"), str(tmp_path / "runs")
+  path = reproduce.reproduce("fedlamb", "f2-mnist-mlp-noniid-e1", "smoke", out, runs)
+  text = open(path).read()
+  assert "## Ours" in text and "## The paper's (as printed)" in text
+  for label in ("Fed-SGD", "Fed-AMS", "Fed-LAMB"):
+    assert f"| {label} |" in text
+  assert "Smoke scale" in text and "Machine:" in text
+  assert os.path.exists(os.path.join(out, "fedlamb_f2-mnist-mlp-noniid-e1_smoke.png"))
+  with open(os.path.join(out, "fedlamb_f2-mnist-mlp-noniid-e1_smoke.json")) as f:
+    results = json.load(f)
+  assert set(results) == {"Fed-SGD", "Fed-AMS", "Fed-LAMB"}
+  summaries = sorted(os.path.join(d, f) for d, _, fs in os.walk(runs) for f in fs
+                     if f == "summary.json")
+  assert summaries
+  stamps = [os.path.getmtime(s) for s in summaries]
+  # A rerun reuses every finished run: no summary is rewritten, the report is the same table.
+  again = reproduce.reproduce("fedlamb", "f2-mnist-mlp-noniid-e1", "smoke", out, runs)
+  assert [os.path.getmtime(s) for s in summaries] == stamps
+  ours = lambda t: t.split("## Ours")[1].split("![curves]")[0]
+  assert ours(open(again).read()) == ours(text)
