@@ -170,16 +170,19 @@ def test_padding_and_bucketing_do_not_change_results(setup):
   job = TrainJob(2, 4, start, start, 2, 0.4)
   others = [TrainJob(k, 1, params, params, 1, 0.0) for k in (0, 5, 9)]
   trainer = make_trainer(setup, multiple=4)
-  alone = trainer.train([job])[0].model                    # 1 job + 3 padded slots
-  with_others = trainer.train([job] + others)[0].model     # the same bucket of 4, other jobs
-  assert trainer.call_sizes == [4, 4]
-  assert tree_equal(alone, with_others)  # a job's result does not depend on its companions
-  bigger = trainer.train([job] + others + others)[0].model  # bucket 8
+  padded = trainer.train([job] + others[:2])[0].model       # 3 jobs + 1 padded slot
+  with_others = trainer.train([job] + others)[0].model      # the same bucket of 4, other jobs
+  assert tree_equal(padded, with_others)  # a job's result does not depend on its companions
+  alone = trainer.train([job])[0].model                     # bucket 1: a power of two below 4
+  bigger = trainer.train([job] + others + others)[0].model  # 7 jobs: bucket 8
+  assert trainer.call_sizes == [4, 4, 1, 8]
+  tens = make_trainer(setup, multiple=10)
+  assert [tens.padded_size(n) for n in (1, 2, 3, 5, 9, 10, 11, 17)] == [1, 2, 4, 8, 10, 10, 16,
+                                                                         20]
   unpadded = make_trainer(setup, multiple=1).train([job])[0].model  # no padding at all
-  assert trainer.call_sizes[-1] == 8
-  for other in (bigger, unpadded):  # other shapes: equal up to float32 rounding (3.1.7)
+  for other in (alone, bigger, unpadded):  # other shapes: equal up to float32 rounding (3.1.7)
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
-                           alone, other)
+                           padded, other)
 
 
 def test_jax_algebra_keeps_a_single_tree_and_sums_in_float32():

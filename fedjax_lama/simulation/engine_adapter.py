@@ -7,8 +7,9 @@ shared/seeds/003_656c618fe5de2ce3.txt) and its baselines (3.4):
 
 - `EngineTrainer`: each batch of TrainJobs is ONE vectorised engine call
   (`engine.round.ClientPhase` with `shared_per_client=True`): start models and proximal
-  anchors are stacked on the client axis, the axis is padded to a bucket (a multiple of
-  `call_size_multiple` and of the device count) and sharded over the "clients" mesh, and
+  anchors are stacked on the client axis, the axis is padded to a bucket (a power of two
+  times the device count for small calls, else a multiple of `call_size_multiple` and of
+  the device count; `padded_size`) and sharded over the "clients" mesh, and
   a jitted `lax.scan` runs E_max * S_max masked steps (3.2.1 step 5; batches from stream
   BATCH, job_packing.py). The local solver of 3.2.1 step 4 is an `Algorithm`: Adam(eta,
   0.9, 0.999, 1e-7), fresh per job, with the proximal pull of FedProx
@@ -86,7 +87,8 @@ class EngineTrainer:
     local_tx: the local solver (`local_solver`).
     mesh: the "clients" mesh (default: every device).
     call_size_multiple: the client axis is padded to a multiple of this (and of the
-      device count), so a run compiles once per bucket, not once per call size.
+      device count), or to a smaller power of two times the device count (`padded_size`),
+      so a run compiles once per bucket, not once per call size.
     augment, unroll, label_smoothing: as for the synchronous programs.
 
   Counters (host totals, restored on resume): `loss_sum`, `example_count` (training
@@ -132,8 +134,18 @@ class EngineTrainer:
     return final.params, stats
 
   def padded_size(self, num_jobs: int) -> int:
-    """The bucket of a call of `num_jobs` jobs."""
-    return sharding.padded_size(num_jobs, self.mesh, self.call_size_multiple)
+    """The bucket of a call of `num_jobs` jobs: the device count times a power of two while
+    that is smaller than the next multiple of `call_size_multiple`, else that multiple.
+
+    Asynchronous methods (FedAsync, ASO-Fed) train one or a few jobs per call; padding each
+    of them to `call_size_multiple` clients made every update cost that many clients'
+    training. Powers of two add at most log2(call_size_multiple) compiled shapes.
+    """
+    multiple = sharding.padded_size(num_jobs, self.mesh, self.call_size_multiple)
+    power = self.mesh.size
+    while power < num_jobs:
+      power *= 2
+    return min(multiple, power)
 
   # ---- interfaces.Trainer -----------------------------------------------------------------
   def train(self, jobs: Sequence[TrainJob]) -> list[TrainResult]:
