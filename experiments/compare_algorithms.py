@@ -31,8 +31,9 @@ flags.DEFINE_list("algorithms", ["fedavg", "fedprox", "scaffold", "fednova", "fe
 flags.DEFINE_list("lrs", ["0.01", "0.03", "0.1"], "Local learning-rate grid (log).")
 flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of the final runs.")
 flags.DEFINE_integer("tune_seed", 0, "Seed of the tuning runs (reused as a final run).")
-flags.DEFINE_list("server_lrs", ["0.003", "0.01", "0.03", "0.1"], "Server rates of the "
-                  "sensitivity table.")
+flags.DEFINE_list("server_lrs", ["0.001", "0.01", "0.03", "0.1", "1"], "Server rates of "
+                  "the sensitivity table (three decades, so that both failure ends show).")
+flags.DEFINE_list("server_lr_seeds", [], "Seeds of the sensitivity runs (default: --seeds).")
 flags.DEFINE_list("server_lr_algorithms", ["fedadam"], "Algorithms of the sensitivity table.")
 flags.DEFINE_string("overrides", "", "Per-algorithm settings, e.g. "
                     "'fedadam:server_lr=0.03;fedprox:fedprox.mu=0.01'.")
@@ -100,14 +101,16 @@ def main(argv):
   main_study = study(base, FLAGS.algorithms, lrs, seeds, FLAGS.tune_seed, overrides)
   results = main_study.run(runs_dir)
   sens = sensitivity(base, results, [n for n in FLAGS.server_lr_algorithms if n in results],
-                     [float(x) for x in FLAGS.server_lrs], seeds, overrides)
+                     [float(x) for x in FLAGS.server_lrs],
+                     [int(x) for x in FLAGS.server_lr_seeds] or seeds, overrides)
   sens_results = sens.run(runs_dir) if sens.variants else {}
   wall = sum(r.get("wall_seconds", 0) for res in (*results.values(), *sens_results.values())
              for r in res["runs"])
   text = [header(base, lrs, seeds, FLAGS.tune_seed, wall),
           main_study.report(results, FLAGS.out + ".png")]
   if sens_results:
-    text += ["", "Server learning-rate sensitivity (at the tuned local rate):", "",
+    text += ["", "Server learning-rate sensitivity (at the tuned local rate; seeds "
+             f"{', '.join(map(str, sens.seeds))}):", "",
              sens.report(sens_results)]
   os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
   with open(FLAGS.out + ".md", "w") as f:
