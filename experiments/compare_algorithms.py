@@ -11,9 +11,9 @@ runs with every seed of --seeds. The report gives final and best test accuracy (
 over seeds), floats sent up and down per participating client and round (in units of the
 model size d), the wall time, and every validation score of the tuning. --server_lrs adds
 the sensitivity of the algorithms named in --server_lr_algorithms to their server rate (at
-their tuned local rate, every seed). Runs live in --out/runs and are reused or resumed, so an
-interrupted sweep continues where it stopped (--runs, default <out>_runs). Writes <out>.md,
-<out>.json and <out>.png.
+their tuned local rate, the seeds of --server_lr_seeds, default --seeds). Runs live in --runs
+(default <out>_runs) and are reused or resumed, so an interrupted sweep continues where it
+stopped. Writes <out>.md, <out>.json and <out>.png.
 """
 import json
 import os
@@ -90,38 +90,41 @@ def header(base, lrs, seeds, tune_seed, wall) -> str:
       "(other jobs shared the two cores).", ""])
 
 
-def main(argv):
-  del argv
-  logs.progress_only()
-  base = FLAGS.config
-  lrs = [float(x) for x in FLAGS.lrs]
-  seeds = [int(x) for x in FLAGS.seeds]
-  overrides = parse_overrides(FLAGS.overrides)
-  runs_dir = FLAGS.runs or FLAGS.out + "_runs"
-  main_study = study(base, FLAGS.algorithms, lrs, seeds, FLAGS.tune_seed, overrides)
+def compare(base, algorithms, lrs, seeds, tune_seed, overrides, server_lr_algorithms,
+            server_lrs, server_lr_seeds, out, runs_dir) -> str:
+  """Runs (or reuses) every run of the study; writes <out>.md, .json, .png; returns the text."""
+  main_study = study(base, algorithms, lrs, seeds, tune_seed, overrides)
   results = main_study.run(runs_dir)
-  sens = sensitivity(base, results, [n for n in FLAGS.server_lr_algorithms if n in results],
-                     [float(x) for x in FLAGS.server_lrs],
-                     [int(x) for x in FLAGS.server_lr_seeds] or seeds, overrides)
+  sens = sensitivity(base, results, [n for n in server_lr_algorithms if n in results],
+                     server_lrs, server_lr_seeds or seeds, overrides)
   sens_results = sens.run(runs_dir) if sens.variants else {}
   wall = sum(r.get("wall_seconds", 0) for res in (*results.values(), *sens_results.values())
              for r in res["runs"])
-  text = [header(base, lrs, seeds, FLAGS.tune_seed, wall),
-          main_study.report(results, FLAGS.out + ".png")]
+  text = [header(base, lrs, seeds, tune_seed, wall), main_study.report(results, out + ".png")]
   if sens_results:
     text += ["", "Server learning-rate sensitivity (at the tuned local rate; seeds "
-             f"{', '.join(map(str, sens.seeds))}):", "",
-             sens.report(sens_results)]
-  os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
-  with open(FLAGS.out + ".md", "w") as f:
+             f"{', '.join(map(str, sens.seeds))}):", "", sens.report(sens_results)]
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  with open(out + ".md", "w") as f:
     f.write("\n".join(text) + "\n")
   slim = lambda res: {n: {"lr": r["lr"], "scores": r["scores"],
                           "runs": [{k: v for k, v in x.items() if k != "records"}
                                    for x in r["runs"]]} for n, r in res.items()}
-  with open(FLAGS.out + ".json", "w") as f:
+  with open(out + ".json", "w") as f:
     json.dump({"results": slim(results), "sensitivity": slim(sens_results)}, f, indent=1,
               default=str)
-  print("\n".join(text))
+  return "\n".join(text)
+
+
+def main(argv):
+  del argv
+  logs.progress_only()
+  print(compare(FLAGS.config, FLAGS.algorithms, [float(x) for x in FLAGS.lrs],
+                [int(x) for x in FLAGS.seeds], FLAGS.tune_seed,
+                parse_overrides(FLAGS.overrides), FLAGS.server_lr_algorithms,
+                [float(x) for x in FLAGS.server_lrs],
+                [int(x) for x in FLAGS.server_lr_seeds], FLAGS.out,
+                FLAGS.runs or FLAGS.out + "_runs"))
 
 
 if __name__ == "__main__":

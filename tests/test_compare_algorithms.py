@@ -1,0 +1,57 @@
+"""experiments.compare_algorithms end to end on the built-in digits: tuning on the validation
+split, the report's rows, the server-rate sensitivity at its own seeds, and reuse on a rerun."""
+import json
+import os
+
+from configs import default
+from experiments import compare_algorithms
+
+
+def tiny_base():
+  c = default.get_config()
+  c.num_clients = 8
+  c.rounds = 3
+  c.local_steps = 2
+  c.eval_every = 1
+  c.checkpoint_every = 3
+  c.validation_fraction = 0.1
+  c.plots = False
+  return c
+
+
+def _summaries(runs):
+  return sorted(os.path.join(d, f) for d, _, fs in os.walk(runs) for f in fs
+                if f == "summary.json")
+
+
+def test_compare_tunes_reports_sensitivity_and_reuses_runs(tmp_path):
+  out, runs = str(tmp_path / "report"), str(tmp_path / "runs")
+  args = dict(base=tiny_base(), algorithms=["fedavg", "fedadam"], lrs=[0.03, 0.3],
+              seeds=[0, 1], tune_seed=0,
+              overrides=compare_algorithms.parse_overrides("fedadam:server_lr=0.01"),
+              server_lr_algorithms=["fedadam", "scaffold"], server_lrs=[0.01, 1.0],
+              server_lr_seeds=[1], out=out, runs_dir=runs)
+  text = compare_algorithms.compare(**args)
+  assert open(out + ".md").read() == text + "\n"
+  assert "| fedavg |" in text and "| fedadam |" in text
+  assert "seeds 1):" in text  # the sensitivity ran at --server_lr_seeds, not --seeds
+  assert "fedadam_server_lr0.01" in text and "fedadam_server_lr1" in text
+  with open(out + ".json") as f:
+    report = json.load(f)
+  assert set(report["results"]) == {"fedavg", "fedadam"}
+  # scaffold was not compared, so it has no sensitivity row.
+  assert set(report["sensitivity"]) == {"fedadam_server_lr0.01", "fedadam_server_lr1"}
+  for name, res in report["results"].items():
+    assert res["lr"] in (0.03, 0.3)
+    assert len(res["runs"]) == 2, name
+  for res in report["sensitivity"].values():
+    assert len(res["runs"]) == 1
+  # 2 algorithms x (2 tuning rates + 1 more seed) + 2 sensitivity runs.
+  summaries = _summaries(runs)
+  assert len(summaries) == 2 * 3 + 2
+  assert sorted(os.path.relpath(s, runs).split(os.sep)[-2] for s in summaries
+                if "_server_lr" in s) == ["seed1", "seed1"]
+  stamps = [os.path.getmtime(s) for s in summaries]
+  again = compare_algorithms.compare(**args)
+  assert [os.path.getmtime(s) for s in _summaries(runs)] == stamps
+  assert again.split("Wall time")[1] == text.split("Wall time")[1]
