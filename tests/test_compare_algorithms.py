@@ -34,8 +34,9 @@ def test_compare_tunes_reports_sensitivity_and_reuses_runs(tmp_path):
   text = compare_algorithms.compare(**args)
   assert open(out + ".md").read() == text + "\n"
   assert "| fedavg |" in text and "| fedadam |" in text
-  assert "seeds 1):" in text  # the sensitivity ran at --server_lr_seeds, not --seeds
+  assert "local rate; seed 1):" in text  # the sensitivity ran at --server_lr_seeds, not --seeds
   assert "fedadam_server_lr0.01" in text and "fedadam_server_lr1" in text
+  assert "- fedadam sensitive to its server rate" in text
   with open(out + ".json") as f:
     report = json.load(f)
   assert set(report["results"]) == {"fedavg", "fedadam"}
@@ -55,3 +56,27 @@ def test_compare_tunes_reports_sensitivity_and_reuses_runs(tmp_path):
   again = compare_algorithms.compare(**args)
   assert [os.path.getmtime(s) for s in _summaries(runs)] == stamps
   assert again.split("Wall time")[1] == text.split("Wall time")[1]
+
+
+def _res(*finals, diverged=0):
+  return {"runs": [{"final_test_accuracy": a} for a in finals] + [{"diverged": 3}] * diverged}
+
+
+def test_literature_checks_known_answers():
+  results = {"fedavg": _res(0.70, 0.72), "scaffold": _res(0.80, 0.82),
+             "feddyn": _res(0.60, 0.62, diverged=1)}
+  sens = {"fedadam_server_lr0.01": _res(0.70), "fedadam_server_lr1": _res(diverged=1),
+          "fedyogi_server_lr0.01": _res(0.70), "fedyogi_server_lr0.1": _res(0.72)}
+  lines = compare_algorithms.literature_checks(results, sens)
+  assert len(lines) == 4
+  # scaffold: gap +0.10 against spreads 0.01 + 0.01.
+  assert "scaffold ahead" in lines[0] and "**holds**" in lines[0] and "+0.1000" in lines[0]
+  assert "feddyn ahead" in lines[1] and "**does not hold**" in lines[1]
+  assert "1 of 3 seeds diverged" in lines[1]
+  # A diverged server rate is the low end of the range: 0.70 - 0 > 0.05.
+  assert "fedadam sensitive" in lines[2] and "**holds**" in lines[2] and "1: diverged" in lines[2]
+  # 0.02 apart: not sensitive.
+  assert "fedyogi sensitive" in lines[3] and "**does not hold**" in lines[3]
+  tie = compare_algorithms.literature_checks(
+      {"fedavg": _res(0.70, 0.74), "scaffold": _res(0.71, 0.75)}, {})
+  assert tie and "a tie within the seeds' spread" in tie[0]
