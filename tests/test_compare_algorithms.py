@@ -3,20 +3,13 @@ split, the report's rows, the server-rate sensitivity at its own seeds, and reus
 import json
 import os
 
-from configs import default
 from experiments import compare_algorithms
+from tests.test_training import tiny_config
 
 
 def tiny_base():
-  c = default.get_config()
-  c.num_clients = 8
-  c.rounds = 3
-  c.local_steps = 2
-  c.eval_every = 1
-  c.checkpoint_every = 3
-  c.validation_fraction = 0.1
-  c.plots = False
-  return c
+  return tiny_config(rounds=3, local_steps=2, eval_every=1, checkpoint_every=3,
+                     validation_fraction=0.1)
 
 
 def _summaries(runs):
