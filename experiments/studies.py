@@ -112,6 +112,12 @@ class Comparison:
                                     [[k, ", ".join(f"{lr:g}: {score:.4f}" for lr, score in
                                                    sorted(r["scores"].items()))]
                                      for k, r in tuned.items()])]
+      edges = [f"{k} ({r['lr']:g}, the {'top' if r['lr'] == max(r['scores']) else 'bottom'})"
+               for k, r in tuned.items()
+               if len(r["scores"]) > 1 and r["lr"] in (min(r["scores"]), max(r["scores"]))]
+      if edges:
+        text += ["", "Picked at an edge of its grid, so a better rate may lie outside it: "
+                 + ", ".join(edges) + "."]
     if plot_path:
       curves = {k: [r["records"] for r in res["runs"] if "records" in r]
                 for k, res in results.items()}

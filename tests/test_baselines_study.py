@@ -1,9 +1,9 @@
-"""experiments.compare_algorithms end to end on the built-in digits: tuning on the validation
+"""experiments.baselines_study (behind compare_algorithms) end to end on the built-in digits:
 split, the report's rows, the server-rate sensitivity at its own seeds, and reuse on a rerun."""
 import json
 import os
 
-from experiments import compare_algorithms
+from experiments import baselines_study
 from tests.test_training import tiny_config
 
 
@@ -21,15 +21,18 @@ def test_compare_tunes_reports_sensitivity_and_reuses_runs(tmp_path):
   out, runs = str(tmp_path / "report"), str(tmp_path / "runs")
   args = dict(base=tiny_base(), algorithms=["fedavg", "fedadam"], lrs=[0.03, 0.3],
               seeds=[0, 1], tune_seed=0,
-              overrides=compare_algorithms.parse_overrides("fedadam:server_lr=0.01"),
+              overrides=baselines_study.parse_overrides("fedadam:server_lr=0.01"),
               server_lr_algorithms=["fedadam", "scaffold"], server_lrs=[0.01, 1.0],
               server_lr_seeds=[1], out=out, runs_dir=runs)
-  text = compare_algorithms.compare(**args)
+  text = baselines_study.compare(**args)
   assert open(out + ".md").read() == text + "\n"
   assert "| fedavg |" in text and "| fedadam |" in text
   assert "local rate; seed 1):" in text  # the sensitivity ran at --server_lr_seeds, not --seeds
   assert "fedadam_server_lr0.01" in text and "fedadam_server_lr1" in text
   assert "- fedadam sensitive to its server rate" in text
+  # On a grid of two rates every pick is at an edge, and the report says so.
+  edges = text.split("Picked at an edge of its grid")[1].split("\n")[0]
+  assert "fedavg (0." in edges and "fedadam (0." in edges
   with open(out + ".json") as f:
     report = json.load(f)
   assert set(report["results"]) == {"fedavg", "fedadam"}
@@ -46,7 +49,7 @@ def test_compare_tunes_reports_sensitivity_and_reuses_runs(tmp_path):
   assert sorted(os.path.relpath(s, runs).split(os.sep)[-2] for s in summaries
                 if "_server_lr" in s) == ["seed1", "seed1"]
   stamps = [os.path.getmtime(s) for s in summaries]
-  again = compare_algorithms.compare(**args)
+  again = baselines_study.compare(**args)
   assert [os.path.getmtime(s) for s in _summaries(runs)] == stamps
   assert again.split("Wall time")[1] == text.split("Wall time")[1]
 
@@ -60,7 +63,7 @@ def test_literature_checks_known_answers():
              "feddyn": _res(0.60, 0.62, diverged=1)}
   sens = {"fedadam_server_lr0.01": _res(0.70), "fedadam_server_lr1": _res(diverged=1),
           "fedyogi_server_lr0.01": _res(0.70), "fedyogi_server_lr0.1": _res(0.72)}
-  lines = compare_algorithms.literature_checks(results, sens)
+  lines = baselines_study.literature_checks(results, sens)
   assert len(lines) == 4
   # scaffold: gap +0.10 against spreads 0.01 + 0.01.
   assert "scaffold ahead" in lines[0] and "**holds**" in lines[0] and "+0.1000" in lines[0]
@@ -70,6 +73,6 @@ def test_literature_checks_known_answers():
   assert "fedadam sensitive" in lines[2] and "**holds**" in lines[2] and "1: diverged" in lines[2]
   # 0.02 apart: not sensitive.
   assert "fedyogi sensitive" in lines[3] and "**does not hold**" in lines[3]
-  tie = compare_algorithms.literature_checks(
+  tie = baselines_study.literature_checks(
       {"fedavg": _res(0.70, 0.74), "scaffold": _res(0.71, 0.75)}, {})
   assert tie and "a tie within the seeds' spread" in tie[0]
