@@ -7,6 +7,7 @@ import os
 import numpy as np
 
 from experiments import sweep
+from fedjax_lama import algorithms
 from experiments.studies import Comparison, Variant
 
 # Settings that are not learning rates, fixed before tuning (5.5: Reddi et al.'s server rate
@@ -15,13 +16,27 @@ DEFAULT_OVERRIDES = {"fedadam": {"server_lr": 0.03}, "fedyogi": {"server_lr": 0.
                      "fedadagrad": {"server_lr": 0.03}}
 
 
+OVERRIDES_FORM = "NAME:KEY=VALUE[,KEY=VALUE][;NAME:...], e.g. 'fedadam:server_lr=0.03'"
+
+
 def parse_overrides(text: str) -> dict:
+  """--overrides on top of DEFAULT_OVERRIDES; a VALUE that is not JSON stays a string."""
   out = {name: dict(v) for name, v in DEFAULT_OVERRIDES.items()}
   for part in filter(None, (p.strip() for p in text.split(";"))):
-    name, assignments = part.split(":", 1)
+    name, _, assignments = part.partition(":")
+    name = name.strip()
+    if name not in algorithms.names():
+      raise ValueError(f"--overrides: unknown algorithm {name!r} in {part!r}; accepted: "
+                       f"{', '.join(algorithms.names())} (form {OVERRIDES_FORM})")
     for assignment in assignments.split(","):
-      key, value = assignment.split("=")
-      out.setdefault(name, {})[key] = json.loads(value)
+      key, eq, value = (x.strip() for x in assignment.partition("="))
+      if not key or not eq:
+        raise ValueError(f"--overrides: {assignment!r} in {part!r} is not KEY=VALUE "
+                         f"(form {OVERRIDES_FORM})")
+      try:
+        out.setdefault(name, {})[key] = json.loads(value)
+      except json.JSONDecodeError:
+        out.setdefault(name, {})[key] = value
   return out
 
 

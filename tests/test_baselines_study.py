@@ -3,6 +3,8 @@ split, the report's rows, the server-rate sensitivity at its own seeds, and reus
 import json
 import os
 
+import pytest
+
 from experiments import baselines_study
 from tests.test_training import tiny_config
 
@@ -76,3 +78,15 @@ def test_literature_checks_known_answers():
   tie = baselines_study.literature_checks(
       {"fedavg": _res(0.70, 0.74), "scaffold": _res(0.71, 0.75)}, {})
   assert tie and "a tie within the seeds' spread" in tie[0]
+
+
+def test_overrides_parse_and_bad_input_names_the_field():
+  parsed = baselines_study.parse_overrides(
+      "fedprox:fedprox.mu=0.01; fedspeed:fedspeed.server_average=all_clients,fedspeed.rho=0.1")
+  assert parsed["fedprox"] == {"fedprox.mu": 0.01}
+  assert parsed["fedspeed"] == {"fedspeed.server_average": "all_clients", "fedspeed.rho": 0.1}
+  assert parsed["fedadam"] == {"server_lr": 0.03}  # the default stays unless overridden
+  with pytest.raises(ValueError, match="unknown algorithm 'fedfoo'.*accepted: .*fedavg"):
+    baselines_study.parse_overrides("fedfoo:mu=1")
+  with pytest.raises(ValueError, match="'mu' .* is not KEY=VALUE"):
+    baselines_study.parse_overrides("fedprox:mu")
