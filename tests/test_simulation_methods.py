@@ -437,3 +437,12 @@ def test_asofed_global_model_is_the_data_weighted_mean_of_client_copies():
   expected = sum(s * method.copies[k]["w"].astype(np.float64) for k, s in enumerate(shares))
   np.testing.assert_allclose(method.model["w"], expected, rtol=1e-6)
   assert method.global_updates == len(entries(sim, "arrival"))
+
+
+@pytest.mark.parametrize("method", [ASOFed, FedAsync, FedAT, FedAvg, FedProx, TiFL])
+def test_every_method_defaults_its_config_and_refuses_another_type(method):
+  assert isinstance(method().config, method.config_type)
+  other = FedAsyncConfig() if method is not FedAsync else FedATConfig()
+  with pytest.raises(ValueError, match=f"{method.name}: config must be a "
+                     f"{method.config_type.__name__}, got {type(other).__name__}"):
+    method(other)

@@ -23,12 +23,7 @@ class ASOFed(Method):
   name = "asofed"
   citation = "Chen, Ning, Slawski, Rangwala, ASO-Fed, IEEE BigData 2020 (arXiv:1911.02134)"
   GROUP = 0
-
-  def __init__(self, config: ASOFedConfig = ASOFedConfig()):
-    super().__init__()
-    if not isinstance(config, ASOFedConfig):
-      raise ValueError(f"config must be an ASOFedConfig, got {type(config).__name__}")
-    self.config = config
+  config_type = ASOFedConfig
 
   def bind(self, sim) -> None:
     super().bind(sim)

@@ -47,9 +47,16 @@ class Method:
 
   name = "method"
   citation = ""
+  config_type = None  # the method's config dataclass; its default is used when none is given
 
-  def __init__(self):
+  def __init__(self, config=None):
     self.sim = None
+    if self.config_type is not None:
+      config = self.config_type() if config is None else config
+      if not isinstance(config, self.config_type):
+        raise ValueError(f"{self.name}: config must be a {self.config_type.__name__}, got "
+                         f"{type(config).__name__}")
+    self.config = config
 
   def bind(self, sim) -> None:
     """Called once by the Simulator, before virtual time 0."""

@@ -42,12 +42,7 @@ class FedAsync(Method):
   name = "fedasync"
   citation = "Xie, Koyejo, Gupta, FedAsync, arXiv:1903.03934"
   GROUP = 0
-
-  def __init__(self, config: FedAsyncConfig = FedAsyncConfig()):
-    super().__init__()
-    if not isinstance(config, FedAsyncConfig):
-      raise ValueError(f"config must be a FedAsyncConfig, got {type(config).__name__}")
-    self.config = config
+  config_type = FedAsyncConfig
 
   def bind(self, sim) -> None:
     super().bind(sim)

@@ -77,12 +77,7 @@ class FedAT(Method):
 
   name = "fedat"
   citation = "Chai et al., FedAT, SC'21 (Alg. 2, Eq. 3-5)"
-
-  def __init__(self, config: FedATConfig = FedATConfig()):
-    super().__init__()
-    if not isinstance(config, FedATConfig):
-      raise ValueError(f"config must be a FedATConfig, got {type(config).__name__}")
-    self.config = config
+  config_type = FedATConfig
 
   def bind(self, sim) -> None:
     super().bind(sim)

@@ -107,12 +107,7 @@ class FedAvg(SynchronousMethod):
 
   name = "fedavg"
   citation = "McMahan et al., FedAvg, AISTATS 2017"
-
-  def __init__(self, config: FedAvgConfig = FedAvgConfig()):
-    super().__init__()
-    if not isinstance(config, FedAvgConfig):
-      raise ValueError(f"config must be a FedAvgConfig, got {type(config).__name__}")
-    self.config = config
+  config_type = FedAvgConfig
 
 
 def fedprox_epochs(seed: int, client: int, index: int, max_epochs: int) -> int:
@@ -125,12 +120,7 @@ class FedProx(SynchronousMethod):
 
   name = "fedprox"
   citation = "Li et al., FedProx, MLSys 2020 (arXiv:1812.06127)"
-
-  def __init__(self, config: FedProxConfig = FedProxConfig()):
-    super().__init__()
-    if not isinstance(config, FedProxConfig):
-      raise ValueError(f"config must be a FedProxConfig, got {type(config).__name__}")
-    self.config = config
+  config_type = FedProxConfig
 
   def _prox_coeff(self) -> float:
     return self.config.mu

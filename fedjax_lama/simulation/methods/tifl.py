@@ -90,12 +90,7 @@ class TiFL(SynchronousMethod):
 
   name = "tifl"
   citation = "Chai et al., TiFL, HPDC'20 (Alg. 2, ChangeProbs)"
-
-  def __init__(self, config: TiFLConfig = TiFLConfig()):
-    super().__init__()
-    if not isinstance(config, TiFLConfig):
-      raise ValueError(f"config must be a TiFLConfig, got {type(config).__name__}")
-    self.config = config
+  config_type = TiFLConfig
 
   def bind(self, sim) -> None:
     super().bind(sim)
