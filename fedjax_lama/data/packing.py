@@ -32,6 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from fedjax_lama.data import seeding
+from fedjax_lama.data.validate import check_int as _check_int
 
 _INT32_MAX = np.iinfo(np.int32).max
 
@@ -69,14 +70,6 @@ class CohortBatch:
   @property
   def batch_size(self) -> int:
     return self.indices.shape[2]
-
-
-def _check_int(value: Any, field: str, minimum: int) -> int:
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-    raise ValueError(f'{field} must be an int >= {minimum}, got {value!r}')
-  if value < minimum:
-    raise ValueError(f'{field} must be an int >= {minimum}, got {value}')
-  return int(value)
 
 
 def _per_client(value: Any, field: str, num: int) -> list[int]:

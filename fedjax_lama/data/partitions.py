@@ -29,19 +29,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from fedjax_lama.data import seeding
+from fedjax_lama.data.validate import check_int as _check_int
 
 # Sub-streams of seeding.PARTITION_STREAM, one per scheme.
 _IID, _FEDML, _BALANCED, _SHARDS, _CYCLIC, _ONE_CLASS = range(1, 7)
 
 IndexList = list[np.ndarray]
-
-
-def _check_int(value: Any, field: str, minimum: int) -> int:
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-    raise ValueError(f'{field} must be an int >= {minimum}, got {value!r}')
-  if value < minimum:
-    raise ValueError(f'{field} must be an int >= {minimum}, got {value}')
-  return int(value)
 
 
 def _check_labels(labels: Any) -> np.ndarray:
