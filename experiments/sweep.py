@@ -15,6 +15,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from fedjax_lama import training
+from fedjax_lama.config import ConfigError
 
 
 def _load(workdir: str) -> dict:
@@ -25,27 +26,62 @@ def _load(workdir: str) -> dict:
   return summary
 
 
+# A run whose loss became non-finite is finished, not interrupted: its error is recorded here
+# so that a rerun of the sweep reuses it instead of diverging again from the last checkpoint.
+DIVERGED = "diverged.json"
+
+
+def _recorded_divergence(config, workdir: str) -> Optional[training.DivergenceError]:
+  path = os.path.join(workdir, DIVERGED)
+  if not os.path.exists(path):
+    return None
+  training.check_workdir(workdir, config)  # the record belongs to this config
+  try:
+    with open(path) as f:
+      message = str(json.load(f)["error"])
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise ConfigError(
+        f"{path} is not a divergence record ({e!r}); delete it to train the run again") from e
+  return training.DivergenceError(f"{message} [recorded in {path}; delete it to train again]")
+
+
+def _record_divergence(workdir: str, error: training.DivergenceError) -> None:
+  with open(os.path.join(workdir, DIVERGED), "w") as f:
+    json.dump({"error": str(error)}, f)
+
+
+def _finished(workdir: str) -> bool:
+  return os.path.exists(os.path.join(workdir, "summary.json"))
+
+
 def run(config, workdir: str) -> dict:
-  """The summary of `config` in `workdir` (trains, resumes or reuses) and its records."""
-  if not os.path.exists(os.path.join(workdir, "summary.json")):
-    training.train_and_evaluate(config, workdir)
-  return _load(workdir)
+  """The summary of `config` in `workdir` (trains, resumes or reuses) and its records; a
+  diverged run raises its DivergenceError, now and on every rerun."""
+  outcome = run_group([config], [workdir])[0]
+  if isinstance(outcome, training.DivergenceError):
+    raise outcome
+  return outcome
 
 
 def run_group(configs, workdirs) -> list:
   """Like `run` for several runs; those still to train go through training.train_many, which
   trains runs differing only in seed and learning rate as one vectorized computation. A
-  diverged run comes back as its TrainingError."""
-  todo = [i for i, w in enumerate(workdirs) if not os.path.exists(os.path.join(w, "summary.json"))]
-  outcome = {}
+  diverged run comes back as its DivergenceError (recorded, so a rerun does not retrain it)."""
+  outcome, todo = {}, []
+  for i, (c, w) in enumerate(zip(configs, workdirs)):
+    if not _finished(w):
+      recorded = _recorded_divergence(c, w)
+      if recorded is None:
+        todo.append(i)
+      else:
+        outcome[i] = recorded
   if todo:
-    try:
-      done = training.train_many([configs[i] for i in todo], [workdirs[i] for i in todo])
-      outcome = dict(zip(todo, done))
-    except training.TrainingError as e:  # one after another: the first divergence stops them
-      outcome = {i: e for i in todo}
-  return [outcome[i] if isinstance(outcome.get(i), training.TrainingError) else _load(w)
-          for i, w in enumerate(workdirs)]
+    done = training.train_many([configs[i] for i in todo], [workdirs[i] for i in todo])
+    for i, r in zip(todo, done):
+      if isinstance(r, training.DivergenceError):
+        _record_divergence(workdirs[i], r)
+        outcome[i] = r
+  return [outcome[i] if i in outcome else _load(w) for i, w in enumerate(workdirs)]
 
 
 def validation_score(summary: dict, last: int = 3) -> float:

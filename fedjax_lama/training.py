@@ -41,11 +41,16 @@ class TrainingError(RuntimeError):
   """Training cannot continue (e.g. a NaN loss); the workdir keeps the last checkpoint."""
 
 
+class DivergenceError(TrainingError):
+  """The training loss became non-finite: the run is over, its workdir keeps the last
+  checkpoint. Deterministic: resuming the same config diverges again at the same round."""
+
+
 def _config_dict(config) -> dict:
   return json.loads(config.to_json_best_effort(sort_keys=True))
 
 
-def _check_workdir(workdir: str, config) -> None:
+def check_workdir(workdir: str, config) -> None:
   """Refuses to mix runs: an existing config.json must match (RESUMABLE_CHANGES aside)."""
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
@@ -302,7 +307,7 @@ class _Run:
     self.ledger.add(out.floats_up_per_layer, out.floats_down_per_layer, out.bytes, out.bits_up,
                     out.floats_up_other, out.floats_down_other)
     if not np.isfinite(out.train_loss):
-      raise TrainingError(
+      raise DivergenceError(
           f"non-finite training loss ({out.train_loss}) at round {round_idx}: stopped; the workdir "
           f"keeps the last checkpoint. Accepted: finite losses; try a smaller config.local_lr "
           f"(now {config.local_lr}) or config.server_lr (now {config.server_lr})")
@@ -360,7 +365,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     return _train_on_clock(config, workdir, stop_after_tick=stop_after_round)
   fed, model, params, model_state = _prepare(config)
   program = build_program(config, model, params, model_state, fed, sharding.client_mesh())
-  _check_workdir(workdir, config)  # every check passes before the workdir is written
+  check_workdir(workdir, config)  # every check passes before the workdir is written
   run = _Run(config, workdir, program, fed, params)
   state = run.restore(program.init_state())
   try:
@@ -418,6 +423,16 @@ class _RunView:
     del workdir, ledger
 
 
+def _one_after_another(configs, workdirs) -> list:
+  outcomes = []
+  for c, w in zip(configs, workdirs):
+    try:
+      outcomes.append(train_and_evaluate(c, w))
+    except DivergenceError as e:
+      outcomes.append(e)
+  return outcomes
+
+
 def train_many(configs, workdirs) -> list:
   """Several runs, each written to its own workdir exactly as train_and_evaluate writes it.
 
@@ -425,26 +440,26 @@ def train_many(configs, workdirs) -> list:
   learning-rate grid) train together as ONE jitted computation per round, with a run axis
   beside the client axis (programs/vectorized.py); they resume together when every workdir
   stopped at the same round. Any other set of runs, or workdirs at different rounds, runs
-  one after another. A run that diverges (TrainingError) is returned as that error, in its
-  place, when the runs train together; one after another, the error is raised.
+  one after another. A run that diverges is returned as its DivergenceError, in its place;
+  the others go on.
   """
   from fedjax_lama.programs.vectorized import VectorizedSyncProgram  # pylint: disable=g-import-not-at-top
   configs = [copy.deepcopy(c) for c in configs]
   for c in configs:
     config_lib.validate(c)
   if not _vectorizable(configs):
-    return [train_and_evaluate(c, w) for c, w in zip(configs, workdirs)]
+    return _one_after_another(configs, workdirs)
   prepared = [_prepare(c) for c in configs]
   mesh = sharding.client_mesh()
   programs = [build_program(c, *p[1:], p[0], mesh) for c, p in zip(configs, prepared)]
   if any(type(p).__name__ != "SyncProgram" or p.chunk_size < p.opts.sampler.max_cohort
          for p in programs):  # chunked or scheduled rounds: one after another
-    return [train_and_evaluate(c, w) for c, w in zip(configs, workdirs)]
+    return _one_after_another(configs, workdirs)
   vec = VectorizedSyncProgram([p.opts for p in programs], programs[0].algorithm,
                               prepared[0][1], [p[2] for p in prepared], [p[3] for p in prepared],
                               [p[0] for p in prepared], mesh, programs[0].compressor)
   for c, w in zip(configs, workdirs):
-    _check_workdir(w, c)
+    check_workdir(w, c)
   runs = [_Run(c, w, _RunView(vec, i), p[0], p[2])
           for i, (c, w, p) in enumerate(zip(configs, workdirs, prepared))]
   fresh = vec.init_state()
@@ -452,7 +467,7 @@ def train_many(configs, workdirs) -> list:
   if len({run.start_round for run in runs}) > 1:  # resumed from different rounds
     for run in runs:
       run.close()
-    return [train_and_evaluate(c, w) for c, w in zip(configs, workdirs)]
+    return _one_after_another(configs, workdirs)
   state = vec.stack_states(states)
   failed = {}  # a diverged run stops alone; the others go on
   try:
@@ -463,7 +478,7 @@ def train_many(configs, workdirs) -> list:
           continue
         try:
           run.after_round(vec.run_state(state, i), round_idx, out)
-        except TrainingError as e:
+        except DivergenceError as e:
           failed[i] = e
   finally:
     for run in runs:
@@ -496,7 +511,7 @@ def _train_on_clock(config, workdir: str, stop_after_tick: Optional[int]) -> dic
     raise config_lib.ConfigError(
         f"config.model={config.model!r} keeps BatchNorm statistics, which runs on the simulated "
         "clock do not carry (models travel as parameters only); accepted: a model without them")
-  _check_workdir(workdir, config)  # every check passes before the workdir is written
+  check_workdir(workdir, config)  # every check passes before the workdir is written
   return clock_run.run(options, fed, model, params, workdir, config_json=_config_dict(config),
                        mesh=sharding.client_mesh(),
                        augment=augment.augmentation(config.augmentation, fed.dataset),

@@ -328,7 +328,7 @@ def test_a_run_started_before_the_clock_sections_existed_still_resumes(tmp_path)
   for name in registry.clock_sections():
     del old[name]
   (tmp_path / "config.json").write_text(json.dumps(old))
-  training._check_workdir(str(tmp_path), c)  # pylint: disable=protected-access
+  training.check_workdir(str(tmp_path), c)
   c.system.num_tiers = 3  # a changed value is a different run
   with pytest.raises(ConfigError, match="fields: system"):
-    training._check_workdir(str(tmp_path), c)  # pylint: disable=protected-access
+    training.check_workdir(str(tmp_path), c)

@@ -1,0 +1,53 @@
+"""experiments.sweep: a diverged run is finished (recorded, reused), and it never stops the
+runs beside it, whether they train together or one after another."""
+import os
+
+import pytest
+
+from experiments import sweep
+from fedjax_lama import training
+from fedjax_lama.config import ConfigError
+from tests.test_training import tiny_config
+
+
+def _mtime(workdir):
+  return os.path.getmtime(os.path.join(workdir, "metrics.jsonl"))
+
+
+@pytest.mark.parametrize("together", [True, False])
+def test_divergence_is_recorded_reused_and_spares_the_other_runs(tmp_path, together):
+  # Runs differing only in local_lr train together; a different local_steps forces the
+  # one-after-another path (where the first error used to stop the rest).
+  bad = tiny_config(local_lr=1e30)
+  good = tiny_config(local_lr=0.1, local_steps=3 if together else 2)
+  workdirs = [str(tmp_path / "bad"), str(tmp_path / "good")]
+  first = sweep.run_group([bad, good], workdirs)
+  assert isinstance(first[0], training.DivergenceError)
+  assert "non-finite" in str(first[0])
+  assert first[1]["rounds"] == 4 and first[1]["records"]
+  assert os.path.exists(os.path.join(workdirs[0], sweep.DIVERGED))
+  stamps = [_mtime(w) for w in workdirs]
+  again = sweep.run_group([bad, good], workdirs)  # nothing trains again
+  assert [_mtime(w) for w in workdirs] == stamps
+  assert isinstance(again[0], training.DivergenceError)
+  assert "recorded in" in str(again[0]) and "non-finite" in str(again[0])
+  assert again[1]["final_test_accuracy"] == first[1]["final_test_accuracy"]
+  with pytest.raises(training.DivergenceError, match="recorded in"):
+    sweep.run(bad, workdirs[0])
+
+
+def test_a_divergence_record_of_another_config_is_not_reused(tmp_path):
+  bad = tiny_config(local_lr=1e30)
+  with pytest.raises(training.DivergenceError):
+    sweep.run(bad, str(tmp_path))
+  with pytest.raises(ConfigError, match="different config"):
+    sweep.run(tiny_config(local_lr=1e30, num_clients=6), str(tmp_path))
+
+
+def test_an_unreadable_divergence_record_names_the_file(tmp_path):
+  bad = tiny_config(local_lr=1e30)
+  with pytest.raises(training.DivergenceError):
+    sweep.run(bad, str(tmp_path))
+  (tmp_path / sweep.DIVERGED).write_text("{not json")
+  with pytest.raises(ConfigError, match="diverged.json is not a divergence record"):
+    sweep.run(bad, str(tmp_path))
