@@ -105,9 +105,10 @@ def literature_checks(results: dict, sens_results: dict) -> list:
   return lines
 
 
-def header(base, lrs, seeds, tune_seed, wall) -> str:
+def header(base, lrs, seeds, tune_seed, wall, command="") -> str:
   return "\n".join([
       f"# Algorithms at one local-step budget: {base.dataset}, {base.model}", "",
+      *([f"Command: `{command}`", ""] if command else []),
       f"Setting: partition {base.partition} (concentration {base.dirichlet_concentration}) "
       f"over {base.num_clients} clients, {base.active_ratio:.0%} participation, "
       f"{base.local_steps} local steps of batch {base.batch_size} per round, {base.rounds} "
@@ -124,7 +125,7 @@ def header(base, lrs, seeds, tune_seed, wall) -> str:
 
 
 def compare(base, algorithms, lrs, seeds, tune_seed, overrides, server_lr_algorithms,
-            server_lrs, server_lr_seeds, out, runs_dir) -> str:
+            server_lrs, server_lr_seeds, out, runs_dir, command="") -> str:
   """Runs (or reuses) every run of the study; writes <out>.md, .json, .png; returns the text."""
   main_study = study(base, algorithms, lrs, seeds, tune_seed, overrides)
   results = main_study.run(runs_dir)
@@ -133,7 +134,8 @@ def compare(base, algorithms, lrs, seeds, tune_seed, overrides, server_lr_algori
   sens_results = sens.run(runs_dir) if sens.variants else {}
   wall = sum(r.get("wall_seconds", 0) for res in (*results.values(), *sens_results.values())
              for r in res["runs"])
-  text = [header(base, lrs, seeds, tune_seed, wall), main_study.report(results, out + ".png")]
+  text = [header(base, lrs, seeds, tune_seed, wall, command),
+          main_study.report(results, out + ".png")]
   if sens_results:
     seeds_text = ", ".join(map(str, sens.seeds))
     text += ["", "Server learning-rate sensitivity (at the tuned local rate; "

@@ -15,6 +15,8 @@ their tuned local rate, the seeds of --server_lr_seeds, default --seeds). Runs l
 (default <out>_runs) and are reused or resumed, so an interrupted sweep continues where it
 stopped. Writes <out>.md, <out>.json and <out>.png.
 """
+import sys
+
 from absl import app, flags
 from ml_collections import config_flags
 
@@ -25,7 +27,7 @@ config_flags.DEFINE_config_file("config", "configs/baselines_fmnist_cnn.py", "Ba
 flags.DEFINE_list("algorithms", ["fedavg", "fedprox", "scaffold", "fednova", "fedavgm",
                                  "fedadam", "fedyogi", "fedadagrad", "feddyn", "fedcm",
                                  "fedadmm", "fedsgd", "fedpaq", "fedcom"], "Algorithms.")
-flags.DEFINE_list("lrs", ["0.01", "0.03", "0.1"], "Local learning-rate grid (log).")
+flags.DEFINE_list("lrs", ["0.01", "0.03", "0.1", "0.3"], "Local learning-rate grid (log).")
 flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of the final runs.")
 flags.DEFINE_integer("tune_seed", 0, "Seed of the tuning runs (reused as a final run).")
 flags.DEFINE_list("server_lrs", ["0.001", "0.01", "0.03", "0.1", "1"], "Server rates of "
@@ -47,7 +49,8 @@ def main(argv):
       [int(x) for x in FLAGS.seeds], FLAGS.tune_seed,
       baselines_study.parse_overrides(FLAGS.overrides), FLAGS.server_lr_algorithms,
       [float(x) for x in FLAGS.server_lrs], [int(x) for x in FLAGS.server_lr_seeds],
-      FLAGS.out, FLAGS.runs or FLAGS.out + "_runs"))
+      FLAGS.out, FLAGS.runs or FLAGS.out + "_runs",
+      command=" ".join(["python -m experiments.compare_algorithms"] + sys.argv[1:])))
 
 
 if __name__ == "__main__":
