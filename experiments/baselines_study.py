@@ -99,8 +99,10 @@ def literature_checks(results: dict, sens_results: dict) -> list:
     verdict = "holds" if spread > SENSITIVE_RANGE else "does not hold"
     where = ", ".join(f"{rate:g}: " + (f"{a:.4f}" if a is not None else "diverged")
                       for rate, a in sorted(points))
+    span = (f"range {spread:.4f}" if len(accs) == len(points) else
+            f"from divergence up to {max(accs) if accs else 0.0:.4f}")
     lines.append(f"- {name} sensitive to its server rate (Reddi et al., 2021): **{verdict}** "
-                 f"(final accuracy {where}; range {spread:.4f}, sensitive above "
+                 f"(final accuracy {where}; {span}; sensitive above a range of "
                  f"{SENSITIVE_RANGE}).")
   return lines
 

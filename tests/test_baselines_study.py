@@ -73,8 +73,10 @@ def test_literature_checks_known_answers():
   assert "1 of 3 seeds diverged" in lines[1]
   # A diverged server rate is the low end of the range: 0.70 - 0 > 0.05.
   assert "fedadam sensitive" in lines[2] and "**holds**" in lines[2] and "1: diverged" in lines[2]
+  assert "from divergence up to 0.7000" in lines[2]
   # 0.02 apart: not sensitive.
   assert "fedyogi sensitive" in lines[3] and "**does not hold**" in lines[3]
+  assert "range 0.0200" in lines[3]
   tie = baselines_study.literature_checks(
       {"fedavg": _res(0.70, 0.74), "scaffold": _res(0.71, 0.75)}, {})
   assert tie and "a tie within the seeds' spread" in tie[0]
