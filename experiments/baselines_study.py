@@ -40,9 +40,23 @@ def parse_overrides(text: str) -> dict:
   return out
 
 
+# What a reader of the table must know about a row (algorithms.md 5.13).
+NOTES = {
+    "fedcom": "at server_lr 1 (no override) FedCOM is FedPAQ bitwise (5.13)",
+    "fedsgd": "one full-batch gradient step per round, not 10 minibatch steps",
+    "fedpaq": "QSGD, 16 levels per leaf (6 bits per coordinate)",
+    "fedadam": "server_lr 0.03, tau 1e-3 (Reddi et al.'s tuned setting)",
+    "fedyogi": "server_lr 0.03", "fedadagrad": "server_lr 0.03",
+}
+
+
 def study(base, algorithms, lrs, seeds, tune_seed, overrides) -> Comparison:
   """Every algorithm at its own learning rate, tuned on the validation split."""
-  variants = [Variant(name, {"algorithm": name, **overrides.get(name, {})})
+  def note(name):
+    changed = overrides.get(name, {}) != DEFAULT_OVERRIDES.get(name, {})
+    return "overrides: " + ", ".join(f"{k}={v}" for k, v in overrides[name].items()) \
+        if changed else NOTES.get(name, "")
+  variants = [Variant(name, {"algorithm": name, **overrides.get(name, {})}, paper=note(name))
               for name in algorithms]
   return Comparison(base, variants, lrs, seeds, tune_seed, paper_header="note")
 

@@ -29,6 +29,9 @@ def test_compare_tunes_reports_sensitivity_and_reuses_runs(tmp_path):
   text = baselines_study.compare(**args)
   assert open(out + ".md").read() == text + "\n"
   assert "| fedavg |" in text and "| fedadam |" in text
+  # The overridden server rate is named in the row's note; FedAvg's note is empty.
+  assert "overrides: server_lr=0.01 |" in text.split("| fedadam |")[1].split("\n")[0]
+  assert text.split("| fedavg |")[1].split("\n")[0].endswith("| - |")
   assert "local rate; seed 1):" in text  # the sensitivity ran at --server_lr_seeds, not --seeds
   assert "fedadam_server_lr0.01" in text and "fedadam_server_lr1" in text
   assert "- fedadam sensitive to its server rate" in text
