@@ -27,7 +27,8 @@ def _pieces(c):
   return model, params, fed
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "fedadam"])
+# fedsgd: one full-batch step, whose batch is each run's largest client (seeds differ).
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "fedadam", "fedsgd"])
 def test_vectorized_runs_equal_sequential_runs(algorithm):
   configs = [_config(algorithm, s, lr) for s, lr in RUNS]
   sequential = []

@@ -38,6 +38,15 @@ def _same(arrays) -> bool:
              for a in arrays[1:])
 
 
+def _stack_padded(arrays) -> np.ndarray:
+  """Stacks the runs' cohort arrays, zero-padded to a common shape. Runs of other seeds have
+  other partitions, so a full-batch step (FedSGD) packs a different largest client per run;
+  zero padding is the engine's own (masks 0, index 0), which changes nothing."""
+  shape = np.max([np.shape(a) for a in arrays], axis=0)
+  return np.stack([np.pad(a, [(0, t - n) for n, t in zip(np.shape(a), shape)])
+                   for a in arrays])
+
+
 class VectorizedSyncProgram:
   """R synchronous runs trained together (see the module docstring).
 
@@ -122,7 +131,7 @@ class VectorizedSyncProgram:
       cohorts.append(pack(opts, fed, ids, round_idx, self.chunk_size, self.num_steps,
                           self.algorithm))
       sizes.append(len(ids))
-    cohort = round_lib.Cohort(*[np.stack(x) for x in zip(*cohorts)])
+    cohort = round_lib.Cohort(*[_stack_padded(x) for x in zip(*cohorts)])
     server, rows, loss, count = self._round(state["server"], state["rows"], self.data_x,
                                             self.data_y, cohort, round_idx, self.seeds, self.lrs)
     loss, count = np.asarray(loss), np.asarray(count)
