@@ -7,8 +7,8 @@ import os
 import numpy as np
 
 from experiments import sweep
-from fedjax_lama import algorithms
 from experiments.studies import Comparison, Variant
+from fedjax_lama.algorithms import names as algorithm_names
 
 # Settings that are not learning rates, fixed before tuning (5.5: Reddi et al.'s server rate
 # is tuned with tau = 1e-3; the sensitivity table varies it).
@@ -25,9 +25,9 @@ def parse_overrides(text: str) -> dict:
   for part in filter(None, (p.strip() for p in text.split(";"))):
     name, _, assignments = part.partition(":")
     name = name.strip()
-    if name not in algorithms.names():
+    if name not in algorithm_names():
       raise ValueError(f"--overrides: unknown algorithm {name!r} in {part!r}; accepted: "
-                       f"{', '.join(algorithms.names())} (form {OVERRIDES_FORM})")
+                       f"{', '.join(algorithm_names())} (form {OVERRIDES_FORM})")
     for assignment in assignments.split(","):
       key, eq, value = (x.strip() for x in assignment.partition("="))
       if not key or not eq:
@@ -40,22 +40,26 @@ def parse_overrides(text: str) -> dict:
   return out
 
 
-# What a reader of the table must know about a row (algorithms.md 5.13).
+# What a reader of the table must know about a row (algorithms.md 5.13), beside its settings.
 NOTES = {
     "fedcom": "at server_lr 1 (no override) FedCOM is FedPAQ bitwise (5.13)",
     "fedsgd": "one full-batch gradient step per round, not 10 minibatch steps",
     "fedpaq": "QSGD, 16 levels per leaf (6 bits per coordinate)",
-    "fedadam": "server_lr 0.03, tau 1e-3 (Reddi et al.'s tuned setting)",
-    "fedyogi": "server_lr 0.03", "fedadagrad": "server_lr 0.03",
+    "fedadam": "tau 1e-3 (Reddi et al.'s tuned setting)",
 }
+
+
+def _settings(values: dict) -> str:
+  return ", ".join(f"{k}={v}" for k, v in values.items())
 
 
 def study(base, algorithms, lrs, seeds, tune_seed, overrides) -> Comparison:
   """Every algorithm at its own learning rate, tuned on the validation split."""
   def note(name):
-    changed = overrides.get(name, {}) != DEFAULT_OVERRIDES.get(name, {})
-    return "overrides: " + ", ".join(f"{k}={v}" for k, v in overrides[name].items()) \
-        if changed else NOTES.get(name, "")
+    settings = overrides.get(name, {})
+    if settings != DEFAULT_OVERRIDES.get(name, {}):
+      return "overrides: " + _settings(settings)
+    return "; ".join(filter(None, [_settings(settings), NOTES.get(name, "")]))
   variants = [Variant(name, {"algorithm": name, **overrides.get(name, {})}, paper=note(name))
               for name in algorithms]
   return Comparison(base, variants, lrs, seeds, tune_seed, paper_header="note")
