@@ -16,6 +16,8 @@ accuracy over virtual time (seed means). Raw numbers go to <report>.json.
 
 Every run is an ordinary run directory under --out/budget<B>/<setting>/<method>/seed<s>
 (resumable: an interrupted study continues where it stopped; finished runs are reused).
+--finished_only trains nothing and reports what has finished: rows average the seeds they
+have (the Runs table counts them) and the runs still missing are listed.
 FedAT at precision 4 is the Table 1 FedAT run itself.
 
 Cost on the 2-core CPU (FedAT's CNN, ~1 s per job of 3 epochs x 48 steps of 10 images):
@@ -76,6 +78,8 @@ def define_flags() -> None:
   flags.DEFINE_list("targets", ["2=0.79"], "Target accuracies per setting, setting=accuracy.")
   flags.DEFINE_string("out", "experiments/results/fedat_fmnist/runs", "Run directories.")
   flags.DEFINE_string("report", "experiments/results/fedat_fmnist.md", "Markdown report.")
+  flags.DEFINE_bool("finished_only", False, "Train nothing: report the runs that have finished "
+                    "and list the missing ones (a study whose seeds differ by setting).")
 
 
 # ---- runs ---------------------------------------------------------------------------------------
@@ -237,7 +241,9 @@ def setup_text(c) -> str:
 
 def report(base, results: dict, settings: list, targets: dict, seeds: list, ablation: list,
            plot_name: str, budget_s: float = 300.0, eval_interval_s: float = 50.0,
-           ablation_setting: str = "2") -> str:
+           ablation_setting: str = "2", missing: Optional[list] = None) -> str:
+  """The markdown report. `missing` (finished_only studies): the runs not yet finished; each
+  row then averages the seeds it has."""
   n = len(seeds)
   tabled = settings + [s for s in [ablation_setting] if ablation and s in results
                        and s not in settings]
@@ -247,11 +253,14 @@ def report(base, results: dict, settings: list, targets: dict, seeds: list, abla
       "system", "",
       "Produced by `python -m experiments.fedat_tables` (algorithms.md 3.6.7) with "
       f"`--budget_s={budget_s:g} --eval_interval_s={eval_interval_s:g} "
-      f"--seeds={','.join(map(str, seeds))} --settings={','.join(settings)}`. "
+      f"--seeds={','.join(map(str, seeds))} --settings={','.join(settings)}"
+      f"{' --finished_only' if missing is not None else ''}`. "
       f"{setup_text(base)} Accuracy is pooled over every client's local "
       f"{base.local_test_fraction:.0%} test split at each tick; variance is the population "
       "variance of per-client accuracy averaged over the ticks (3.5); mean ± std over "
-      f"{n} seed(s). The paper trained to convergence within an unstated budget; this study "
+      + (f"{n} seed(s)" if missing is None else
+         f"the finished seeds of {n} (the Runs table counts each row's)")
+      + ". The paper trained to convergence within an unstated budget; this study "
       f"stops at {budget_s:g} s of virtual time, so compare orderings, not absolute "
       "numbers.",
       "",
@@ -310,10 +319,11 @@ def report(base, results: dict, settings: list, targets: dict, seeds: list, abla
       if label not in table[s]:
         continue
       row = table[s][label]
-      lines.append(f"| {label} | {fmt(row['time_to_target'], 0, total=n)} | "
-                   f"{fmt(row['time_to_target_smoothed'], 0, total=n)} | "
-                   f"{fmt(row['bytes_to_target'], 2, MB, total=n)} | "
-                   f"{fmt(row['bytes_to_target_up'], 2, MB, total=n)} | "
+      runs = row["runs"]
+      lines.append(f"| {label} | {fmt(row['time_to_target'], 0, total=runs)} | "
+                   f"{fmt(row['time_to_target_smoothed'], 0, total=runs)} | "
+                   f"{fmt(row['bytes_to_target'], 2, MB, total=runs)} | "
+                   f"{fmt(row['bytes_to_target_up'], 2, MB, total=runs)} | "
                    f"{PAPER_T2_FMNIST_MB.get(label, '-')} |")
     lines.append("")
   if not any(s in targets for s in settings):
@@ -325,12 +335,13 @@ def report(base, results: dict, settings: list, targets: dict, seeds: list, abla
               "| precision | best accuracy | mean variance | bytes per upload | MB uploaded "
               "in the budget | MB up to target | virtual time to target (s) |",
               "|---|---|---|---|---|---|---|"]
-    total = n if s in targets else None  # "-" without a target, "not reached" with one
     for p in ablation:
       label = run_label("fedat", p)
       if label not in table.get(s, {}):
         continue
       row = table[s][label]
+      # "-" without a target, "not reached" (in k of the row's runs) with one.
+      total = row["runs"] if s in targets else None
       lines.append(f"| {p} | {fmt(row['best'])} | {fmt(row['var'], 5)} | "
                    f"{fmt(row['bytes_per_upload'], 0)} | {fmt(row['final_mb_up'], 2, MB)} | "
                    f"{fmt(row.get('bytes_to_target_up'), 2, MB, total=total)} | "
@@ -357,6 +368,9 @@ def report(base, results: dict, settings: list, targets: dict, seeds: list, abla
     for label, row in table[s].items():
       lines.append(f"| {s} | {label} | {row['runs']} | {fmt(row['final_time'], 0)} | "
                    f"{fmt(row['wall'], 0)} |")
+  if missing:
+    lines += ["", f"Not finished, so not in the tables ({len(missing)}): " + "; ".join(missing)
+              + "."]
   return "\n".join(lines) + "\n"
 
 
@@ -372,6 +386,8 @@ class FedATStudy:
   eval_interval_s: float = 50.0
   targets: dict = dataclasses.field(default_factory=lambda: {"2": 0.79})
   ablation_setting: str = "2"
+  finished_only: bool = False        # report finished runs only; train nothing
+  missing: list = dataclasses.field(default_factory=list, init=False)  # set by run()
 
   def plan(self) -> list:
     plan = [(s, m, "4") for s in self.settings for m in self.methods]
@@ -382,10 +398,14 @@ class FedATStudy:
   def run(self, runs_dir: str) -> dict:
     root = os.path.join(runs_dir, f"budget{self.budget_s:g}")
     results = {}
+    self.missing = []
     for seed in self.seeds:
       for setting, method, precision in self.plan():
         label = run_label(method, precision)
         workdir = os.path.join(root, setting, label, f"seed{seed}")
+        if self.finished_only and not os.path.exists(os.path.join(workdir, "summary.json")):
+          self.missing.append(f"#class {setting} {label} seed {seed}")
+          continue
         config = run_config(self.base, setting, method, seed, precision, self.budget_s,
                             self.eval_interval_s, self.targets)
         out = run_one(config, workdir)
@@ -403,7 +423,8 @@ class FedATStudy:
       plot(results, settings, plot_path)
       plot_name = os.path.basename(plot_path)
     return report(self.base, results, settings, self.targets, self.seeds, self.precisions,
-                  plot_name, self.budget_s, self.eval_interval_s, self.ablation_setting)
+                  plot_name, self.budget_s, self.eval_interval_s, self.ablation_setting,
+                  self.missing if self.finished_only else None)
 
   def raw(self, results: dict) -> dict:
     return {s: {label: [{"workdir": r["workdir"], "summary": r["summary"],
@@ -418,7 +439,7 @@ def main(argv):
   study = FedATStudy(FLAGS.config, [s.lower() for s in FLAGS.settings], list(FLAGS.methods),
                      [p.lower() for p in FLAGS.precisions], [int(s) for s in FLAGS.seeds],
                      FLAGS.budget_s, FLAGS.eval_interval_s, parse_targets(FLAGS.targets),
-                     FLAGS.ablation_setting)
+                     FLAGS.ablation_setting, FLAGS.finished_only)
   results = study.run(FLAGS.out)
   report_dir = os.path.dirname(os.path.abspath(FLAGS.report))
   os.makedirs(report_dir, exist_ok=True)

@@ -1,0 +1,57 @@
+"""experiments.fedat_tables --finished_only: a report from the runs that have finished, with
+the missing ones named and every row averaging the seeds it has (run directories written
+here by hand, so nothing trains)."""
+import json
+import os
+
+from configs import fedat_fmnist
+from experiments import fedat_tables
+
+
+def write_run(root, setting, label, seed, accuracies, variance=0.01, upload_bytes=1000):
+  workdir = os.path.join(root, "budget40", setting, label, f"seed{seed}")
+  os.makedirs(workdir)
+  with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+    for i, acc in enumerate(accuracies):
+      up = upload_bytes * (i + 1)
+      f.write(json.dumps({"virtual_time": 10.0 * (i + 1), "test_accuracy": acc,
+                          "client_test_accuracy_var": variance, "bytes_up": up,
+                          "bytes_down": 2 * up, "uploads": i + 1}) + "\n")
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    json.dump({"best_test_accuracy": max(accuracies), "virtual_time": 10.0 * len(accuracies),
+               "global_updates": len(accuracies), "comm_bytes": 3 * upload_bytes,
+               "wall_seconds": 5.0}, f)
+
+
+def test_finished_only_reports_finished_seeds_and_names_the_missing(tmp_path):
+  root = str(tmp_path)
+  write_run(root, "2", "FedAT", 0, [0.5, 0.8, 0.7])
+  write_run(root, "2", "FedAT", 2, [0.4, 0.6, 0.9])
+  write_run(root, "2", "FedAvg", 1, [0.3, 0.5, 0.6])
+  study = fedat_tables.FedATStudy(fedat_fmnist.get_config(), ["2"], ["fedat", "fedavg"], [],
+                                  [0, 1, 2], 40.0, 10.0, {"2": 0.75}, finished_only=True)
+  results = study.run(root)
+  assert [len(results["2"][label]) for label in ("FedAT", "FedAvg")] == [2, 1]
+  assert study.missing == ["#class 2 FedAvg seed 0", "#class 2 FedAT seed 1",
+                           "#class 2 FedAvg seed 2"]
+  text = study.report(results)
+  assert "--finished_only" in text
+  # Best accuracy: FedAT's seeds 0.8 and 0.9 -> 0.850 ± 0.050; FedAvg's single seed 0.6.
+  assert "| FedAT | Accuracy | 0.850 ± 0.050 |" in text
+  assert "| FedAvg | Accuracy | 0.600 ± 0.000 |" in text
+  # Target 0.75: FedAT reached it at 20 s and 30 s (both of its two runs), FedAvg never.
+  assert "| FedAT | 25 ± 5 |" in text
+  assert "| FedAvg | not reached |" in text
+  assert "| 2 | FedAT | 2 |" in text and "| 2 | FedAvg | 1 |" in text
+  assert ("Not finished, so not in the tables (3): #class 2 FedAvg seed 0; #class 2 FedAT "
+          "seed 1; #class 2 FedAvg seed 2.") in text
+
+
+def test_a_partly_reached_target_counts_the_rows_own_runs(tmp_path):
+  root = str(tmp_path)
+  write_run(root, "2", "FedAT", 0, [0.5, 0.8])
+  write_run(root, "2", "FedAT", 1, [0.5, 0.6])
+  study = fedat_tables.FedATStudy(fedat_fmnist.get_config(), ["2"], ["fedat"], [], [0, 1, 2],
+                                  40.0, 10.0, {"2": 0.75}, finished_only=True)
+  text = study.report(study.run(root))
+  assert "| FedAT | 20 ± 0 (1/2) |" in text
