@@ -253,8 +253,10 @@ def report(base, results: dict, settings: list, targets: dict, seeds: list, abla
       "system", "",
       "Produced by `python -m experiments.fedat_tables` (algorithms.md 3.6.7) with "
       f"`--budget_s={budget_s:g} --eval_interval_s={eval_interval_s:g} "
-      f"--seeds={','.join(map(str, seeds))} --settings={','.join(settings)}"
-      f"{' --finished_only' if missing is not None else ''}`. "
+      f"--seeds={','.join(map(str, seeds))} --settings={','.join(settings)} "
+      f"--precisions={','.join(ablation)}"
+      f"{' --finished_only' if missing is not None else ''}` (plus the --config overrides of "
+      "the setup below). "
       f"{setup_text(base)} Accuracy is pooled over every client's local "
       f"{base.local_test_fraction:.0%} test split at each tick; variance is the population "
       "variance of per-client accuracy averaged over the ticks (3.5); mean ± std over "
