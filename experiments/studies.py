@@ -23,6 +23,9 @@ class Variant:
   lr: Optional[float] = None        # fixed local rate (None: tuned, or borrowed)
   lr_from: Optional[str] = None     # use the tuned rate of this variant
   lrs: Optional[Sequence[float]] = None   # this variant's own grid (default: the study's)
+  # The larger grid `lrs` widens into while the pick is at an edge (sweep.tune_widening);
+  # None: the study's `full_lrs`, and if that is None too, no widening.
+  full_lrs: Optional[Sequence[float]] = None
   paper: str = ""                   # the paper's number(s) for this row, as printed
 
 
@@ -37,6 +40,7 @@ class Comparison:
   target: Optional[float] = None     # report the first round with test accuracy >= target
   early_rounds: Sequence[int] = ()   # report test accuracy at these rounds (Fed-LAMB's claim)
   paper_header: str = "paper"
+  full_lrs: Optional[Sequence[float]] = None  # default Variant.full_lrs
 
   def run(self, runs_dir: str) -> dict:
     tuned, results = {}, {}
@@ -54,8 +58,13 @@ class Comparison:
       if v.lr_from is not None:
         return rate(by_label[v.lr_from])
       if v.label not in tuned:
-        tuned[v.label] = sweep.tune(config_of(v), v.lrs or self.lrs, self.tune_seed,
-                                    workdir_of(v))
+        full = v.full_lrs or self.full_lrs
+        if full:
+          tuned[v.label] = sweep.tune_widening(config_of(v), v.lrs or self.lrs, self.tune_seed,
+                                               workdir_of(v), full)
+        else:
+          tuned[v.label] = sweep.tune(config_of(v), v.lrs or self.lrs, self.tune_seed,
+                                      workdir_of(v))
       return tuned[v.label].value
 
     for v in self.variants:

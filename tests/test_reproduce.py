@@ -42,6 +42,17 @@ def test_fedlamb_iid_mnist_entries_run_the_iid_split(model, epochs):
   assert study.base.dataset == "mnist"
 
 
+def test_fedlamb_small_tuning_widens_within_the_4_5_5_grids():
+  study = tables.REGISTRY[("fedlamb", "f2-mnist-mlp-noniid-e1")].study("small")
+  # algorithms.md 4.5.5, written out here.
+  full = {"Fed-SGD": [0.001, 0.003, 0.01, 0.03, 0.1, 0.3],
+          "Fed-AMS": [1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3],
+          "Fed-LAMB": [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2]}
+  for v in study.variants:
+    assert list(v.full_lrs) == full[v.label]
+    assert set(v.lrs) < set(v.full_lrs)
+
+
 @pytest.mark.parametrize("scale", tables.SCALES)
 def test_every_entry_builds_its_study_at_every_scale(scale):
   for key, entry in tables.REGISTRY.items():

@@ -1,5 +1,7 @@
 """experiments.sweep: a diverged run is finished (recorded, reused), and it never stops the
-runs beside it, whether they train together or one after another."""
+runs beside it, whether they train together or one after another; tuning widens its grid
+while the pick sits at an edge."""
+import math
 import os
 
 import pytest
@@ -51,3 +53,46 @@ def test_an_unreadable_divergence_record_names_the_file(tmp_path):
   (tmp_path / sweep.DIVERGED).write_text("{not json")
   with pytest.raises(ConfigError, match="diverged.json is not a divergence record"):
     sweep.run(bad, str(tmp_path))
+
+
+def _fake_tuning(monkeypatch, score_of):
+  """run_group replaced by a validation score per learning rate; records what it was asked."""
+  asked = []
+
+  def run_group(configs, workdirs):
+    asked.append(sorted(c for c in configs))
+    return [{"records": [{"val_accuracy": score_of(c)}]} for c in configs]
+
+  monkeypatch.setattr(sweep, "run_group", run_group)
+  return asked
+
+
+GRID = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3)
+
+
+@pytest.mark.parametrize("best,tried", [
+    (0.3, [0.01, 0.03, 0.1, 0.3]),            # top edge: widens upward to the grid's end
+    (0.003, [0.001, 0.003, 0.01, 0.03, 0.1]),  # bottom edge: widens until the pick is inside
+    (0.03, [0.01, 0.03, 0.1]),                # inside: nothing more is tried
+])
+def test_tune_widening_steps_out_while_the_pick_is_at_an_edge(monkeypatch, best, tried):
+  # A single-peaked validation score with its peak at `best` (the config is the rate itself).
+  asked = _fake_tuning(monkeypatch, lambda lr: -abs(math.log(lr / best)))
+  result = sweep.tune_widening(lambda lr, seed: lr, [0.01, 0.03, 0.1], 0, lambda lr, s: "",
+                               GRID)
+  assert result.value == best
+  assert sorted(result.scores) == tried
+  assert asked[-1] == tried
+
+
+def test_tune_widening_stops_at_a_diverged_neighbour(monkeypatch):
+  # Higher is better up to 0.1; 0.3 diverges (-inf), so the pick 0.1 stays.
+  _fake_tuning(monkeypatch, lambda lr: float("-inf") if lr > 0.2 else lr)
+  result = sweep.tune_widening(lambda lr, seed: lr, [0.01, 0.03, 0.1], 0, lambda lr, s: "",
+                               GRID)
+  assert result.value == 0.1 and sorted(result.scores) == [0.01, 0.03, 0.1, 0.3]
+
+
+def test_tune_widening_refuses_values_off_its_grid():
+  with pytest.raises(ValueError, match=r"\[0.05\] are not points of the grid"):
+    sweep.tune_widening(lambda lr, seed: lr, [0.01, 0.05], 0, lambda lr, s: "", GRID)
