@@ -146,7 +146,9 @@ def fmt(stat, digits=3, scale=1.0, total=None) -> str:
   if stat is None:
     return "not reached" if total else "-"
   mean, std, n = stat
-  text = f"{mean / scale:.{digits}f} ± {std / scale:.{digits}f}"
+  text = f"{mean / scale:.{digits}f}"
+  if n > 1:  # one run has no spread to show
+    text += f" ± {std / scale:.{digits}f}"
   if total is not None and n < total:
     text += f" ({n}/{total})"
   return text
@@ -241,9 +243,11 @@ def setup_text(c) -> str:
 
 def report(base, results: dict, settings: list, targets: dict, seeds: list, ablation: list,
            plot_name: str, budget_s: float = 300.0, eval_interval_s: float = 50.0,
-           ablation_setting: str = "2", missing: Optional[list] = None) -> str:
-  """The markdown report. `missing` (finished_only studies): the runs not yet finished; each
-  row then averages the seeds it has."""
+           ablation_setting: str = "2", missing: Optional[list] = None,
+           requested_settings: Optional[list] = None) -> str:
+  """The markdown report of `settings` (those with runs). `missing` (finished_only studies):
+  the (setting, label, seed) runs not yet finished; each row then averages the seeds it has.
+  `requested_settings`: the command's --settings, when some have no run yet."""
   n = len(seeds)
   tabled = settings + [s for s in [ablation_setting] if ablation and s in results
                        and s not in settings]
@@ -253,7 +257,8 @@ def report(base, results: dict, settings: list, targets: dict, seeds: list, abla
       "system", "",
       "Produced by `python -m experiments.fedat_tables` (algorithms.md 3.6.7) with "
       f"`--budget_s={budget_s:g} --eval_interval_s={eval_interval_s:g} "
-      f"--seeds={','.join(map(str, seeds))} --settings={','.join(settings)} "
+      f"--seeds={','.join(map(str, seeds))} "
+      f"--settings={','.join(requested_settings or settings)} "
       f"--precisions={','.join(ablation)}"
       f"{' --finished_only' if missing is not None else ''}` (plus the --config overrides of "
       "the setup below). "
@@ -371,7 +376,11 @@ def report(base, results: dict, settings: list, targets: dict, seeds: list, abla
       lines.append(f"| {s} | {label} | {row['runs']} | {fmt(row['final_time'], 0)} | "
                    f"{fmt(row['wall'], 0)} |")
   if missing:
-    lines += ["", f"Not finished, so not in the tables ({len(missing)}): " + "; ".join(missing)
+    seeds_of = {}
+    for setting, label, seed in missing:
+      seeds_of.setdefault((setting, label), []).append(str(seed))
+    lines += ["", f"Not finished, so not in the tables ({len(missing)} runs): " + "; ".join(
+        f"#class {s} {label} seed {', '.join(ss)}" for (s, label), ss in seeds_of.items())
               + "."]
   return "\n".join(lines) + "\n"
 
@@ -406,7 +415,7 @@ class FedATStudy:
         label = run_label(method, precision)
         workdir = os.path.join(root, setting, label, f"seed{seed}")
         if self.finished_only and not os.path.exists(os.path.join(workdir, "summary.json")):
-          self.missing.append(f"#class {setting} {label} seed {seed}")
+          self.missing.append((setting, label, seed))
           continue
         config = run_config(self.base, setting, method, seed, precision, self.budget_s,
                             self.eval_interval_s, self.targets)
@@ -426,7 +435,7 @@ class FedATStudy:
       plot_name = os.path.basename(plot_path)
     return report(self.base, results, settings, self.targets, self.seeds, self.precisions,
                   plot_name, self.budget_s, self.eval_interval_s, self.ablation_setting,
-                  self.missing if self.finished_only else None)
+                  self.missing if self.finished_only else None, self.settings)
 
   def raw(self, results: dict) -> dict:
     return {s: {label: [{"workdir": r["workdir"], "summary": r["summary"],

@@ -32,19 +32,19 @@ def test_finished_only_reports_finished_seeds_and_names_the_missing(tmp_path):
                                   [0, 1, 2], 40.0, 10.0, {"2": 0.75}, finished_only=True)
   results = study.run(root)
   assert [len(results["2"][label]) for label in ("FedAT", "FedAvg")] == [2, 1]
-  assert study.missing == ["#class 2 FedAvg seed 0", "#class 2 FedAT seed 1",
-                           "#class 2 FedAvg seed 2"]
+  assert study.missing == [("2", "FedAvg", 0), ("2", "FedAT", 1), ("2", "FedAvg", 2)]
   text = study.report(results)
   assert "--finished_only" in text
-  # Best accuracy: FedAT's seeds 0.8 and 0.9 -> 0.850 ± 0.050; FedAvg's single seed 0.6.
+  # Best accuracy: FedAT's seeds 0.8 and 0.9 -> 0.850 ± 0.050; FedAvg's single seed 0.6 (one
+  # run: no spread shown).
   assert "| FedAT | Accuracy | 0.850 ± 0.050 |" in text
-  assert "| FedAvg | Accuracy | 0.600 ± 0.000 |" in text
+  assert "| FedAvg | Accuracy | 0.600 |" in text
   # Target 0.75: FedAT reached it at 20 s and 30 s (both of its two runs), FedAvg never.
   assert "| FedAT | 25 ± 5 |" in text
   assert "| FedAvg | not reached |" in text
   assert "| 2 | FedAT | 2 |" in text and "| 2 | FedAvg | 1 |" in text
-  assert ("Not finished, so not in the tables (3): #class 2 FedAvg seed 0; #class 2 FedAT "
-          "seed 1; #class 2 FedAvg seed 2.") in text
+  assert ("Not finished, so not in the tables (3 runs): #class 2 FedAvg seed 0, 2; #class 2 "
+          "FedAT seed 1.") in text
 
 
 def test_a_partly_reached_target_counts_the_rows_own_runs(tmp_path):
@@ -54,4 +54,14 @@ def test_a_partly_reached_target_counts_the_rows_own_runs(tmp_path):
   study = fedat_tables.FedATStudy(fedat_fmnist.get_config(), ["2"], ["fedat"], [], [0, 1, 2],
                                   40.0, 10.0, {"2": 0.75}, finished_only=True)
   text = study.report(study.run(root))
-  assert "| FedAT | 20 ± 0 (1/2) |" in text
+  assert "| FedAT | 20 (1/2) |" in text
+
+
+def test_the_command_line_names_settings_that_have_no_run_yet(tmp_path):
+  root = str(tmp_path)
+  write_run(root, "2", "FedAT", 0, [0.5, 0.8])
+  study = fedat_tables.FedATStudy(fedat_fmnist.get_config(), ["2", "8"], ["fedat"], [], [0],
+                                  40.0, 10.0, {"2": 0.75}, finished_only=True)
+  text = study.report(study.run(root))
+  assert "--settings=2,8 " in text
+  assert "| FedAT | Accuracy | 0.800 |" in text and "#class 8" not in text.split("## Runs")[0]
