@@ -58,13 +58,9 @@ class Comparison:
       if v.lr_from is not None:
         return rate(by_label[v.lr_from])
       if v.label not in tuned:
-        full = v.full_lrs or self.full_lrs
-        if full:
-          tuned[v.label] = sweep.tune_widening(config_of(v), v.lrs or self.lrs, self.tune_seed,
-                                               workdir_of(v), full)
-        else:
-          tuned[v.label] = sweep.tune(config_of(v), v.lrs or self.lrs, self.tune_seed,
-                                      workdir_of(v))
+        lrs = v.lrs or self.lrs
+        tuned[v.label] = sweep.tune_widening(config_of(v), lrs, self.tune_seed, workdir_of(v),
+                                             v.full_lrs or self.full_lrs or lrs)
       return tuned[v.label].value
 
     for v in self.variants:

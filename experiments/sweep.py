@@ -117,18 +117,19 @@ def tune_widening(make_config: Callable[[float, int], object], values: Sequence[
                   grid: Sequence[float]) -> Tuned:
   """`tune` over `values`, widened one point of `grid` at a time while the pick sits at an
   edge of what has been tried and `grid` goes further that way: a pick at the edge of a small
-  grid says the best value may lie beyond it. Runs already tried are reused, not retrained."""
+  grid says the best value may lie beyond it. Runs already tried are reused, not retrained.
+  With `grid` = `values` it is `tune` itself."""
   grid = sorted(grid)
   outside = [v for v in values if v not in grid]
   if outside:
     raise ValueError(f"tuning values {outside} are not points of the grid {grid} they widen in")
-  tried = sorted(values)
+  tried = list(values)
   while True:
     result = tune(make_config, tried, seed, workdir)
     i = grid.index(result.value)
-    if result.value == tried[0] and i > 0:
+    if result.value == min(tried) and i > 0:
       tried.insert(0, grid[i - 1])
-    elif result.value == tried[-1] and i + 1 < len(grid):
+    elif result.value == max(tried) and i + 1 < len(grid):
       tried.append(grid[i + 1])
     else:
       return result

@@ -96,3 +96,11 @@ def test_tune_widening_stops_at_a_diverged_neighbour(monkeypatch):
 def test_tune_widening_refuses_values_off_its_grid():
   with pytest.raises(ValueError, match=r"\[0.05\] are not points of the grid"):
     sweep.tune_widening(lambda lr, seed: lr, [0.01, 0.05], 0, lambda lr, s: "", GRID)
+
+
+def test_tune_widening_within_its_own_values_is_tune(monkeypatch):
+  # Comparison tunes every variant this way; without a larger grid it must not widen.
+  asked = _fake_tuning(monkeypatch, lambda lr: lr)  # best at the top edge
+  result = sweep.tune_widening(lambda lr, seed: lr, [0.1, 0.01, 0.03], 0, lambda lr, s: "",
+                               [0.1, 0.01, 0.03])
+  assert result.value == 0.1 and asked == [[0.01, 0.03, 0.1]]
