@@ -139,3 +139,26 @@ def test_scan_group_sizes():
   assert local.scan_group(8 * devices, 10**12) == devices
   assert local.scan_group(8 * devices, 1, budget=100) == 8 * devices
   assert local.scan_group(12 * devices, 10, budget=45) == 4 * devices
+
+
+def test_models_table_reports_the_loops_mfu_and_the_ceiling_it_sets():
+  """The models table's ceiling column is 1 / loop MFU, and the rows whose ceiling is below
+  1.5 are named (fake rows: only the arithmetic of the table is checked)."""
+  from experiments import benchmark_suite  # pylint: disable=g-import-not-at-top
+
+  def row(model, ratio, loop_mfu):
+    return {"model": model, "clients": 8, "steps": 5, "batch": 32, "engine_conv_impl": "patches",
+            "engine_client_map": "scan", "engine_samples_per_s": 100.0 * ratio,
+            "loop_samples_per_s": 100.0, "ratio": ratio, "flops_per_sample": 1e6,
+            "engine_flops_per_s": 1e8 * ratio, "peak_flops_per_s": 1e8 / loop_mfu,
+            "mfu": ratio * loop_mfu, "loop_mfu": loop_mfu, "load_avg_before": [0.5],
+            "load_avg_after": [0.7], "first_call_s": {"engine": 1.0}, "device_kind": "cpu",
+            "platform": "cpu", "jax": jax.__version__}
+
+  text = benchmark_suite.models_table([row("small", 2.0, 0.1), row("big", 1.1, 0.8)], "cmd")
+  lines = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()
+           if line.startswith("| small") or line.startswith("| big")}
+  assert "| 0.100 | 10.00 |" in lines["small"]
+  assert "| 0.800 | 1.25 |" in lines["big"]
+  assert "Rows below the 1.5x target of issue 20: big (1.10)." in text
+  assert "stays below 1.5x the loop: big (1.25)." in text

@@ -237,6 +237,9 @@ CONV_CASES = [
     # path of "patches".
     ((16, 10), 8, 4, (3, 3), (1, 1), "SAME"),
     ((18, 9), 8, 3, (3, 3), (1, 2), "VALID"),
+    # 32 -> 64 channels: im2col on 10x10 outputs, the standard layout on 20x21.
+    ((10, 10), 32, 64, (3, 3), (1, 1), "SAME"),
+    ((21, 20), 32, 64, (3, 3), (1, 1), ((0, 1), (2, 1))),
 ]
 _ROW_SHIFT_CASES = [c for c in CONV_CASES if c[4][0] == 1]
 
@@ -244,14 +247,19 @@ _ROW_SHIFT_CASES = [c for c in CONV_CASES if c[4][0] == 1]
 def _conv_case_args(case):
   hw, cin, cout, k, _, _ = case
   rng = np.random.default_rng(CONV_CASES.index(case))
+  # Kernels scaled by 1/sqrt(fan-in) keep outputs O(1) for every channel count, so the
+  # float32 rounding of sums over many channels stays within the tolerance.
   return (jnp.asarray(rng.normal(size=(2,) + hw + (cin,)), jnp.float32),
-          jnp.asarray(rng.normal(size=k + (cin, cout)), jnp.float32))
+          jnp.asarray(rng.normal(size=k + (cin, cout)) / np.sqrt(k[0] * k[1] * cin),
+                      jnp.float32))
 
 
 def _conv_values_and_grads(impl, cases):
   """sin(conv).sum() of every case and its gradients, in one jit, one plan."""
-  conv = (layers.row_shift_conv if impl == "row_shift"
-          else functools.partial(layers.conv, impl=impl))
+  conv = {"row_shift": layers.row_shift_conv,
+          "channel_major": layers.channel_major_conv,
+          "standard_layout": layers.standard_layout_conv}.get(
+              impl, functools.partial(layers.conv, impl=impl))
 
   def loss(args):
     values = [jnp.sum(jnp.sin(conv(x, w, s, p)))
@@ -290,8 +298,14 @@ _FAST_CONV_CASES = [c for c in CONV_CASES if c[3][0] < 5 or c[5] == "VALID"]
 @pytest.mark.parametrize("impl,cases", [
     ("patches", _FAST_CONV_CASES),
     pytest.param("patches", CONV_CASES, marks=pytest.mark.slow),
-    # "patches" takes the row-shift path on the last two cases only.
-    ("im2col", CONV_CASES[-2:]),
+    # "patches" takes the channel-major path for 1 to 3 input channels, the
+    # row-shift path for the two 8-channel cases, im2col and the standard layout
+    # for the last two.
+    ("im2col", _FAST_CONV_CASES),
+    ("channel_major", _FAST_CONV_CASES),
+    pytest.param("channel_major", CONV_CASES, marks=pytest.mark.slow),
+    ("standard_layout", _FAST_CONV_CASES),
+    pytest.param("standard_layout", CONV_CASES, marks=pytest.mark.slow),
     ("row_shift", [c for c in _ROW_SHIFT_CASES if c in _FAST_CONV_CASES]),
     pytest.param("row_shift", _ROW_SHIFT_CASES, marks=pytest.mark.slow),
     # The benchmark-only plans, on the cheaper cases (compile time).
@@ -555,7 +569,7 @@ def test_conv_patches_orders_patch_channels_as_hwio():
   """Known answer: a 2x2 kernel with one non-zero tap selects that shift."""
   x = jnp.arange(1 * 3 * 3 * 2, dtype=jnp.float32).reshape(1, 3, 3, 2)
   w = jnp.zeros((2, 2, 2, 1)).at[1, 0, 1, 0].set(1.0)  # tap (1, 0), channel 1
-  for conv in (layers.im2col_conv, layers.row_shift_conv):
+  for conv in (layers.im2col_conv, layers.row_shift_conv, layers.channel_major_conv):
     y = conv(x, w, (1, 1), "VALID")
     np.testing.assert_array_equal(y[0, :, :, 0], x[0, 1:, :2, 1])
 
@@ -564,3 +578,24 @@ def test_row_shift_conv_rejects_stride_along_h():
   with pytest.raises(ValueError, match="stride 1 along H"):
     layers.row_shift_conv(jnp.zeros((1, 8, 8, 2)), jnp.zeros((3, 3, 2, 2)),
                           (2, 1), "SAME")
+
+
+@pytest.mark.parametrize("cin,window,cout,expected", [
+    (1, (5, 5), 10, "channel_major"), (3, (3, 3), 6, "channel_major"),
+    (3, (3, 3), 16, "im2col"), (3, (1, 1), 6, "im2col"), (4, (3, 3), 8, "im2col"),
+    (16, (3, 3), 8, "row_shift"), (32, (3, 3), 64, "standard_layout"),
+    (32, (1, 1), 64, "im2col"), (128, (3, 3), 64, "im2col")])
+def test_patches_routes_layers_by_measured_rule(cin, window, cout, expected, monkeypatch):
+  """The "patches" plan's per-layer pick (layers.conv_patches) on a 16x16 map:
+  channel-major patches for an image's 1 to 3 channels into at most 10,
+  standard-layout lax convolutions for 32 to 64 channels into >= 64 on maps of
+  >= 14x14, row shifts for tall maps with several input and few output
+  channels, im2col otherwise."""
+  called = []
+  for name in ("channel_major", "im2col", "row_shift", "standard_layout"):
+    real = getattr(layers, f"{name}_conv")
+    monkeypatch.setattr(layers, f"{name}_conv",
+                        lambda *a, _n=name, _f=real: called.append(_n) or _f(*a))
+  layers.conv(jnp.zeros((1, 16, 16, cin)), jnp.zeros(window + (cin, cout)), (1, 1), "SAME",
+              impl="patches")
+  assert called == [expected]

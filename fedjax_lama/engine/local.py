@@ -266,6 +266,12 @@ def vmap_clients(client_train, shared_per_client: bool = False, client_map: Opti
 
     def body(carry, xs):
       st, cx, idx, emask, smask, k = xs
+      if width == 1:
+        # One client per iteration: no vmap at all, so convolutions keep their plain
+        # (ungrouped) form, the one XLA:CPU runs fast inside loops (models/layers.py).
+        one = jax.tree_util.tree_map(lambda a: a[0], (st, cx, idx, emask, smask, k))
+        out = one_client(*one, data_x, data_y, step_offset, key_offset)
+        return carry, jax.tree_util.tree_map(lambda a: a[None], out)
       if not shared_per_client:
         cx = cx._replace(shared=ctx.shared)
       return carry, vmapped(st, cx, data_x, data_y, idx, emask, smask, k, step_offset,

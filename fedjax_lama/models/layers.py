@@ -9,13 +9,17 @@ kernel gradient a naive loop nest), and the simulator runs local training as
 the same function to float32 rounding:
 
 * "lax": `lax.conv_general_dilated`; the plan for GPU and TPU.
-* "patches": convolution from static slices + matmuls only. Per layer it
-  uses `im2col_conv` (the kh*kw shifted slices concatenated on channels, one
-  matmul with the HWIO kernel reshaped to (kh*kw*cin, cout)) or, where it
-  measured faster, `row_shift_conv` (slices along W only, one wider matmul,
-  then a sum of row-shifted blocks). Under `vmap` over clients the matmuls
-  become batched matmuls, and the gradients are pads, adds and matmuls: no
-  transposed convolution anywhere. The plan for CPU.
+* "patches": the CPU plan, picked per layer by measured rules
+  (`conv_patches`): mostly convolution from static slices + matmuls --
+  `im2col_conv` (the kh*kw shifted slices concatenated on channels, one
+  matmul with the HWIO kernel reshaped to (kh*kw*cin, cout)), `row_shift_conv`
+  (slices along W only, one wider matmul, then a sum of row-shifted blocks) or
+  `channel_major_conv` (the patch matrix one row per (channel, tap), for an
+  image's 1 to 3 channels) -- whose gradients are pads, adds and matmuls; and,
+  for stride-1 layers of tens of channels on larger maps,
+  `standard_layout_conv`: a lax convolution whose gradients are written as
+  forward convolutions, which is how they escape the trap (the trap is in the
+  gradient convolutions JAX emits, not in the forward one).
 * "im2col": `im2col_conv` for every layer (to measure "patches" against).
 * "patches_xla": `lax.conv_general_dilated_patches` + matmul (its backward is
   a convolution again) and "shifted_sum": a sum over kernel offsets of
@@ -30,6 +34,7 @@ max over strided slices) otherwise, which gained 1.7x on the FedAT CNN in
 from __future__ import annotations
 
 from collections.abc import Sequence
+import functools
 import math
 from typing import Any, Callable, Union
 
@@ -165,6 +170,114 @@ def row_shift_conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
   return sum(z[:, i:i + ho, :, i, :] for i in range(kh))
 
 
+def channel_major_conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
+                       padding: Padding = "SAME") -> Array:
+  """im2col with a channel-major patch matrix P[(cin, kh, kw), (n, ho, wo)].
+
+  With an image's 1 or 3 input channels, `im2col_conv`'s NHWC patches are a
+  concatenation of kh*kw pieces of cin floats per pixel: a scattered copy, and
+  a matmul whose rows are 3 * kh * kw short. Here the input is viewed as
+  [cin, n, h, w]; every row of P is one shifted window of one channel plane
+  (contiguous runs of wo floats), and y^T = kernel^T[cout, K] @ P has the long
+  pixel axis as the matmul's width. The output is transposed back to NHWC.
+  """
+  kh, kw, cin, cout = kernel.shape
+  pads = _pads(x.shape[1:3], (kh, kw), strides, padding)
+  xt = jnp.transpose(x, (3, 0, 1, 2))
+  if any(p != (0, 0) for p in pads):
+    xt = jnp.pad(xt, ((0, 0), (0, 0), *pads))
+  n, hp, wp = xt.shape[1:]
+  (sh, sw) = strides
+  ho, wo = (hp - kh) // sh + 1, (wp - kw) // sw + 1
+  taps = [xt[:, :, i:i + (ho - 1) * sh + 1:sh, j:j + (wo - 1) * sw + 1:sw]
+          for i in range(kh) for j in range(kw)]
+  patches = jnp.stack(taps, axis=1).reshape(cin * kh * kw, n * ho * wo)
+  k = jnp.transpose(kernel, (3, 2, 0, 1)).reshape(cout, cin * kh * kw)
+  return jnp.transpose((k @ patches).reshape(cout, n, ho, wo), (1, 2, 3, 0))
+
+
+def _forward_conv(x: Array, kernel: Array, strides, pads, lhs_dilation=(1, 1),
+                  rhs_dilation=(1, 1)) -> Array:
+  return lax.conv_general_dilated(x, kernel, tuple(strides), pads, lhs_dilation=lhs_dilation,
+                                  rhs_dilation=rhs_dilation, dimension_numbers=_DN)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _standard_layout_conv(x: Array, kernel: Array, strides: tuple, pads: tuple) -> Array:
+  return _forward_conv(x, kernel, strides, pads)
+
+
+def _standard_layout_conv_fwd(x, kernel, strides, pads):
+  return _forward_conv(x, kernel, strides, pads), (x, kernel)
+
+
+def _standard_layout_conv_bwd(strides, pads, residuals, dy):
+  """Both gradients as forward NHWC x HWIO convolutions (see `standard_layout_conv`)."""
+  x, kernel = residuals
+  kh, kw = kernel.shape[:2]
+  (top, bottom), (left, right) = pads
+  padded = (x.shape[1] + top + bottom, x.shape[2] + left + right)
+  # Rows/columns of the padded input that no window reached (floor division by the stride).
+  rest = [p - ((o - 1) * s + k) for p, o, s, k in zip(padded, dy.shape[1:3], strides, (kh, kw))]
+  # Input gradient: the stride-dilated dy, padded by k - 1, against the flipped kernel with
+  # its in/out channels swapped; then the padding is cut off.
+  flipped = jnp.flip(kernel, (0, 1)).transpose(0, 1, 3, 2)
+  dx = _forward_conv(dy, flipped, (1, 1), ((kh - 1, kh - 1 + rest[0]), (kw - 1, kw - 1 + rest[1])),
+                     lhs_dilation=tuple(strides))
+  dx = dx[:, top:top + x.shape[1], left:left + x.shape[2], :]
+  # Kernel gradient: the padded input with channels as the batch and examples as the
+  # features, against dy (spatial as the window, examples as in-features, dilated by the
+  # stride); the first kh x kw outputs are the taps.
+  xp = jnp.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)))
+  dk = _forward_conv(xp.transpose(3, 1, 2, 0), dy.transpose(1, 2, 0, 3), (1, 1), "VALID",
+                     rhs_dilation=tuple(strides))
+  return dx, dk[:, :kh, :kw, :].transpose(1, 2, 0, 3)
+
+
+_standard_layout_conv.defvjp(_standard_layout_conv_fwd, _standard_layout_conv_bwd)
+
+
+def standard_layout_conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
+                         padding: Padding = "SAME") -> Array:
+  """`lax.conv_general_dilated` whose gradients are forward convolutions too.
+
+  The conv-in-loop trap (module docstring) is in the gradients, not the forward
+  pass: inside a rolled scan XLA:CPU runs a forward NHWC x HWIO convolution as
+  fast as in straight-line code, but the convolutions JAX's transpose rules emit
+  (the kernel gradient with batch and features swapped, the input gradient with
+  an I/O-swapped kernel) leave the fast path: on leaf_cnn's 5x5 32->64 layer
+  they ran 52x and 7x slower in a scan than outside it. This custom VJP writes
+  both as forward convolutions in the standard layout, with explicit transposes
+  and dilations, which stay on the fast path. Forward-mode differentiation
+  (jvp) of it is not defined; nothing in the simulator uses it.
+  """
+  pads = tuple(tuple(p) for p in _pads(x.shape[1:3], kernel.shape[:2], strides, padding))
+  return _standard_layout_conv(x, kernel, tuple(strides), pads)
+
+
+# Where the per-layer picks below paid off in the whole engine (jit(scan over
+# clients(scan over steps)), 8 clients x 5 steps x batch 32, one core, old and new
+# pick side by side in one process, scratch measurements; docs/performance.md).
+# Timed layer by layer (forward and gradients in a scan), `channel_major_conv` beat
+# `im2col_conv` on every layer with 1 or 3 input channels, by 1.03x to 3.7x; in
+# the whole model it paid only for few output channels: cifar_lenet (5x5 3->6)
+# 1.77x, mnist_cnn (5x5 1->10) 1.29x, but resnet20 (3x3 3->16) 0.94x, leaf_cnn
+# (5x5 1->32) 0.96x, fedat_cnn and pfl_cnn (3x3 3->32) 0.93x and 0.89x,
+# fedspeed_lenet (5x5 3->64) 0.86x.
+_CHANNEL_MAJOR_MAX_CIN = 3
+_CHANNEL_MAJOR_MAX_COUT = 10
+
+# `standard_layout_conv` against the patches, the same way: pfl_cnn (3x3 32->64
+# on 28x28 outputs) 1.16x, leaf_cnn (5x5 32->64 on 14x14) 1.08x, but
+# fedspeed_lenet (5x5 64->64 on 10x10) 0.96x and fedat_cnn (3x3 32->64 on
+# 13x13) 0.98x. Layer by layer it lost on stride 2 (0.51x to 0.92x), on 16
+# channels (resnet20, 0.28x to 0.88x), on 128 (resnet9 on 16x16, 0.85x), on 1x1
+# convolutions (0.23x to 0.72x) and on 8x8 maps and below (0.44x to 0.97x).
+_STANDARD_LAYOUT_MIN_CIN = 32
+_STANDARD_LAYOUT_MAX_CIN = 64
+_STANDARD_LAYOUT_MIN_COUT = 64
+_STANDARD_LAYOUT_MIN_PIXELS = 14 * 14
+
 # Where `row_shift_conv` beat `im2col_conv` inside jit(vmap(scan)) on XLA:CPU
 # (fwd + bwd of one layer, 8 clients x batch 32): 32x32x16->16 by 1.4x and
 # 16x16x32->32 by 1.3x; it lost or tied for 3 input channels (K = 3*kw matmul),
@@ -176,16 +289,28 @@ _ROW_SHIFT_MAX_COUT = 32
 
 def conv_patches(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
                  padding: Padding = "SAME") -> Array:
-  """The "patches" plan: convolution as slices + matmuls, no lax.conv.
+  """The "patches" plan, the CPU plan: slices + matmuls, or convolutions off the trap.
 
-  Picks per layer (measured on XLA:CPU; see `_ROW_SHIFT_*` and
-  experiments/conv_plans.py): `row_shift_conv` for stride 1 along H, a tall
+  Picks per layer (measured on XLA:CPU; see `_CHANNEL_MAJOR_MAX_CIN`,
+  `_STANDARD_LAYOUT_*`, `_ROW_SHIFT_*` and experiments/conv_plans.py):
+  `channel_major_conv` for an image's few input channels into few output
+  channels; `standard_layout_conv` (a lax convolution whose gradients are
+  written as forward convolutions) for stride 1 with tens of channels on maps
+  of 14x14 and more;
+  `row_shift_conv` for stride 1 along H, a tall
   output, several input and few output channels; otherwise `im2col_conv`
   (which makes a 1x1 convolution one matmul on a strided slice).
   """
-  kh, _, cin, cout = kernel.shape
+  kh, kw, cin, cout = kernel.shape
+  if cin <= _CHANNEL_MAJOR_MAX_CIN and cout <= _CHANNEL_MAJOR_MAX_COUT and kh * kw > 1:
+    return channel_major_conv(x, kernel, strides, padding)
   pads = _pads(x.shape[1:3], kernel.shape[:2], strides, padding)
   ho = (x.shape[1] + sum(pads[0]) - kh) // strides[0] + 1
+  wo = (x.shape[2] + sum(pads[1]) - kw) // strides[1] + 1
+  if (kh * kw > 1 and tuple(strides) == (1, 1)
+      and _STANDARD_LAYOUT_MIN_CIN <= cin <= _STANDARD_LAYOUT_MAX_CIN
+      and cout >= _STANDARD_LAYOUT_MIN_COUT and ho * wo >= _STANDARD_LAYOUT_MIN_PIXELS):
+    return standard_layout_conv(x, kernel, strides, pads)
   if (kh > 1 and strides[0] == 1 and ho >= _ROW_SHIFT_MIN_HEIGHT
       and cin >= _ROW_SHIFT_MIN_CIN and cout <= _ROW_SHIFT_MAX_COUT):
     return row_shift_conv(x, kernel, strides, pads)
