@@ -599,3 +599,26 @@ def test_patches_routes_layers_by_measured_rule(cin, window, cout, expected, mon
   layers.conv(jnp.zeros((1, 16, 16, cin)), jnp.zeros(window + (cin, cout)), (1, 1), "SAME",
               impl="patches")
   assert called == [expected]
+
+
+def test_standard_layout_conv_under_vmap_equals_lax_and_uses_no_convolution():
+  """Several clients at once (vmap over per-client inputs and kernels): the same values and
+  gradients as lax, computed by the im2col fallback -- no (grouped) convolution in the
+  program, which is what XLA:CPU runs slowly inside loops."""
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(2, 2, 9, 8, 3)), jnp.float32)
+  w = jnp.asarray(rng.normal(size=(2, 3, 3, 3, 4)) / 5.0, jnp.float32)
+
+  def loss(conv):
+    return lambda x, w: jnp.sum(jnp.sin(conv(x, w, (1, 1), ((1, 1), (0, 2)))))
+
+  per_client = lambda conv: jax.vmap(jax.value_and_grad(loss(conv), argnums=(0, 1)))
+  (v, (gx, gw)) = jax.jit(per_client(layers.standard_layout_conv))(x, w)
+  (rv, (rgx, rgw)) = jax.jit(per_client(functools.partial(layers.conv, impl="lax")))(x, w)
+  for got, want in ((v, rv), (gx, rgx), (gw, rgw)):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+  program = str(jax.make_jaxpr(per_client(layers.standard_layout_conv))(x, w))
+  assert "conv_general_dilated" not in program
+  single = str(jax.make_jaxpr(jax.grad(loss(layers.standard_layout_conv), argnums=(0, 1)))(
+      x[0], w[0]))
+  assert single.count("conv_general_dilated") == 3  # forward, input and kernel gradients
