@@ -1,10 +1,13 @@
 """Layers shared by the model zoo: convolution and pooling with a CPU plan.
 
 Why this module exists (architecture.md section 4, "the conv-in-loop trap"): on
-XLA:CPU a `lax.conv` inside a rolled `lax.scan` runs 15-20x slower than in
-straight-line code (under `vmap` it becomes a grouped convolution, and its
-kernel gradient a naive loop nest), and the simulator runs local training as
-`jit(vmap(scan(step)))`. `Conv` therefore has several implementations
+XLA:CPU a `lax.conv` inside a rolled `lax.scan` trains 15-20x slower than in
+straight-line code, and the simulator runs local training as a scan. Measured
+closer (docs/performance.md), the forward convolution is as fast in the loop as
+outside it; the gradient convolutions JAX emits (kernel gradient with batch and
+features swapped, input gradient with an I/O-swapped kernel) and any grouped
+convolution (what `vmap` over per-client kernels makes) are what fall off the
+fast path. `Conv` therefore has several implementations
 ("plans") that share one parameter tree (`kernel` in HWIO, `bias`) and compute
 the same function to float32 rounding:
 
