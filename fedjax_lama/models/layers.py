@@ -282,14 +282,15 @@ def standard_layout_conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1
 # Timed layer by layer (forward and gradients in a scan), `channel_major_conv` beat
 # `im2col_conv` on every layer with 1 or 3 input channels, by 1.03x to 3.7x; in
 # the whole model it paid only for few output channels: cifar_lenet (5x5 3->6)
-# 1.77x, mnist_cnn (5x5 1->10) 1.29x, but resnet20 (3x3 3->16) 0.94x, leaf_cnn
+# 1.26x to 1.77x, mnist_cnn (5x5 1->10) 1.28x to 1.31x, but resnet20 (3x3 3->16) 0.94x, leaf_cnn
 # (5x5 1->32) 0.96x, fedat_cnn and pfl_cnn (3x3 3->32) 0.93x and 0.89x,
 # fedspeed_lenet (5x5 3->64) 0.86x.
 _CHANNEL_MAJOR_MAX_CIN = 3
 _CHANNEL_MAJOR_MAX_COUT = 10
 
 # `standard_layout_conv` against the patches, the same way: pfl_cnn (3x3 32->64
-# on 28x28 outputs) 1.16x, leaf_cnn (5x5 32->64 on 14x14) 1.08x, but
+# on 28x28 outputs) 1.13x to 1.16x, leaf_cnn (5x5 32->64 on 14x14) 1.07x and
+# 1.08x, resnet9 (3x3 64->64 on 32x32, 4 x 3 x 32) 1.06x, but
 # fedspeed_lenet (5x5 64->64 on 10x10) 0.96x and fedat_cnn (3x3 32->64 on
 # 13x13) 0.98x. Layer by layer it lost on stride 2 (0.51x to 0.92x), on 16
 # channels (resnet20, 0.28x to 0.88x), on 128 (resnet9 on 16x16, 0.85x), on 1x1
@@ -317,10 +318,9 @@ def conv_patches(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
   `channel_major_conv` for an image's few input channels into few output
   channels; `standard_layout_conv` (a lax convolution whose gradients are
   written as forward convolutions) for stride 1 with tens of channels on maps
-  of 14x14 and more;
-  `row_shift_conv` for stride 1 along H, a tall
-  output, several input and few output channels; otherwise `im2col_conv`
-  (which makes a 1x1 convolution one matmul on a strided slice).
+  of 14x14 and more; `row_shift_conv` for stride 1 along H, a tall output,
+  several input and few output channels; otherwise `im2col_conv` (which makes
+  a 1x1 convolution one matmul on a strided slice).
   """
   kh, kw, cin, cout = kernel.shape
   if cin <= _CHANNEL_MAJOR_MAX_CIN and cout <= _CHANNEL_MAJOR_MAX_COUT and kh * kw > 1:
