@@ -1,6 +1,6 @@
 r"""Convolution plans layer by layer, inside a scan, against lax outside any loop (issue 20).
 
-  python -m experiments.conv_layers --models=leaf_cnn,pfl_cnn [--batch=32 --steps=3 --repeats=10]
+  python -m experiments.conv_layers --models=leaf_cnn,pfl_cnn --steps=3 --repeats=10 [--batch=32]
   taskset -c 1 python -m experiments.conv_layers ...   # one core, beside other jobs
 
 For every convolution layer of each model (the shapes its `init` passes to `layers.conv`),
@@ -26,12 +26,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import benchmark
+# Imported for its --models flag, defined once per process.
+from experiments import benchmark_suite  # pylint: disable=unused-import
 from fedjax_lama.models import layers
 
 FLAGS = flags.FLAGS
-# --batch (examples per step), --steps (steps of the timed scan) and --repeats (timed calls of
-# each plan after one warm-up; the best counts) are experiments.benchmark's flags.
-flags.DEFINE_list("models", ["leaf_cnn"], "Models whose convolution layers are timed.")
+# --models (whose convolution layers are timed) is experiments.benchmark_suite's flag; --batch
+# (examples per step), --steps (steps of the timed scan) and --repeats (timed calls of each
+# plan after one warm-up; the best counts) are experiments.benchmark's.
 flags.DEFINE_list("plans", ["im2col", "channel_major", "row_shift", "standard_layout", "lax"],
                   "Plans timed inside the scan.")
 
