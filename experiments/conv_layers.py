@@ -26,14 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import benchmark
-# Imported for its --models flag, defined once per process.
-from experiments import benchmark_suite  # pylint: disable=unused-import
 from fedjax_lama.models import layers
 
 FLAGS = flags.FLAGS
-# --models (whose convolution layers are timed) is experiments.benchmark_suite's flag; --batch
-# (examples per step), --steps (steps of the timed scan) and --repeats (timed calls of each
-# plan after one warm-up; the best counts) are experiments.benchmark's.
+# --batch (examples per step), --steps (steps of the timed scan) and --repeats (timed calls of
+# each plan after one warm-up; the best counts) are experiments.benchmark's flags.
+flags.DEFINE_list("models", ["leaf_cnn"], "Models whose convolution layers are timed.")
 flags.DEFINE_list("plans", ["im2col", "channel_major", "row_shift", "standard_layout", "lax"],
                   "Plans timed inside the scan.")
 

@@ -144,7 +144,7 @@ def test_scan_group_sizes():
 def test_models_table_reports_the_loops_mfu_and_the_ceiling_it_sets():
   """The models table's ceiling column is 1 / loop MFU, and the rows whose ceiling is below
   1.5 are named (fake rows: only the arithmetic of the table is checked)."""
-  from experiments import benchmark_suite  # pylint: disable=g-import-not-at-top
+  from experiments import benchmark_tables  # pylint: disable=g-import-not-at-top
 
   def row(model, ratio, loop_mfu):
     return {"model": model, "clients": 8, "steps": 5, "batch": 32, "engine_conv_impl": "patches",
@@ -155,7 +155,7 @@ def test_models_table_reports_the_loops_mfu_and_the_ceiling_it_sets():
             "load_avg_after": [0.7], "first_call_s": {"engine": 1.0}, "device_kind": "cpu",
             "platform": "cpu", "jax": jax.__version__}
 
-  text = benchmark_suite.models_table([row("small", 2.0, 0.1), row("big", 1.1, 0.8)], "cmd")
+  text = benchmark_tables.models_table([row("small", 2.0, 0.1), row("big", 1.1, 0.8)], "cmd")
   lines = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()
            if line.startswith("| small") or line.startswith("| big")}
   assert "| 0.100 | 10.00 |" in lines["small"]
