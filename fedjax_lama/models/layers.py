@@ -323,9 +323,9 @@ def conv_patches(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
   a 1x1 convolution one matmul on a strided slice).
   """
   kh, kw, cin, cout = kernel.shape
-  if cin <= _CHANNEL_MAJOR_MAX_CIN and cout <= _CHANNEL_MAJOR_MAX_COUT and kh * kw > 1:
-    return channel_major_conv(x, kernel, strides, padding)
   pads = _pads(x.shape[1:3], kernel.shape[:2], strides, padding)
+  if cin <= _CHANNEL_MAJOR_MAX_CIN and cout <= _CHANNEL_MAJOR_MAX_COUT and kh * kw > 1:
+    return channel_major_conv(x, kernel, strides, pads)
   ho = (x.shape[1] + sum(pads[0]) - kh) // strides[0] + 1
   wo = (x.shape[2] + sum(pads[1]) - kw) // strides[1] + 1
   if (kh * kw > 1 and tuple(strides) == (1, 1)
