@@ -3,7 +3,9 @@ r"""Engine training throughput against the hardware's limit, a per-step loop and
   python -m experiments.benchmark [--model=fedat_cnn --clients=32 --steps=10 --batch=32]
   python -m experiments.benchmark --peers=fedjax [--peers_path=/tmp/peers]
 
-Side by side in one process, interleaved (best of --repeats after one warm-up each), on
+Side by side in one process, interleaved (best of --repeats after one warm-up each; a
+timed sample is the mean of the fewest consecutive rounds lasting --min_sample_s, so a
+round of a millisecond is not timed alone), on
 the same clients and the same random data shaped like the model's dataset
 (architecture.md 4, docs/performance.md):
   engine   this project's round: one jitted call of the local training of every client
@@ -37,6 +39,7 @@ load average of the machine before and after (other jobs share a CPU box: compar
 from one run, never absolute times across runs).
 """
 import json
+import math
 import os
 import sys
 import time
@@ -51,6 +54,7 @@ from fedjax_lama import algorithms, models
 from fedjax_lama.engine import local, round as round_lib
 
 FLAGS = flags.FLAGS
+MIN_SAMPLE_S = 0.2  # seconds a timed sample lasts at least (rounds_per_sample)
 flags.DEFINE_string("model", "fedat_cnn", "Model name (fedjax_lama.models.names()).")
 flags.DEFINE_integer("clients", 32, "Clients per round.")
 flags.DEFINE_integer("steps", 10, "Local steps per client.")
@@ -63,6 +67,8 @@ flags.DEFINE_enum("client_map", "auto", list(local.CLIENT_MAPS),
                   "How the engine adds the client axis (engine/local.py CLIENT_MAPS).")
 flags.DEFINE_bool("compare_client_maps", False, "Also time the engine with the other client "
                   "map (scan or vmap) side by side.")
+flags.DEFINE_float("min_sample_s", MIN_SAMPLE_S, "A timed sample of a plan is the mean of the "
+                   "fewest consecutive calls lasting about this long (0: single calls).")
 flags.DEFINE_integer("matmul_size", 2048, "n of the n x n x n float32 matmul timed as the peak.")
 flags.DEFINE_list("peers", [], "Peer simulators to run side by side: fedjax.")
 flags.DEFINE_string("peers_path", os.environ.get("FEDJAX_LAMA_PEERS_PATH", ""),
@@ -81,10 +87,22 @@ def _model(name, conv_impl):
   return models.get(name, num_classes=num_classes, conv_impl=conv_impl), num_classes
 
 
-def _time(fn):
+def _time(fn, rounds: int = 1):
+  """Seconds per call of `fn`, averaged over `rounds` calls timed as one sample (each call
+  waited for, so calls never overlap)."""
   t0 = time.perf_counter()
-  jax.block_until_ready(fn())
-  return time.perf_counter() - t0
+  for _ in range(rounds):
+    jax.block_until_ready(fn())
+  return (time.perf_counter() - t0) / rounds
+
+
+def rounds_per_sample(estimate_s: float, min_sample_s: float) -> int:
+  """Calls per timed sample: the fewest whose estimated time reaches `min_sample_s` (at
+  least 1). A round of a millisecond timed alone is mostly timer and cache noise (timeit's
+  autorange does the same)."""
+  if min_sample_s <= 0 or estimate_s >= min_sample_s:
+    return 1
+  return max(1, math.ceil(min_sample_s / max(estimate_s, 1e-9)))
 
 
 def _sgd_step(model, has_state, jit=True):
@@ -211,13 +229,17 @@ def fedjax_plan(fedjax, model, params, model_state, x, y, indices, lr=LR):
 
 def run(model_name="fedat_cnn", clients=32, steps=10, batch=32, repeats=3, conv_impl="auto",
         unroll=1, central_impls=("lax", "engine"), client_map="auto", peers=(),
-        peers_path="", matmul_size=2048, loop=True, compare_client_maps=False) -> dict:
+        peers_path="", matmul_size=2048, loop=True, compare_client_maps=False,
+        min_sample_s=MIN_SAMPLE_S) -> dict:
   """Times the plans side by side; returns the JSON dict (see the module docstring).
 
   central_impls: the centralized step's convolution plans ("engine": the engine's; empty:
   no centralized step), the faster counts. loop=False leaves the loop out.
   compare_client_maps: also time the engine with the other client map(s) (engine/local.py),
   reported as `engine_<map>_samples_per_s`.
+  min_sample_s: each timed sample of a plan is the mean of the fewest consecutive calls
+  that last about this long (`rounds_per_sample`, estimated from one call after the
+  warm-up; reported as `rounds_per_sample`); 0 times single calls.
   """
   load_before = _load()
   shape = INPUT_SHAPES.get(model_name, (32, 32, 3))
@@ -324,11 +346,12 @@ def run(model_name="fedat_cnn", clients=32, steps=10, batch=32, repeats=3, conv_
     t0 = time.perf_counter()
     outputs[name] = jax.block_until_ready(fn())
     first[name] = time.perf_counter() - t0
+  rounds = {name: rounds_per_sample(_time(fn), min_sample_s) for name, fn in plans.items()}
   best = {name: float("inf") for name in plans}
   for _ in range(repeats):  # interleaved, against the drift of a shared machine
     for name, fn in plans.items():
       for _ in range(3 if name == "matmul" else 1):
-        best[name] = min(best[name], _time(fn))
+        best[name] = min(best[name], _time(fn, rounds[name]))
 
   samples = clients * steps * batch
   sps = {name: samples / t for name, t in best.items() if name != "matmul"}
@@ -342,7 +365,7 @@ def run(model_name="fedat_cnn", clients=32, steps=10, batch=32, repeats=3, conv_
       "flops_per_sample": flops_per_sample, "engine_flops_per_s": engine_flops,
       "peak_flops_per_s": peak, "mfu": engine_flops / peak, "matmul_size": matmul_size,
       "first_call_s": first, "seconds_per_round": {k: t for k, t in best.items()},
-      "repeats": repeats, "load_avg_before": load_before, "load_avg_after": _load(),
+      "repeats": repeats, "min_sample_s": min_sample_s, "rounds_per_sample": rounds, "load_avg_before": load_before, "load_avg_after": _load(),
   }
   if loop:
     result.update(loop_samples_per_s=sps["loop"], ratio=sps["engine"] / sps["loop"],
@@ -401,7 +424,7 @@ def main(argv):
   result = run(FLAGS.model, FLAGS.clients, FLAGS.steps, FLAGS.batch, FLAGS.repeats,
                FLAGS.conv_impl, FLAGS.unroll, client_map=FLAGS.client_map, peers=FLAGS.peers,
                peers_path=FLAGS.peers_path, matmul_size=FLAGS.matmul_size,
-               compare_client_maps=FLAGS.compare_client_maps)
+               compare_client_maps=FLAGS.compare_client_maps, min_sample_s=FLAGS.min_sample_s)
   print(summary_line(result))
   print(json.dumps(result))
 

@@ -85,7 +85,7 @@ TABLE_OUT = "experiments/results/models_cpu.md"
 
 def throughput(model_names, clients, steps, batch, repeats, conv_impl, unroll=1,
                central_impls=FULL_CENTRAL, compare_client_maps=False,
-               sizes=None) -> list[dict]:
+               sizes=None, min_sample_s=benchmark.MIN_SAMPLE_S) -> list[dict]:
   """benchmark.run over the grid; `sizes` (model -> (clients, steps, batch)) overrides it."""
   rows = []
   for name in model_names:
@@ -94,7 +94,7 @@ def throughput(model_names, clients, steps, batch, repeats, conv_impl, unroll=1,
     for c, k, b in grid:
       r = benchmark.run(name, clients=c, steps=k, batch=b, repeats=repeats,
                         conv_impl=conv_impl, unroll=unroll, central_impls=central_impls,
-                        compare_client_maps=compare_client_maps)
+                        compare_client_maps=compare_client_maps, min_sample_s=min_sample_s)
       print(f"  {name} {c} clients x {k} steps x batch {b}: engine/loop {r['ratio']:.2f}, "
             f"MFU {r['mfu']:.3f}, load {r['load_avg_before']}", file=sys.stderr, flush=True)
       rows.append(r)
@@ -199,10 +199,12 @@ def main(argv):
     names = FLAGS.models if FLAGS["models"].present else list(TABLE_MODELS)
     sizes = {name: TABLE_SIZES.get(name, TABLE_SIZE) for name in names}
     rows = throughput(names, [], [], FLAGS.batch, FLAGS.repeats, FLAGS.conv_impl, FLAGS.unroll,
-                      ("engine",), compare_client_maps=True, sizes=sizes)
+                      ("engine",), compare_client_maps=True, sizes=sizes,
+                      min_sample_s=FLAGS.min_sample_s)
     command = "python -m experiments.benchmark_suite --models_table" + (
         f" --models={','.join(names)}" if FLAGS["models"].present else "") + (
-        f" --repeats={FLAGS.repeats}" if FLAGS["repeats"].present else "")
+        f" --repeats={FLAGS.repeats}" if FLAGS["repeats"].present else "") + (
+        f" --min_sample_s={FLAGS.min_sample_s}" if FLAGS["min_sample_s"].present else "")
     table = models_table(rows, command)
     with open(FLAGS.table_out, "w") as f:
       f.write(table)
@@ -214,7 +216,7 @@ def main(argv):
     repeats = QUICK["repeats"] if FLAGS.quick else FLAGS.repeats
     central = QUICK["central_impls"] if FLAGS.quick else FULL_CENTRAL
     rows = throughput(FLAGS.models, clients, steps, FLAGS.batch, repeats, FLAGS.conv_impl,
-                      FLAGS.unroll, central)
+                      FLAGS.unroll, central, min_sample_s=FLAGS.min_sample_s)
     print(markdown(rows))
     result = {"throughput": rows}
   if FLAGS.out:

@@ -162,3 +162,42 @@ def test_models_table_reports_the_loops_mfu_and_the_ceiling_it_sets():
   assert "| 0.800 | 1.25 |" in lines["big"]
   assert "Rows below the 1.5x target of issue 20: big (1.10)." in text
   assert "stays below 1.5x the loop: big (1.25)." in text
+
+
+def test_rounds_per_sample_reaches_the_minimum_sample_time():
+  assert benchmark.rounds_per_sample(0.5, 0.2) == 1  # a slow round is timed alone
+  assert benchmark.rounds_per_sample(0.2, 0.2) == 1
+  assert benchmark.rounds_per_sample(0.001, 0.2) == 200
+  assert benchmark.rounds_per_sample(0.03, 0.2) == 7  # ceil(6.67)
+  assert benchmark.rounds_per_sample(0.001, 0.0) == 1  # 0: single calls, as before
+  assert benchmark.rounds_per_sample(0.0, 0.2) >= 1
+
+
+def test_time_averages_the_rounds_of_a_sample():
+  calls = []
+  assert benchmark._time(lambda: calls.append(1) or jnp.zeros(()), rounds=5) >= 0
+  assert len(calls) == 5
+
+
+def test_json_reports_the_rounds_per_sample(tiny_runs):
+  r = tiny_runs["patches"]
+  assert r["min_sample_s"] == benchmark.MIN_SAMPLE_S
+  assert set(r["rounds_per_sample"]) >= {"engine", "loop", "matmul"}
+  assert all(isinstance(k, int) and k >= 1 for k in r["rounds_per_sample"].values())
+
+
+def test_models_table_names_the_rounds_per_sample():
+  from experiments import benchmark_tables  # pylint: disable=g-import-not-at-top
+  row = {"model": "m", "clients": 8, "steps": 5, "batch": 32, "engine_conv_impl": "patches",
+         "engine_client_map": "scan", "engine_samples_per_s": 200.0, "loop_samples_per_s": 100.0,
+         "ratio": 2.0, "flops_per_sample": 1e6, "engine_flops_per_s": 2e8,
+         "peak_flops_per_s": 1e9, "mfu": 0.2, "loop_mfu": 0.1, "load_avg_before": [0.5],
+         "load_avg_after": [0.7], "first_call_s": {"engine": 1.0}, "device_kind": "cpu",
+         "platform": "cpu", "jax": jax.__version__, "min_sample_s": 0.2,
+         "rounds_per_sample": {"engine": 40, "loop": 25, "matmul": 3}}
+  text = benchmark_tables.models_table([row], "cmd")
+  assert "rounds lasting at least 0.2 s" in text
+  assert "| 40 / 25 |" in text
+  old = {k: v for k, v in row.items() if k not in ("min_sample_s", "rounds_per_sample")}
+  assert "a plan's timed sample is one round:" in benchmark_tables.models_table([old], "cmd")
+  assert "rounds per sample" not in benchmark_tables.markdown([old])
