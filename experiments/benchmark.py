@@ -43,6 +43,7 @@ import math
 import os
 import sys
 import time
+from typing import Any, NamedTuple
 
 from absl import app, flags
 import jax
@@ -227,6 +228,62 @@ def fedjax_plan(fedjax, model, params, model_state, x, y, indices, lr=LR):
 
 # ---- the benchmark -----------------------------------------------------------------------
 
+class Workload(NamedTuple):
+  """One benchmark row's model, random data shaped like its dataset, and FedAvg cohort."""
+  model: Any
+  shape: tuple
+  data_x: jax.Array
+  data_y: jax.Array
+  indices: np.ndarray  # [clients, steps, batch] rows of data_x, in order
+  params: Any
+  model_state: Any
+  has_state: bool
+  clients: int
+  steps: int
+  batch: int
+
+
+def workload(model_name: str, clients: int, steps: int, batch: int, conv_impl: str) -> Workload:
+  shape = INPUT_SHAPES.get(model_name, (32, 32, 3))
+  model, num_classes = _model(model_name, conv_impl)
+  data_rng = np.random.default_rng(0)
+  n = clients * steps * batch
+  data_x = jnp.asarray(data_rng.normal(size=(n,) + shape).astype(np.float32))
+  data_y = jnp.asarray(data_rng.integers(0, num_classes, size=n).astype(np.int32))
+  variables = model.init(jax.random.PRNGKey(0), data_x[:1], train=False)
+  params, model_state = variables["params"], variables.get("batch_stats", {})
+  return Workload(model, shape, data_x, data_y,
+                  np.arange(n, dtype=np.int32).reshape(clients, steps, batch), params,
+                  model_state, bool(jax.tree_util.tree_leaves(model_state)), clients, steps,
+                  batch)
+
+
+def engine_round(w: Workload, client_map: str, unroll=1):
+  """The engine's FedAvg round on `w` with `client_map`: one jitted call of every client's
+  local training, then the server mean. Returns a no-argument function giving the params; its
+  `training_call` is (the jitted training call, its arguments), for tools that read its HLO."""
+  alg = algorithms.build("fedavg")
+  server = alg.init_server(w.params, w.model_state)
+  c, k, b = w.clients, w.steps, w.batch
+  cohort = round_lib.Cohort(jnp.asarray(w.indices), jnp.ones((c, k, b)), jnp.ones((c, k)),
+                            jnp.ones((c,)), jnp.arange(c, dtype=jnp.int32), jnp.ones((c,)))
+  saved = local.CLIENT_MAP
+  local.CLIENT_MAP = client_map  # read when the round's functions are built
+  try:
+    train_chunk, server_update = round_lib.make_round_fns(
+        local.make_loss_fn(w.model, w.has_state), alg, optax.constant_schedule(LR), seed=0,
+        weighting="uniform", local_steps=k, population=c, unroll=unroll)
+  finally:
+    local.CLIENT_MAP = saved
+
+  def one_round():
+    sums, _, _ = train_chunk(server, {}, w.data_x, w.data_y, cohort, 0)
+    return server_update(server, sums).params
+
+  one_round.training_call = (train_chunk, (server, {}, w.data_x, w.data_y, cohort, 0))
+  return one_round
+
+
 def run(model_name="fedat_cnn", clients=32, steps=10, batch=32, repeats=3, conv_impl="auto",
         unroll=1, central_impls=("lax", "engine"), client_map="auto", peers=(),
         peers_path="", matmul_size=2048, loop=True, compare_client_maps=False,
@@ -243,48 +300,18 @@ def run(model_name="fedat_cnn", clients=32, steps=10, batch=32, repeats=3, conv_
   `rounds_per_sample`); 0 times single calls.
   """
   load_before = _load()
-  shape = INPUT_SHAPES.get(model_name, (32, 32, 3))
   engine_impl = models.resolve_conv_impl(conv_impl)
   engine_map = local.resolve_client_map(client_map)
-  engine_model, num_classes = _model(model_name, engine_impl)
+  w = workload(model_name, clients, steps, batch, engine_impl)
+  engine_model, data_x, data_y, indices = w.model, w.data_x, w.data_y, w.indices
+  params, model_state, has_state = w.params, w.model_state, w.has_state
   loop_model, _ = _model(model_name, "lax")
-  data_rng = np.random.default_rng(0)
-  n = clients * steps * batch
-  data_x = jnp.asarray(data_rng.normal(size=(n,) + shape).astype(np.float32))
-  data_y = jnp.asarray(data_rng.integers(0, num_classes, size=n).astype(np.int32))
-  variables = engine_model.init(jax.random.PRNGKey(0), data_x[:1], train=False)
-  params, model_state = variables["params"], variables.get("batch_stats", {})
-  has_state = bool(jax.tree_util.tree_leaves(model_state))
-  indices = np.arange(n, dtype=np.int32).reshape(clients, steps, batch)
-  flops_per_sample = training_flops_per_sample(model_name, batch, "lax", shape)
+  flops_per_sample = training_flops_per_sample(model_name, batch, "lax", w.shape)
 
-  # Engine: one jitted call of every client's local training, then the server mean.
-  alg = algorithms.build("fedavg")
-  server = alg.init_server(params, model_state)
-  cohort = round_lib.Cohort(jnp.asarray(indices), jnp.ones((clients, steps, batch)),
-                            jnp.ones((clients, steps)), jnp.ones((clients,)),
-                            jnp.arange(clients, dtype=jnp.int32), jnp.ones((clients,)))
-
-  def engine_plan(client_map):
-    saved = local.CLIENT_MAP
-    local.CLIENT_MAP = client_map  # read when the round's functions are built
-    try:
-      train_chunk, server_update = round_lib.make_round_fns(
-          local.make_loss_fn(engine_model, has_state), alg, optax.constant_schedule(LR),
-          seed=0, weighting="uniform", local_steps=steps, population=clients, unroll=unroll)
-    finally:
-      local.CLIENT_MAP = saved
-
-    def engine_round():
-      sums, _, _ = train_chunk(server, {}, data_x, data_y, cohort, 0)
-      return server_update(server, sums).params
-
-    return engine_round
-
-  plans = {"engine": engine_plan(engine_map)}
+  plans = {"engine": engine_round(w, engine_map, unroll)}
   other_maps = [m for m in local.CLIENT_MAPS if m not in ("auto", engine_map)]
   if compare_client_maps:  # the other client map(s), as references
-    plans.update({f"engine_{m}": engine_plan(m) for m in other_maps})
+    plans.update({f"engine_{m}": engine_round(w, m, unroll) for m in other_maps})
 
   # Loop baseline: per client, per step, one jitted SGD step; then the mean.
   sgd_step = _sgd_step(loop_model, has_state)
