@@ -14,7 +14,8 @@ from). Loops and calls are left out (their events span their bodies' operations)
 summed over the threads that ran them, so a kind's share is of the operations' total, not of
 the round's wall time (printed beside it); the tracing itself slows every operation a little,
 so a round of small operations (the MLPs) looks slower than experiments.benchmark times it.
-The last line is one JSON object. The trace itself stays in --trace_dir for TensorBoard or Perfetto.
+The last line is one JSON object. The trace itself stays in --trace_dir for TensorBoard or
+Perfetto.
 """
 import collections
 import glob
@@ -78,6 +79,8 @@ def group_ops(events: list[dict], rounds: int, instructions) -> tuple[dict, dict
 
 def main(argv):
   del argv
+  if FLAGS.traced_rounds < 1:
+    raise app.UsageError(f"--traced_rounds={FLAGS.traced_rounds}: trace at least 1 round")
   # Read when JAX starts its CPU backend, at the first computation below (nothing before
   # main computes).
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + TRACEME_FLAG).strip()
