@@ -244,6 +244,7 @@ class Workload(NamedTuple):
 
 
 def workload(model_name: str, clients: int, steps: int, batch: int, conv_impl: str) -> Workload:
+  """The model with `conv_impl`, seeded random data and parameters (the same for every call)."""
   shape = INPUT_SHAPES.get(model_name, (32, 32, 3))
   model, num_classes = _model(model_name, conv_impl)
   data_rng = np.random.default_rng(0)
@@ -399,7 +400,8 @@ def run(model_name="fedat_cnn", clients=32, steps=10, batch=32, repeats=3, conv_
       "flops_per_sample": flops_per_sample, "engine_flops_per_s": engine_flops,
       "peak_flops_per_s": peak, "mfu": engine_flops / peak, "matmul_size": matmul_size,
       "first_call_s": first, "seconds_per_round": {k: t for k, t in best.items()},
-      "repeats": repeats, "min_sample_s": min_sample_s, "rounds_per_sample": rounds, "load_avg_before": load_before, "load_avg_after": _load(),
+      "repeats": repeats, "min_sample_s": min_sample_s, "rounds_per_sample": rounds,
+      "load_avg_before": load_before, "load_avg_after": _load(),
   }
   if loop:
     result.update(loop_samples_per_s=sps["loop"], ratio=sps["engine"] / sps["loop"],

@@ -62,7 +62,8 @@ flags.DEFINE_list("steps_grid", ["5", "20"], "Local steps per client, one run ea
 flags.DEFINE_string("out", "", "Write the JSON results here too.")
 flags.DEFINE_bool("models_table", False, "Every image model of the zoo (TABLE_MODELS) at "
                   "8 x 5 x 32; writes --table_out.")
-flags.DEFINE_string("table_out", "experiments/results/models_cpu.md", "Where --models_table writes its markdown.")
+flags.DEFINE_string("table_out", "experiments/results/models_cpu.md",
+                    "Where --models_table writes its markdown.")
 flags.DEFINE_bool("memory", False, "Measure client-state memory instead of throughput.")
 flags.DEFINE_integer("memory_clients", 1000, "Clients holding a row of state.")
 flags.DEFINE_string("memory_row", "resnet20", "Model whose parameters' shape is one row.")
