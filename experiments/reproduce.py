@@ -62,6 +62,13 @@ def settings_of(study) -> str:
 
 
 def reproduce(paper: str, table: str, scale: str, out: str, runs: str = None) -> str:
+  """Runs (or reuses) one table's study and writes its report; returns the report's path."""
+  return reproduce_table(paper, table, scale, out, runs)[0]
+
+
+def reproduce_table(paper: str, table: str, scale: str, out: str, runs: str = None):
+  """`reproduce`, also returning the study's results with every run's per-evaluation records
+  (the JSON leaves them out), for commands that summarise several tables."""
   from experiments import sweep, tables  # pylint: disable=g-import-not-at-top
   key = (paper, table)
   if key not in tables.REGISTRY:
@@ -94,7 +101,7 @@ def reproduce(paper: str, table: str, scale: str, out: str, runs: str = None) ->
     f.write("\n".join(text) + "\n")
   with open(os.path.join(out, f"{name}.json"), "w") as f:
     json.dump(_slim(results), f, indent=1, default=str)
-  return path
+  return path, results
 
 
 def _slim(results):
@@ -106,7 +113,8 @@ def _slim(results):
   return results
 
 
-def _default_data_dir() -> None:
+def set_default_data_dir() -> None:
+  """--data_dir, else $FEDJAX_LAMA_DATA_DIR, else ../shared/data when it exists."""
   if FLAGS.data_dir:
     os.environ["FEDJAX_LAMA_DATA_DIR"] = FLAGS.data_dir
   elif "FEDJAX_LAMA_DATA_DIR" not in os.environ and os.path.isdir("../shared/data"):
@@ -121,7 +129,7 @@ def main(argv):
     return
   if not FLAGS.paper or not FLAGS.table:
     raise app.UsageError("give --paper and --table (or --list)")
-  _default_data_dir()
+  set_default_data_dir()
   path = reproduce(FLAGS.paper, FLAGS.table, FLAGS.scale, FLAGS.out, FLAGS.runs)
   print(f"report: {path}")
 
