@@ -4,6 +4,8 @@ here by hand, so nothing trains)."""
 import json
 import os
 
+import pytest
+
 from configs import fedat_fmnist
 from experiments import fedat_tables
 
@@ -65,3 +67,33 @@ def test_the_command_line_names_settings_that_have_no_run_yet(tmp_path):
   text = study.report(study.run(root))
   assert "--settings=2,8 " in text
   assert "| FedAT | Accuracy | 0.800 |" in text and "#class 8" not in text.split("## Runs")[0]
+
+
+def test_a_setting_may_have_several_targets(tmp_path):
+  root = str(tmp_path)
+  write_run(root, "2", "FedAT", 0, [0.5, 0.8, 0.7], upload_bytes=1_000_000)
+  write_run(root, "2", "FedAT-p6", 0, [0.3, 0.45, 0.5], upload_bytes=2_000_000)
+  targets = fedat_tables.parse_targets(["2=0.79", "2=0.45"])
+  assert targets == {"2": [0.79, 0.45]}
+  study = fedat_tables.FedATStudy(fedat_fmnist.get_config(), ["2"], ["fedat"], ["4", "6"], [0],
+                                  40.0, 10.0, targets, finished_only=True)
+  text = study.report(study.run(root))
+  table2 = text.split("## Table 2")[1].split("## Precision")[0]
+  assert "target accuracy 0.79" in table2 and "target accuracy 0.45" in table2
+  at_079, at_045 = table2.split("target accuracy 0.45")
+  # 0.79: FedAT first reaches it at the second tick (20 s), with 2 MB up and 4 MB down.
+  assert "| FedAT | 20 | not reached | 6.00 | 2.00 | 1041.54 |" in at_079
+  # 0.45: FedAT's first tick already has 0.5, at 10 s.
+  assert "| FedAT | 10 | 10 | 3.00 | 1.00 | - |" in at_045
+  # The ablation has a column pair per target; precision 6 reaches 0.45 at 20 s with 4 MB up
+  # (MB are 10**6 bytes, as the paper's) and never reaches 0.79.
+  ablation = text.split("## Precision ablation")[1].split("## Where")[0]
+  assert "MB up to 0.79 | virtual time to 0.79 (s) | MB up to 0.45 |" in ablation
+  assert "| 6 | 0.500 | 0.01000 | 2000000 | 6.00 | not reached | not reached | 4.00 | 20 |" \
+      in ablation
+
+
+@pytest.mark.parametrize("item", ["2", "2=abc", "2=0", "2=1.5"])
+def test_bad_targets_are_refused_naming_the_flag(item):
+  with pytest.raises(Exception, match="--targets"):
+    fedat_tables.parse_targets([item])
