@@ -317,8 +317,9 @@ def report(base, results: dict, settings: list, targets: dict, seeds: list, abla
       f"`--budget_s={budget_s:g} --eval_interval_s={eval_interval_s:g} "
       f"--seeds={','.join(map(str, seeds))} "
       f"--settings={','.join(requested_settings or settings)} "
-      f"--precisions={','.join(ablation)}"
-      f"{' --finished_only' if missing is not None else ''}` (plus the --config overrides of "
+      f"--precisions={','.join(ablation)} --targets="
+      + ",".join(f"{s}={t:g}" for s in targets for t in targets_of(targets, s))
+      + f"{' --finished_only' if missing is not None else ''}` (plus the --config overrides of "
       "the setup below). "
       f"{setup_text(base)} Accuracy is pooled over every client's local "
       f"{base.local_test_fraction:.0%} test split at each tick; variance is the population "
