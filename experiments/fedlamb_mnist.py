@@ -113,6 +113,7 @@ def panel_summary(results: dict, target: Optional[float], early_rounds: int,
 
 def summary_markdown(panels: dict, scale: str, early_rounds: int, wall_s: float,
                      panel_reports: dict, plot_name: str) -> str:
+  """The summary report: the accuracy table, the verdicts, the plot, links to the panels."""
   rows, verdict_rows = [], []
   for name, p in panels.items():
     target = p["target"]
