@@ -214,13 +214,13 @@ def run(panels: Sequence[str], scale: str, out: str, runs_root: Optional[str],
   start = time.perf_counter()
   summaries, reports = {}, {}
   for name in panels:
-    runs = os.path.join(runs_root or os.path.join(out, "runs"), f"fedlamb_{name}_{scale}")
-    path, results = reproduce.reproduce_table("fedlamb", name, scale, out, runs)
-    study = tables.REGISTRY[("fedlamb", name)].study(scale)
-    setting = {k: study.base[k] for k in SETTING_FIELDS}
-    setting["seeds"] = len(study.seeds)
-    summaries[name] = panel_summary(results, study.target, early_rounds, setting)
-    reports[name] = os.path.relpath(path, os.path.dirname(os.path.abspath(summary_path)))
+    # None: experiments.reproduce's own default, <out>/runs/fedlamb_<panel>_<scale>.
+    runs = os.path.join(runs_root, f"fedlamb_{name}_{scale}") if runs_root else None
+    done = reproduce.reproduce_table("fedlamb", name, scale, out, runs)
+    setting = {k: done.study.base[k] for k in SETTING_FIELDS}
+    setting["seeds"] = len(done.study.seeds)
+    summaries[name] = panel_summary(done.results, done.study.target, early_rounds, setting)
+    reports[name] = os.path.relpath(done.path, os.path.dirname(os.path.abspath(summary_path)))
   wall = time.perf_counter() - start
   stem = os.path.splitext(summary_path)[0]
   os.makedirs(os.path.dirname(summary_path) or ".", exist_ok=True)

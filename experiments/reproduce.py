@@ -16,6 +16,7 @@ the wall time) with its plots and a JSON of the results. Runs live in --runs (de
 import json
 import os
 import time
+from typing import Any, NamedTuple
 
 from absl import app, flags
 
@@ -63,12 +64,19 @@ def settings_of(study) -> str:
 
 def reproduce(paper: str, table: str, scale: str, out: str, runs: str = None) -> str:
   """Runs (or reuses) one table's study and writes its report; returns the report's path."""
-  return reproduce_table(paper, table, scale, out, runs)[0]
+  return reproduce_table(paper, table, scale, out, runs).path
 
 
-def reproduce_table(paper: str, table: str, scale: str, out: str, runs: str = None):
-  """`reproduce`, also returning the study's results with every run's per-evaluation records
-  (the JSON leaves them out), for commands that summarise several tables."""
+class Reproduction(NamedTuple):
+  path: str       # the report
+  study: Any      # the table's study at the scale (its base config, seeds, target)
+  results: dict   # the study's results, with every run's per-evaluation records
+
+
+def reproduce_table(paper: str, table: str, scale: str, out: str,
+                    runs: str = None) -> Reproduction:
+  """`reproduce`, also returning the study and its results with every run's per-evaluation
+  records (the JSON leaves them out), for commands that summarise several tables."""
   from experiments import sweep, tables  # pylint: disable=g-import-not-at-top
   key = (paper, table)
   if key not in tables.REGISTRY:
@@ -101,7 +109,7 @@ def reproduce_table(paper: str, table: str, scale: str, out: str, runs: str = No
     f.write("\n".join(text) + "\n")
   with open(os.path.join(out, f"{name}.json"), "w") as f:
     json.dump(_slim(results), f, indent=1, default=str)
-  return path, results
+  return Reproduction(path, study, results)
 
 
 def _slim(results):
