@@ -96,7 +96,11 @@ def parse_targets(items) -> dict:
     if not sep or accuracy is None or not 0 < accuracy <= 1:
       raise app.UsageError(f"--targets: {item!r} is not setting=accuracy with an accuracy in "
                            "(0, 1], e.g. 2=0.79")
-    out.setdefault(setting.strip().lower(), []).append(accuracy)
+    setting = setting.strip().lower()
+    if setting not in fedat_fmnist.SETTINGS:
+      raise app.UsageError(f"--targets: {item!r} names no setting; the settings are "
+                           f"{', '.join(fedat_fmnist.SETTINGS)}")
+    out.setdefault(setting, []).append(accuracy)
   return out
 
 

@@ -10,7 +10,12 @@ subprocess (the command a user runs; --rounds overrides config.rounds) and repor
   train_wall_s      the run's own `wall_seconds` (the round loop with its evaluations and
                     checkpoints: summary.json);
   samples_per_s     training samples (rounds x 50 clients x 50 examples) / train_wall_s,
-                    and / wall_s;
+                    and (samples_per_s_whole_command) the samples of the rounds this command
+                    ran / wall_s;
+  resumed_after_round  the checkpoint this command resumed from (None: a fresh run). A long
+                    run may go in parts: the same command on the same --workdir continues it
+                    (--checkpoint_every sets how much an interruption can lose), and
+                    train_wall_s then sums the parts' rounds;
   mfu               flops_per_sample (XLA's count of one un-vectorized SGD step of the model
                     on a batch of 10, experiments.benchmark) x samples/s over the peak
                     FLOP/s of a 2048^3 float32 matmul measured in this process right before
@@ -30,12 +35,6 @@ import time
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("rounds", 1500, "Rounds to run (the workload's 1,500, or a prefix).")
-flags.DEFINE_string("setting", "pfl_cnn", "Config setting: the model (pfl_cnn or fedat_cnn).")
-flags.DEFINE_string("workdir", "", "Run directory (default: a new temporary one).")
-flags.DEFINE_integer("eval_every", 0, "Override config.eval_every (0: the config's 100, or "
-                     "rounds / 5 for a prefix).")
-
 ROUNDS = 1500
 CLIENTS_PER_ROUND, EXAMPLES_PER_CLIENT, BATCH = 50, 50, 10
 
@@ -53,6 +52,45 @@ def peak_flops(repeats: int = 5) -> float:
   return flops / best
 
 
+def latest_checkpoint_round(workdir: str):
+  """The round of the newest checkpoint in `workdir` (None: none, a fresh run)."""
+  from fedjax_lama import checkpointing  # pylint: disable=g-import-not-at-top
+  folder = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(folder):
+    return None
+  ckpt = checkpointing.Checkpointer(folder)
+  try:
+    return ckpt.latest_step()
+  finally:
+    ckpt.close()
+
+
+def workload_command(setting: str, rounds: int, workdir: str, eval_every: int = 0,
+                     checkpoint_every: int = 0) -> list:
+  """The CLI command of the workload (0: the config's own eval_every / checkpoint_every)."""
+  cmd = [sys.executable, "-m", "experiments.main",
+         f"--config=configs/workload_pfl_cifar10.py:{setting}",
+         f"--config.rounds={rounds}", f"--workdir={workdir}"]
+  eval_every = eval_every or (max(1, rounds // 5) if rounds < ROUNDS else 0)
+  if eval_every:  # a prefix evaluates 5 times, for the per-round rate
+    cmd.append(f"--config.eval_every={eval_every}")
+  if checkpoint_every:
+    cmd.append(f"--config.checkpoint_every={checkpoint_every}")
+  return cmd
+
+
+def define_flags():
+  """The command's flags (defined only when run, so importing this module defines none)."""
+  flags.DEFINE_integer("rounds", 1500, "Rounds to run (the workload's 1,500, or a prefix).")
+  flags.DEFINE_string("setting", "pfl_cnn", "Config setting: the model (pfl_cnn or fedat_cnn).")
+  flags.DEFINE_string("workdir", "", "Run directory (default: a new temporary one).")
+  flags.DEFINE_integer("eval_every", 0, "Override config.eval_every (0: the config's 100, or "
+                       "rounds / 5 for a prefix).")
+  flags.DEFINE_integer("checkpoint_every", 0, "Override config.checkpoint_every (0: the config's "
+                       "500). A run stopped part way resumes from its last checkpoint when the "
+                       "same command runs again on the same --workdir.")
+
+
 def main(argv):
   del argv
   from experiments import benchmark  # pylint: disable=g-import-not-at-top
@@ -60,12 +98,9 @@ def main(argv):
   flops_per_sample = benchmark.training_flops_per_sample(FLAGS.setting, BATCH, "lax",
                                                          (32, 32, 3))
   peak_before, load_before = peak_flops(), os.getloadavg()
-  cmd = [sys.executable, "-m", "experiments.main",
-         f"--config=configs/workload_pfl_cifar10.py:{FLAGS.setting}",
-         f"--config.rounds={FLAGS.rounds}", f"--workdir={workdir}"]
-  eval_every = FLAGS.eval_every or (max(1, FLAGS.rounds // 5) if FLAGS.rounds < ROUNDS else 0)
-  if eval_every:  # a prefix evaluates 5 times, for the per-round rate
-    cmd.append(f"--config.eval_every={eval_every}")
+  cmd = workload_command(FLAGS.setting, FLAGS.rounds, workdir, FLAGS.eval_every,
+                         FLAGS.checkpoint_every)
+  resumed_after = latest_checkpoint_round(workdir)
   print(" ".join(cmd), flush=True)
   t0 = time.perf_counter()
   proc = subprocess.run(cmd, check=False)
@@ -79,11 +114,16 @@ def main(argv):
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     records = [json.loads(line) for line in f]
   samples = FLAGS.rounds * CLIENTS_PER_ROUND * EXAMPLES_PER_CLIENT
+  # A resumed run: train_wall_s (summary.json) sums every part's rounds up to its last
+  # checkpoint; this command ran only the rounds after `resumed_after`.
+  rounds_this_command = FLAGS.rounds - (0 if resumed_after is None else resumed_after + 1)
   train_wall = summary["wall_seconds"]
   result = {
       "setting": FLAGS.setting, "rounds": FLAGS.rounds, "samples": samples,
       "wall_s": wall, "train_wall_s": train_wall,
-      "samples_per_s": samples / train_wall, "samples_per_s_whole_command": samples / wall,
+      "samples_per_s": samples / train_wall, "resumed_after_round": resumed_after,
+      "samples_per_s_whole_command":
+          rounds_this_command * CLIENTS_PER_ROUND * EXAMPLES_PER_CLIENT / wall,
       "flops_per_sample": flops_per_sample, "peak_flops_per_s": peak,
       "mfu": flops_per_sample * samples / train_wall / peak,
       "final_test_accuracy": summary["final_test_accuracy"],
@@ -109,4 +149,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

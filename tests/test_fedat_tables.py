@@ -93,7 +93,7 @@ def test_a_setting_may_have_several_targets(tmp_path):
       in ablation
 
 
-@pytest.mark.parametrize("item", ["2", "2=abc", "2=0", "2=1.5"])
+@pytest.mark.parametrize("item", ["2", "2=abc", "2=0", "2=1.5", "3=0.5", "idd=0.7"])
 def test_bad_targets_are_refused_naming_the_flag(item):
   with pytest.raises(Exception, match="--targets"):
     fedat_tables.parse_targets([item])
