@@ -9,8 +9,9 @@ def test_reads_the_layers_of_a_model_and_the_plan_patches_picks():
                    ((12, 12, 10), (5, 5, 10, 20), (1, 1), "VALID")]
   assert conv_layers.picked_plan((4, 28, 28, 1), (5, 5, 1, 10), (1, 1), "VALID") == \
       "channel_major"
-  assert conv_layers.picked_plan((4, 16, 16, 32), (3, 3, 32, 64), (1, 1), "SAME") == \
-      "standard_layout"
+  assert conv_layers.picked_plan((4, 16, 16, 16), (3, 3, 16, 16), (1, 1), "SAME") == \
+      "row_shift"
+  assert conv_layers.picked_plan((4, 16, 16, 32), (3, 3, 32, 64), (1, 1), "SAME") == "im2col"
 
 
 def test_times_every_plan_and_each_matches_lax():

@@ -18,11 +18,12 @@ the same function to float32 rounding:
   matmul with the HWIO kernel reshaped to (kh*kw*cin, cout)), `row_shift_conv`
   (slices along W only, one wider matmul, then a sum of row-shifted blocks) or
   `channel_major_conv` (the patch matrix one row per (channel, tap), for an
-  image's 1 to 3 channels) -- whose gradients are pads, adds and matmuls; and,
-  for stride-1 layers of tens of channels on larger maps,
-  `standard_layout_conv`: a lax convolution whose gradients are written as
-  forward convolutions, which is how they escape the trap (the trap is in the
-  gradient convolutions JAX emits, not in the forward one).
+  image's 1 to 3 channels) -- whose gradients are pads, adds and matmuls.
+  `standard_layout_conv` (a lax convolution whose gradients are written as
+  forward convolutions, which is how they escape the trap: the trap is in the
+  gradient convolutions JAX emits, not in the forward one) is a plan of its
+  own to be measured; the rule picked it on the EPYC box and no longer does
+  (see the comment above `_ROW_SHIFT_MIN_HEIGHT`).
 * "im2col": `im2col_conv` for every layer (to measure "patches" against).
 * "patches_xla": `lax.conv_general_dilated_patches` + matmul (its backward is
   a convolution again) and "shifted_sum": a sum over kernel offsets of
@@ -288,17 +289,14 @@ def standard_layout_conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1
 _CHANNEL_MAJOR_MAX_CIN = 3
 _CHANNEL_MAJOR_MAX_COUT = 10
 
-# `standard_layout_conv` against the patches, the same way: pfl_cnn (3x3 32->64
-# on 28x28 outputs) 1.13x to 1.16x, leaf_cnn (5x5 32->64 on 14x14) 1.07x and
-# 1.08x, resnet9 (3x3 64->64 on 32x32, 4 x 3 x 32) 1.06x, but
-# fedspeed_lenet (5x5 64->64 on 10x10) 0.96x and fedat_cnn (3x3 32->64 on
-# 13x13) 0.98x. Layer by layer it lost on stride 2 (0.51x to 0.92x), on 16
-# channels (resnet20, 0.28x to 0.88x), on 128 (resnet9 on 16x16, 0.85x), on 1x1
-# convolutions (0.23x to 0.72x) and on 8x8 maps and below (0.44x to 0.97x).
-_STANDARD_LAYOUT_MIN_CIN = 32
-_STANDARD_LAYOUT_MAX_CIN = 64
-_STANDARD_LAYOUT_MIN_COUT = 64
-_STANDARD_LAYOUT_MIN_PIXELS = 14 * 14
+# `standard_layout_conv` is no longer picked (2026-11-24, sixth session). On the
+# EPYC box it had beaten the patches in three models: pfl_cnn (3x3 32->64 on
+# 28x28 outputs) 1.13x to 1.16x, leaf_cnn (5x5 32->64 on 14x14) 1.07x and 1.08x,
+# resnet9 (3x3 64->64 on 32x32) 1.06x. On the project's Xeon box (AVX-512) the
+# same pick made pfl_cnn 2.1x and leaf_cnn 1.16x SLOWER than im2col in the whole
+# engine (docs/performance.md, models table): the plan is kept to be measured
+# (experiments/conv_layers.py), as a candidate for a per-machine choice.
+
 
 # Where `row_shift_conv` beat `im2col_conv` inside jit(vmap(scan)) on XLA:CPU
 # (fwd + bwd of one layer, 8 clients x batch 32): 32x32x16->16 by 1.4x and
@@ -314,13 +312,12 @@ def conv_patches(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
   """The "patches" plan, the CPU plan: slices + matmuls, or convolutions off the trap.
 
   Picks per layer (measured on XLA:CPU; see `_CHANNEL_MAJOR_MAX_CIN`,
-  `_STANDARD_LAYOUT_*`, `_ROW_SHIFT_*` and experiments/conv_plans.py):
+  `_ROW_SHIFT_*` and experiments/conv_plans.py):
   `channel_major_conv` for an image's few input channels into few output
-  channels; `standard_layout_conv` (a lax convolution whose gradients are
-  written as forward convolutions) for stride 1 with tens of channels on maps
-  of 14x14 and more; `row_shift_conv` for stride 1 along H, a tall output,
-  several input and few output channels; otherwise `im2col_conv` (which makes
-  a 1x1 convolution one matmul on a strided slice).
+  channels; `row_shift_conv` for stride 1 along H, a tall output, several
+  input and few output channels; otherwise `im2col_conv` (which makes a 1x1
+  convolution one matmul on a strided slice). `standard_layout_conv` is not
+  picked (see the comment above `_ROW_SHIFT_MIN_HEIGHT`).
   """
   kh, kw, cin, cout = kernel.shape
   pads = _pads(x.shape[1:3], kernel.shape[:2], strides, padding)
@@ -328,10 +325,6 @@ def conv_patches(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
     return channel_major_conv(x, kernel, strides, pads)
   ho = (x.shape[1] + sum(pads[0]) - kh) // strides[0] + 1
   wo = (x.shape[2] + sum(pads[1]) - kw) // strides[1] + 1
-  if (kh * kw > 1 and tuple(strides) == (1, 1)
-      and _STANDARD_LAYOUT_MIN_CIN <= cin <= _STANDARD_LAYOUT_MAX_CIN
-      and cout >= _STANDARD_LAYOUT_MIN_COUT and ho * wo >= _STANDARD_LAYOUT_MIN_PIXELS):
-    return standard_layout_conv(x, kernel, strides, pads)
   if (kh > 1 and strides[0] == 1 and ho >= _ROW_SHIFT_MIN_HEIGHT
       and cin >= _ROW_SHIFT_MIN_CIN and cout <= _ROW_SHIFT_MAX_COUT):
     return row_shift_conv(x, kernel, strides, pads)
