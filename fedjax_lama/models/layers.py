@@ -21,9 +21,9 @@ the same function to float32 rounding:
   image's 1 to 3 channels) -- whose gradients are pads, adds and matmuls.
   `standard_layout_conv` (a lax convolution whose gradients are written as
   forward convolutions, which is how they escape the trap: the trap is in the
-  gradient convolutions JAX emits, not in the forward one) is a plan of its
-  own to be measured; the rule picked it on the EPYC box and no longer does
-  (see the comment above `_ROW_SHIFT_MIN_HEIGHT`).
+  gradient convolutions JAX emits, not in the forward one) is kept to be
+  measured (experiments/conv_layers.py); the rule picked it on the EPYC box
+  and no longer does (see the comment above `_ROW_SHIFT_MIN_HEIGHT`).
 * "im2col": `im2col_conv` for every layer (to measure "patches" against).
 * "patches_xla": `lax.conv_general_dilated_patches` + matmul (its backward is
   a convolution again) and "shifted_sum": a sum over kernel offsets of
@@ -297,7 +297,6 @@ _CHANNEL_MAJOR_MAX_COUT = 10
 # engine (docs/performance.md, models table): the plan is kept to be measured
 # (experiments/conv_layers.py), as a candidate for a per-machine choice.
 
-
 # Where `row_shift_conv` beat `im2col_conv` inside jit(vmap(scan)) on XLA:CPU
 # (fwd + bwd of one layer, 8 clients x batch 32): 32x32x16->16 by 1.4x and
 # 16x16x32->32 by 1.3x; it lost or tied for 3 input channels (K = 3*kw matmul),
@@ -324,7 +323,6 @@ def conv_patches(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
   if cin <= _CHANNEL_MAJOR_MAX_CIN and cout <= _CHANNEL_MAJOR_MAX_COUT and kh * kw > 1:
     return channel_major_conv(x, kernel, strides, pads)
   ho = (x.shape[1] + sum(pads[0]) - kh) // strides[0] + 1
-  wo = (x.shape[2] + sum(pads[1]) - kw) // strides[1] + 1
   if (kh > 1 and strides[0] == 1 and ho >= _ROW_SHIFT_MIN_HEIGHT
       and cin >= _ROW_SHIFT_MIN_CIN and cout <= _ROW_SHIFT_MAX_COUT):
     return row_shift_conv(x, kernel, strides, pads)
