@@ -331,6 +331,42 @@ def test_max_pool_plans_agree(window, strides, padding):
   np.testing.assert_allclose(g, rg, rtol=1e-6, atol=1e-7)
 
 
+def _numpy_block_max_pool_grad(x, g, k):
+  """d sum(g * pool(x)) / dx for non-overlapping k x k windows, ties sharing g equally."""
+  out = np.zeros_like(x)
+  n, h, w, c = x.shape
+  for b in range(n):
+    for i in range(h // k):
+      for j in range(w // k):
+        for ch in range(c):
+          win = x[b, i * k:(i + 1) * k, j * k:(j + 1) * k, ch]
+          hit = win == win.max()
+          out[b, i * k:(i + 1) * k, j * k:(j + 1) * k, ch] = hit * g[b, i, j, ch] / hit.sum()
+  return out
+
+
+@pytest.mark.parametrize("k", [2, 3])
+@pytest.mark.parametrize("crop", [(0, 0), (1, 0), (1, 1), (0, 1)])
+def test_block_max_pool_gradient_shares_ties_like_a_numpy_reference(k, crop):
+  # Small integers: many windows hold several equal maxima (a zero-padded MNIST border's
+  # conv outputs are equal like this), the case the custom VJP must get right. A crop
+  # (rows or columns past the last whole window) takes the slices forward and gets a zero
+  # gradient.
+  rng = np.random.default_rng(1)
+  x = rng.integers(0, 3, size=(2, 3 * k + crop[0], 2 * k + crop[1], 3)).astype(np.float32)
+  g = rng.normal(size=(2, 3, 2, 3)).astype(np.float32)
+  pooled, vjp = jax.vjp(lambda x: layers.max_pool(x, (k, k), impl="patches"), jnp.asarray(x))
+  np.testing.assert_array_equal(
+      pooled, x[:, :3 * k, :2 * k].reshape(2, 3, k, 2, k, 3).max(axis=(2, 4)))
+  np.testing.assert_allclose(vjp(jnp.asarray(g))[0], _numpy_block_max_pool_grad(x, g, k),
+                             rtol=1e-6)
+  # Under vmap (several clients in one call) and jit, the same numbers.
+  batched = jax.jit(jax.vmap(lambda x, g: jax.vjp(
+      lambda x: layers.max_pool(x, (k, k), impl="patches"), x)[1](g)[0]))
+  np.testing.assert_allclose(batched(jnp.asarray(x)[:, None], jnp.asarray(g)[:, None])[:, 0],
+                             _numpy_block_max_pool_grad(x, g, k), rtol=1e-6)
+
+
 def test_vmapped_scan_with_patches_equals_per_step_loop_with_lax():
   """jit(vmap(scan)) under "patches" reproduces FedJAX's per-step loop."""
   clients, steps, batch, lr = 2, 3, 4, 0.05
