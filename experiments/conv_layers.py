@@ -44,12 +44,12 @@ def conv_layers(model_name: str) -> list[tuple]:
   """(input shape without batch, kernel shape, strides, padding) of each conv of a model."""
   seen, real = [], layers.conv
 
-  def record(x, kernel, strides=(1, 1), padding="SAME", impl="lax"):
+  def record(x, kernel, strides=(1, 1), padding="SAME", impl="lax", bias=None):
     key = (tuple(x.shape[1:]), tuple(kernel.shape), tuple(strides),
            padding if isinstance(padding, str) else tuple(map(tuple, padding)))
     if key not in seen:
       seen.append(key)
-    return real(x, kernel, strides, padding, impl)
+    return real(x, kernel, strides, padding, impl, bias)
 
   shape = benchmark.INPUT_SHAPES.get(model_name, (32, 32, 3))
   model, _ = benchmark._model(model_name, "patches")  # pylint: disable=protected-access

@@ -601,6 +601,33 @@ def test_resolve_conv_impl():
     models.resolve_conv_impl("fast")
 
 
+@pytest.mark.parametrize("impl", ["patches", "im2col", "lax"])
+@pytest.mark.parametrize("cin,fold_k", [(3, (64, 1024)), (8, (64, 1024)), (8, (0, 72)),
+                                         (3, (0, 10**9))])
+def test_conv_bias_folded_into_the_matmul_or_added_gives_the_same_numbers(
+    impl, cin, fold_k, monkeypatch):
+  """A bias through `layers.conv` (folded into im2col's matmul as a ones column when the
+  patch width is at most _FOLD_BIAS_MAX_K or at least _FOLD_BIAS_MIN_WIDE_K: 3x3x3 = 27
+  and 3x3x8 = 72 are folded in the first and third case, added after the matmul in the
+  second and fourth) equals the convolution plus the bias, and its gradient is the output
+  gradient summed over examples and positions (numpy)."""
+  monkeypatch.setattr(layers, "_FOLD_BIAS_MAX_K", fold_k[0])
+  monkeypatch.setattr(layers, "_FOLD_BIAS_MIN_WIDE_K", fold_k[1])
+  rng = np.random.default_rng(cin)
+  x = jnp.asarray(rng.normal(size=(2, 7, 6, cin)), jnp.float32)
+  w = jnp.asarray(rng.normal(size=(3, 3, cin, 16)) / np.sqrt(9 * cin), jnp.float32)
+  b = jnp.asarray(rng.normal(size=(16,)), jnp.float32)
+  g = rng.normal(size=(2, 5, 4, 16)).astype(np.float32)
+  y, vjp = jax.vjp(lambda x, w, b: layers.conv(x, w, (1, 1), "VALID", impl=impl, bias=b),
+                   x, w, b)
+  plain, plain_vjp = jax.vjp(lambda x, w: layers.conv(x, w, (1, 1), "VALID", impl="lax"), x, w)
+  np.testing.assert_allclose(y, np.asarray(plain) + np.asarray(b), rtol=1e-5, atol=1e-5)
+  gx, gw, gb = vjp(jnp.asarray(g))
+  for got, ref in zip((gx, gw), plain_vjp(jnp.asarray(g))):
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(gb, g.sum(axis=(0, 1, 2)), rtol=1e-5, atol=1e-5)
+
+
 def test_conv_patches_orders_patch_channels_as_hwio():
   """Known answer: a 2x2 kernel with one non-zero tap selects that shift."""
   x = jnp.arange(1 * 3 * 3 * 2, dtype=jnp.float32).reshape(1, 3, 3, 2)

@@ -129,11 +129,14 @@ def _window_slices(x: Array, window: Sequence[int], strides: Sequence[int],
 
 
 def im2col_conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
-                padding: Padding = "SAME") -> Array:
+                padding: Padding = "SAME", bias: Array | None = None) -> Array:
   """NHWC x HWIO convolution as full im2col from static slices + one matmul.
 
   The patch channels are ordered (kh, kw, cin), the row-major flattening of
-  an HWIO kernel, so the kernel needs no transpose.
+  an HWIO kernel, so the kernel needs no transpose. A `bias` is folded into the
+  matmul (a ones column in the patches, the bias as the kernel's last row) for
+  the patch widths where that measured faster (`_FOLD_BIAS_MAX_K`), and added
+  after it otherwise.
   """
   kh, kw, cin, cout = kernel.shape
   pads = _pads(x.shape[1:3], (kh, kw), strides, padding)
@@ -142,11 +145,13 @@ def im2col_conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
   ho = (x.shape[1] - kh) // strides[0] + 1
   wo = (x.shape[2] - kw) // strides[1] + 1
   cols = _window_slices(x, (kh, kw), strides, (ho, wo))
+  n, k = x.shape[0], kernel.reshape(kh * kw * cin, cout)
+  if bias is not None and not _FOLD_BIAS_MAX_K < kh * kw * cin < _FOLD_BIAS_MIN_WIDE_K:
+    cols.append(jnp.ones(cols[0].shape[:3] + (1,), x.dtype))
+    k, bias = jnp.concatenate([k, bias[None].astype(k.dtype)]), None
   patches = cols[0] if len(cols) == 1 else jnp.concatenate(cols, axis=-1)
-  n = x.shape[0]
-  y = jnp.dot(patches.reshape(n * ho * wo, kh * kw * cin),
-              kernel.reshape(kh * kw * cin, cout))
-  return y.reshape(n, ho, wo, cout)
+  y = jnp.dot(patches.reshape(n * ho * wo, k.shape[0]), k).reshape(n, ho, wo, cout)
+  return y if bias is None else y + bias
 
 
 def row_shift_conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
@@ -306,9 +311,20 @@ _ROW_SHIFT_MIN_HEIGHT = 16
 _ROW_SHIFT_MIN_CIN = 8
 _ROW_SHIFT_MAX_COUT = 32
 
+# im2col folds a convolution's bias into its matmul (a ones column in the patches, the bias
+# as the kernel's last row: no add pass forward, no reduction for the bias gradient) for
+# patch widths K = kh*kw*cin up to _FOLD_BIAS_MAX_K and from _FOLD_BIAS_MIN_WIDE_K.
+# Measured in the whole engine on the Xeon box (A/B in one process, two pairs each,
+# docs/performance.md): folding K = 25 to 75 gained 1.02x to 1.12x (FedAT's CNN 27-wide
+# first layer 1.11x and 1.12x); folding K = 250 to 576 as well lost (FedAT's CNN 0.93x
+# against the narrow fold alone, mnist_cnn 0.92x, pfl_cnn 0.97x); K = 800 (leaf_cnn) tied;
+# K = 1600 (fedspeed_lenet's 5x5 64->64) gained 1.15x.
+_FOLD_BIAS_MAX_K = 128
+_FOLD_BIAS_MIN_WIDE_K = 1024
+
 
 def conv_patches(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
-                 padding: Padding = "SAME") -> Array:
+                 padding: Padding = "SAME", bias: Array | None = None) -> Array:
   """The "patches" plan, the CPU plan: slices + matmuls, or convolutions off the trap.
 
   Picks per layer (measured on XLA:CPU; see `_CHANNEL_MAJOR_MAX_CIN`,
@@ -321,13 +337,14 @@ def conv_patches(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
   """
   kh, kw, cin, cout = kernel.shape
   pads = _pads(x.shape[1:3], kernel.shape[:2], strides, padding)
+  add_bias = lambda y: y if bias is None else y + bias
   if cin <= _CHANNEL_MAJOR_MAX_CIN and cout <= _CHANNEL_MAJOR_MAX_COUT and kh * kw > 1:
-    return channel_major_conv(x, kernel, strides, pads)
+    return add_bias(channel_major_conv(x, kernel, strides, pads))
   ho = (x.shape[1] + sum(pads[0]) - kh) // strides[0] + 1
   if (kh > 1 and strides[0] == 1 and ho >= _ROW_SHIFT_MIN_HEIGHT
       and cin >= _ROW_SHIFT_MIN_CIN and cout <= _ROW_SHIFT_MAX_COUT):
-    return row_shift_conv(x, kernel, strides, pads)
-  return im2col_conv(x, kernel, strides, pads)
+    return add_bias(row_shift_conv(x, kernel, strides, pads))
+  return im2col_conv(x, kernel, strides, pads, bias)
 
 
 def conv_shifted_sum(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
@@ -357,23 +374,25 @@ def conv_patches_xla(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
 
 
 def conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
-         padding: Padding = "SAME", impl: str = "lax") -> Array:
-  """NHWC x HWIO 2-D convolution with the chosen plan (see module docstring)."""
+         padding: Padding = "SAME", impl: str = "lax", bias: Array | None = None) -> Array:
+  """NHWC x HWIO 2-D convolution with the chosen plan (see module docstring), plus a
+  per-channel `bias` if one is given (which a plan may fold into its matmul)."""
   strides = tuple(strides)
   impl = resolve_conv_impl(impl)
+  if impl == "patches":
+    return conv_patches(x, kernel, strides, padding, bias)
+  if impl == "im2col":
+    return im2col_conv(x, kernel, strides, padding, bias)
   if impl == "lax":
     pads = _pads(x.shape[1:3], kernel.shape[:2], strides, padding)
-    return lax.conv_general_dilated(x, kernel, strides, pads,
-                                    dimension_numbers=_DN)
-  if impl == "patches":
-    return conv_patches(x, kernel, strides, padding)
-  if impl == "im2col":
-    return im2col_conv(x, kernel, strides, padding)
-  if impl == "patches_xla":
-    return conv_patches_xla(x, kernel, strides, padding)
-  if impl == "shifted_sum":
-    return conv_shifted_sum(x, kernel, strides, padding)
-  raise AssertionError(impl)  # resolve_conv_impl accepted an unknown plan.
+    y = lax.conv_general_dilated(x, kernel, strides, pads, dimension_numbers=_DN)
+  elif impl == "patches_xla":
+    y = conv_patches_xla(x, kernel, strides, padding)
+  elif impl == "shifted_sum":
+    y = conv_shifted_sum(x, kernel, strides, padding)
+  else:
+    raise AssertionError(impl)  # resolve_conv_impl accepted an unknown plan.
+  return y if bias is None else y + bias
 
 
 def _blocks(x: Array, window: tuple[int, int]) -> Array:
@@ -402,9 +421,9 @@ def _block_max_pool(x: Array, window: tuple[int, int]) -> Array:
   the window axes when the windows tile x exactly, and an elementwise max of the strided
   slices when they crop it (the slices read x in place; the reshape would copy the crop).
   Measured in the whole engine on XLA:CPU, A/B in one process (docs/performance.md): the
-  backward gains 1.03x to 1.08x on every pooling model of the zoo; the slices forward
-  gains a further 1.04x where a window crops (FedAT's CNN, 13x13 maps) and loses up to
-  1.35x where none does (mnist_cnn, cifar_lenet).
+  backward gains 1.04x to 1.10x on the zoo's pooling models (pfl_cnn 1.00x to 1.08x,
+  resnet9 1.00x); the slices forward gains a further 1.01x to 1.04x where a window crops
+  (FedAT's CNN, 13x13 maps) and loses up to 1.34x where none does (mnist_cnn).
   """
   kh, kw = window
   if x.shape[1] % kh or x.shape[2] % kw:
@@ -497,10 +516,8 @@ class Conv(nn.Module):
     cin = x.shape[-1]
     kernel_init, bias_init = initializers(self.init_style, kh * kw * cin)
     kernel = self.param("kernel", kernel_init, (kh, kw, cin, self.features))
-    y = conv(x, kernel, self.strides, self.padding, self.conv_impl)
-    if self.use_bias:
-      y = y + self.param("bias", bias_init, (self.features,))
-    return y
+    bias = self.param("bias", bias_init, (self.features,)) if self.use_bias else None
+    return conv(x, kernel, self.strides, self.padding, self.conv_impl, bias)
 
 
 class Dense(nn.Module):
