@@ -1,5 +1,6 @@
 """The benchmark's FLOP figures (issue 20) and the engine's client maps. No timing thresholds:
 only what the numbers are made of is checked, never how large a speed is."""
+import itertools
 import json
 import os
 
@@ -12,6 +13,7 @@ import pytest
 from experiments import benchmark
 from fedjax_lama import algorithms, models
 from fedjax_lama.engine import local, round as round_lib
+from fedjax_lama.engine.algorithm import LocalState
 
 TINY = dict(clients=2, steps=2, batch=4, repeats=1, matmul_size=64)
 
@@ -88,7 +90,9 @@ def test_matmul_plan_counts_two_n_cubed():
 @pytest.mark.parametrize("name, clients", [("fedat_cnn", 5), ("mlp", 6)])
 def test_scan_client_map_equals_vmap(name, clients):
   """The "scan" client map (groups of clients in a lax.scan) trains every client exactly as
-  "vmap" does, to float32 rounding, whatever the group size."""
+  "vmap" does, to float32 rounding, whatever the group size; and so does each map when every
+  client's start is copied C times (state_axes all 0) instead of shared (the round's own
+  `fresh_states(..., batched=False)`)."""
   model = models.get(name, num_classes=10, conv_impl="patches")
   shape = benchmark.INPUT_SHAPES.get(name, (32, 32, 3))
   steps, batch = 2, 3
@@ -109,20 +113,37 @@ def test_scan_client_map_equals_vmap(name, clients):
                             jnp.full((clients,), float(steps * batch)))
   server = alg.init_server(params, {})
   outs = {}
-  for client_map, budget in (("vmap", None), ("scan", 0), ("scan", 1 << 40)):
+  shared_start = round_lib.fresh_states, round_lib.fresh_state_axes
+  all_copied = lambda *a, **k: LocalState(0, 0, 0)
+
+  def copied_fresh_states(*a, batched=True, **k):
+    del batched  # always copied C times; fresh_states asks the real fresh_state_axes what to copy
+    round_lib.fresh_state_axes = shared_start[1]
+    try:
+      return shared_start[0](*a, **k)
+    finally:
+      round_lib.fresh_state_axes = all_copied
+  for client_map, budget, start in itertools.product(
+      ("vmap", "scan"), (None, 0, 1 << 40), ("shared", "copied")):
+    if (client_map == "vmap") != (budget is None):
+      continue
     saved = local.CLIENT_MAP, local.SCAN_GROUP_BYTES
     local.CLIENT_MAP = client_map
     if budget is not None:
       local.SCAN_GROUP_BYTES = budget  # 0: one client per group; huge: one group (vmap)
+    if start == "copied":
+      round_lib.fresh_states, round_lib.fresh_state_axes = copied_fresh_states, all_copied
     try:
       train_chunk, server_update = round_lib.make_round_fns(
           local.make_loss_fn(model, False), alg, optax.constant_schedule(0.1), seed=0,
           weighting="examples", local_steps=steps, population=clients)
       sums, _, stats = train_chunk(server, {}, x, y, cohort, 0)
-      outs[(client_map, budget)] = (server_update(server, sums).params, stats)
+      outs[(client_map, budget, start)] = (server_update(server, sums).params, stats)
     finally:
       local.CLIENT_MAP, local.SCAN_GROUP_BYTES = saved
-  ref = jax.tree_util.tree_leaves(outs[("vmap", None)])
+      round_lib.fresh_states, round_lib.fresh_state_axes = shared_start
+  assert len(outs) == 6
+  ref = jax.tree_util.tree_leaves(outs[("vmap", None, "shared")])
   for key, out in outs.items():
     for a, b in zip(jax.tree_util.tree_leaves(out), ref):
       np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=str(key))

@@ -230,15 +230,22 @@ def scan_group(num_clients: int, step_bytes: int, budget: int = None) -> int:
   return best
 
 
-def vmap_clients(client_train, shared_per_client: bool = False, client_map: Optional[str] = None):
+def vmap_clients(client_train, shared_per_client: bool = False, client_map: Optional[str] = None,
+                 state_axes: Optional[LocalState] = None):
   """Adds the client axis: state, context and batches mapped; the training data broadcast.
 
   `client_map` ("auto", "vmap", "scan"; default the module's CLIENT_MAP) picks the plan, see
   CLIENT_MAPS. With "scan" and groups of `width` clients the C clients are viewed as
   [width, C / width] (client c = w * C / width + s, so a client axis split into contiguous
   blocks over the devices stays split over w), scanned over s and vmapped over w.
+  `state_axes`: a LocalState of 0 (the field has the client axis) or None (one value every
+  client starts from, `round.fresh_states(..., batched=False)`); default all 0. Why: a start
+  shared by every client need not be copied C times before the round. With the scan map the
+  copy and its transpose into scan order were 13 % of a round of leaf_cnn (6.6 M parameters,
+  docs/performance.md).
   """
-  in_axes = (0, context_axes(shared_per_client), None, None, 0, 0, 0, 0, None, None)
+  state_axes = LocalState(0, 0, 0) if state_axes is None else state_axes
+  in_axes = (state_axes, context_axes(shared_per_client), None, None, 0, 0, 0, 0, None, None)
   vmapped = jax.vmap(client_train, in_axes=in_axes)
   if resolve_client_map(client_map) == "vmap":
     return vmapped
@@ -246,16 +253,22 @@ def vmap_clients(client_train, shared_per_client: bool = False, client_map: Opti
   def scanned(state, ctx, data_x, data_y, indices, example_mask, step_mask, keys, step_offset,
               key_offset=0):
     num = indices.shape[0]
-    mapped = (state, ctx if shared_per_client else ctx._replace(shared=None), indices,
+    # Fields every client shares are closed over, not scanned.
+    common = state._replace(**{f: None for f, a in zip(state._fields, state_axes) if a == 0})
+    own = state._replace(**{f: None for f, a in zip(state._fields, state_axes) if a is None})
+    mapped = (own, ctx if shared_per_client else ctx._replace(shared=None), indices,
               example_mask, step_mask, keys)
     one = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), mapped)
     rest = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)),
                                   (data_x, data_y, step_offset, key_offset))
 
+    def with_common(st):
+      return LocalState(*(c if a is None else o for c, o, a in zip(common, st, state_axes)))
+
     def one_client(st, cx, idx, emask, smask, k, dx, dy, so, ko):
       if not shared_per_client:
         cx = cx._replace(shared=ctx.shared)
-      return client_train(st, cx, dx, dy, idx, emask, smask, k, so, ko)
+      return client_train(with_common(st), cx, dx, dy, idx, emask, smask, k, so, ko)
 
     width = scan_group(num, _jaxpr_bytes(jax.make_jaxpr(one_client)(*one, *rest).jaxpr))
     if width >= num:
@@ -274,8 +287,8 @@ def vmap_clients(client_train, shared_per_client: bool = False, client_map: Opti
         return carry, jax.tree_util.tree_map(lambda a: a[None], out)
       if not shared_per_client:
         cx = cx._replace(shared=ctx.shared)
-      return carry, vmapped(st, cx, data_x, data_y, idx, emask, smask, k, step_offset,
-                            key_offset)
+      return carry, vmapped(with_common(st), cx, data_x, data_y, idx, emask, smask, k,
+                            step_offset, key_offset)
 
     _, out = jax.lax.scan(body, None, jax.tree_util.tree_map(split, mapped))
     return jax.tree_util.tree_map(merge, out)

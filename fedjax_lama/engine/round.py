@@ -64,17 +64,31 @@ def client_contexts(shared, rows, cohort: "Cohort") -> ClientContext:
   return ClientContext(shared, rows, cohort.num_examples, cohort.client_ids)
 
 
+def fresh_state_axes(algorithm: Algorithm, shared_per_client: bool = False) -> LocalState:
+  """Which fields of `fresh_states(..., batched=False)` have the client axis (0) and which
+  are one value for every client (None): `local.vmap_clients`'s `state_axes`."""
+  per_client_opt = algorithm.local_init is not None or shared_per_client
+  return LocalState(0 if shared_per_client else None, None, 0 if per_client_opt else None)
+
+
 def fresh_states(algorithm: Algorithm, ctx: ClientContext, model_state, num: int,
-                 shared_per_client: bool = False) -> LocalState:
-  """Every client starts its round at the downloaded model with a fresh local optimizer."""
-  params = ctx.shared["params"]
-  if not shared_per_client:
-    params = broadcast_clients(params, num)
-  if algorithm.local_init is not None or shared_per_client:
+                 shared_per_client: bool = False, batched: bool = True) -> LocalState:
+  """Every client starts its round at the downloaded model with a fresh local optimizer.
+
+  batched=False leaves the fields every client shares without the client axis
+  (`fresh_state_axes` says which), for a ClientPhase built with those `state_axes`.
+  """
+  axes = fresh_state_axes(algorithm, shared_per_client)
+  params, opt = ctx.shared["params"], None
+  if axes.opt_state == 0:
     opt = jax.vmap(algorithm.init_local, in_axes=(local.context_axes(shared_per_client),))(ctx)
-  else:  # the same fresh state for everyone: built once, broadcast
-    opt = broadcast_clients(algorithm.local_tx.init(ctx.shared["params"]), num)
-  return LocalState(params, broadcast_clients(model_state, num), opt)
+  else:  # the same fresh state for everyone: built once
+    opt = algorithm.local_tx.init(ctx.shared["params"])
+  state = LocalState(params, model_state, opt)
+  if not batched:
+    return state
+  return LocalState(*(broadcast_clients(v, num) if a is None else v
+                      for v, a in zip(state, axes)))
 
 
 class ClientPhase:
@@ -91,13 +105,13 @@ class ClientPhase:
   def __init__(self, loss_fn: local.LossFn, algorithm: Algorithm, lr_schedule: Callable, *,
                seed: int, unroll=1, augment: Optional[Callable] = None,
                compressor: Optional[compression.Compressor] = None,
-               shared_per_client: bool = False):
+               shared_per_client: bool = False, state_axes: Optional[LocalState] = None):
     self.algorithm, self.lr_schedule = algorithm, lr_schedule
     # The algorithm's declared uplink compressor unless the caller chose one.
     self.compressor = compressor if compressor is not None else algorithm.uplink
     self._train = local.vmap_clients(
         local.make_client_train(loss_fn, algorithm, lr_schedule, augment=augment, unroll=unroll),
-        shared_per_client)
+        shared_per_client, state_axes=state_axes)
     self._ctx_axes = local.context_axes(shared_per_client)
     self._uplink_key = compression.base_key(seed)
 
@@ -166,12 +180,13 @@ def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, lr_schedule: Cal
   values when jit=False (several runs vmapped over a run axis, programs/vectorized.py).
   """
   phase = ClientPhase(loss_fn, algorithm, lr_schedule, seed=seed, unroll=unroll,
-                      augment=augment, compressor=compressor)
+                      augment=augment, compressor=compressor,
+                      state_axes=fresh_state_axes(algorithm))
 
   def train_chunk(server: ServerState, rows, data_x, data_y, cohort: Cohort, round_idx):
     num = cohort.indices.shape[0]
     ctx = client_contexts(algorithm.shared(server), rows, cohort)
-    state = fresh_states(algorithm, ctx, server.model_state, num)
+    state = fresh_states(algorithm, ctx, server.model_state, num, batched=False)
     keys = rng.client_keys(rng.round_key(seed, rng.STREAM_TRAIN, round_idx), cohort.client_ids)
     step_offset = round_idx * local_steps
     final, stats = phase.train(state, ctx, data_x, data_y, cohort, keys, step_offset)
