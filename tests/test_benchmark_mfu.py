@@ -13,7 +13,6 @@ import pytest
 from experiments import benchmark
 from fedjax_lama import algorithms, models
 from fedjax_lama.engine import local, round as round_lib
-from fedjax_lama.engine.algorithm import LocalState
 
 TINY = dict(clients=2, steps=2, batch=4, repeats=1, matmul_size=64)
 
@@ -113,16 +112,15 @@ def test_scan_client_map_equals_vmap(name, clients):
                             jnp.full((clients,), float(steps * batch)))
   server = alg.init_server(params, {})
   outs = {}
-  shared_start = round_lib.fresh_states, round_lib.fresh_state_axes
-  all_copied = lambda *a, **k: LocalState(0, 0, 0)
+  shared_start = round_lib.fresh_states, round_lib.ClientPhase
 
-  def copied_fresh_states(*a, batched=True, **k):
-    del batched  # always copied C times; fresh_states asks the real fresh_state_axes what to copy
-    round_lib.fresh_state_axes = shared_start[1]
-    try:
-      return shared_start[0](*a, **k)
-    finally:
-      round_lib.fresh_state_axes = all_copied
+  class CopiedStartPhase(round_lib.ClientPhase):
+    def __init__(self, *args, state_axes=None, **kwargs):
+      del state_axes  # every field with the client axis (the default)
+      super().__init__(*args, **kwargs)
+
+  copied_start = (lambda *args, batched=True, **kwargs: shared_start[0](*args, **kwargs),
+                  CopiedStartPhase)
   for client_map, budget, start in itertools.product(
       ("vmap", "scan"), (None, 0, 1 << 40), ("shared", "copied")):
     if (client_map == "vmap") != (budget is None):
@@ -132,7 +130,7 @@ def test_scan_client_map_equals_vmap(name, clients):
     if budget is not None:
       local.SCAN_GROUP_BYTES = budget  # 0: one client per group; huge: one group (vmap)
     if start == "copied":
-      round_lib.fresh_states, round_lib.fresh_state_axes = copied_fresh_states, all_copied
+      round_lib.fresh_states, round_lib.ClientPhase = copied_start
     try:
       train_chunk, server_update = round_lib.make_round_fns(
           local.make_loss_fn(model, False), alg, optax.constant_schedule(0.1), seed=0,
@@ -141,7 +139,7 @@ def test_scan_client_map_equals_vmap(name, clients):
       outs[(client_map, budget, start)] = (server_update(server, sums).params, stats)
     finally:
       local.CLIENT_MAP, local.SCAN_GROUP_BYTES = saved
-      round_lib.fresh_states, round_lib.fresh_state_axes = shared_start
+      round_lib.fresh_states, round_lib.ClientPhase = shared_start
   assert len(outs) == 6
   ref = jax.tree_util.tree_leaves(outs[("vmap", None, "shared")])
   for key, out in outs.items():

@@ -79,12 +79,11 @@ def fresh_states(algorithm: Algorithm, ctx: ClientContext, model_state, num: int
   (`fresh_state_axes` says which), for a ClientPhase built with those `state_axes`.
   """
   axes = fresh_state_axes(algorithm, shared_per_client)
-  params, opt = ctx.shared["params"], None
   if axes.opt_state == 0:
     opt = jax.vmap(algorithm.init_local, in_axes=(local.context_axes(shared_per_client),))(ctx)
   else:  # the same fresh state for everyone: built once
     opt = algorithm.local_tx.init(ctx.shared["params"])
-  state = LocalState(params, model_state, opt)
+  state = LocalState(ctx.shared["params"], model_state, opt)
   if not batched:
     return state
   return LocalState(*(broadcast_clients(v, num) if a is None else v

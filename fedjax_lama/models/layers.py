@@ -427,11 +427,7 @@ def _block_max_pool(x: Array, window: tuple[int, int]) -> Array:
   """
   kh, kw = window
   if x.shape[1] % kh or x.shape[2] % kw:
-    taps = _window_taps(x, window)
-    out = taps[0]
-    for tap in taps[1:]:
-      out = jnp.maximum(out, tap)
-    return out
+    return functools.reduce(jnp.maximum, _window_taps(x, window))
   return _blocks(x, window).max(axis=(2, 4))
 
 
@@ -479,11 +475,7 @@ def max_pool(x: Array, window: Sequence[int] = (2, 2),
   wo = (x.shape[2] - kw) // sw + 1
   if (kh, kw) == (sh, sw):
     return _block_max_pool(x, window)
-  cols = _window_slices(x, window, strides, (ho, wo))
-  out = cols[0]
-  for c in cols[1:]:
-    out = jnp.maximum(out, c)
-  return out
+  return functools.reduce(jnp.maximum, _window_slices(x, window, strides, (ho, wo)))
 
 
 class Conv(nn.Module):
