@@ -171,3 +171,59 @@ def test_scatter_rows_touches_only_real_clients():
   expected = np.arange(12.0).reshape(6, 2)
   expected[[4, 1]] = -1
   np.testing.assert_array_equal(new["c"], expected)
+
+
+@pytest.mark.parametrize("name", ["scaffold", "feddyn", "fedadmm"])
+def test_folded_round_equals_reducing_the_stacked_clients(name):
+  """make_round_fns folds each group of clients into the round's sums as it finishes
+  (`ClientPhase.train_reduce`). Its sums (MEAN and SUM reductions, BatchNorm-free model
+  state), per-client rows and statistics equal training every client, stacking the finals
+  and reducing them afterwards, for every client map and group size, with padded clients."""
+  _, data_x, data_y, params, loss_fn, _ = _setup()
+  alg = algorithms.build(name)
+  c = 6
+  cohort = _cohort(np.random.default_rng(3).integers(0, N, size=(c, S, B)),
+                   client_mask=[1, 1, 0, 1, 1, 0], client_ids=[4, 0, 0, 2, 1, 0])
+  population = 5
+  server = _server(alg, params)
+  store = jax.vmap(lambda _: alg.row_init(params))(jnp.arange(population))
+  store = jax.tree_util.tree_map(  # rows that differ per client, so a mix-up shows
+      lambda a: a + jnp.arange(population, dtype=a.dtype).reshape((-1,) + (1,) * (a.ndim - 1)),
+      store)
+  rows = round_lib.gather_rows(store, cohort.client_ids)
+  schedule = optax.constant_schedule(0.1)
+
+  # The reference: every client's final stacked, then finished and reduced at once.
+  ctx = round_lib.client_contexts(alg.shared(server), rows, cohort)
+  phase = round_lib.ClientPhase(loss_fn, alg, schedule, seed=SEED,
+                                state_axes=round_lib.fresh_state_axes(alg))
+  keys = rng.client_keys(rng.round_key(SEED, rng.STREAM_TRAIN, 1), cohort.client_ids)
+  state = round_lib.fresh_states(alg, ctx, server.model_state, c, batched=False)
+  saved = local.CLIENT_MAP
+  local.CLIENT_MAP = "vmap"
+  try:
+    final, stats = phase.train(state, ctx, data_x, data_y, cohort, keys, S)
+  finally:
+    local.CLIENT_MAP = saved
+  info = phase.info(stats, cohort, S)
+  uploads, want_rows = phase.finish(final, ctx, info, cohort.client_ids, 1)
+  weights = reduce.client_weights(cohort.client_mask, cohort.num_examples, "examples")
+  want = (round_lib.reduce_uploads(alg, uploads, info, final.model_state, weights,
+                                   cohort.client_mask),
+          want_rows, round_lib.client_stats(stats))
+  assert want[0].values, "no reductions to compare"
+
+  saved = local.CLIENT_MAP, local.scan_group
+  try:
+    for client_map, width in (("vmap", None), ("scan", 1), ("scan", 2), ("scan", 3), ("scan", c)):
+      local.CLIENT_MAP = client_map
+      local.scan_group = lambda *_, width=width, **__: width  # clients per scan iteration
+      train_chunk, _ = round_lib.make_round_fns(loss_fn, alg, schedule, seed=SEED,
+                                                weighting="examples", local_steps=S,
+                                                population=population)
+      got = train_chunk(server, rows, data_x, data_y, cohort, 1)
+      assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+      for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"{client_map} {width}")
+  finally:
+    local.CLIENT_MAP, local.scan_group = saved

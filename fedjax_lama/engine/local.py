@@ -244,22 +244,40 @@ def vmap_clients(client_train, shared_per_client: bool = False, client_map: Opti
   copy and its transpose into scan order were 13 % of the operations' time in a trace of a
   leaf_cnn round (6.6 M parameters); without them rounds ran 1.03x to 1.04x faster
   (docs/performance.md).
+
+  The returned function gives (final, stats) stacked over the clients; called with
+  `reduce_group` (and `extras`, per-client arrays mapped like the batches), it gives
+  instead `(kept, sums)`: reduce_group(final, stats, ctx, extras) -> (kept, sums) runs on
+  each group of clients (leaves with a leading group axis; the whole cohort for "vmap"),
+  `kept` is stacked over the clients and `sums` is added over the groups. Why: a round
+  that only needs its clients' weighted sums then never holds every client's final model
+  at once; with the scan map each client's result is folded into the running sums where
+  it is made, instead of being written into a [C, ...] buffer, masked and reduced
+  afterwards (docs/performance.md).
   """
   state_axes = LocalState(0, 0, 0) if state_axes is None else state_axes
   in_axes = (state_axes, context_axes(shared_per_client), None, None, 0, 0, 0, 0, None, None)
   vmapped = jax.vmap(client_train, in_axes=in_axes)
+
+  def vmapped_reduced(state, ctx, data_x, data_y, indices, example_mask, step_mask, keys,
+                      step_offset, key_offset=0, reduce_group=None, extras=None):
+    out = vmapped(state, ctx, data_x, data_y, indices, example_mask, step_mask, keys,
+                  step_offset, key_offset)
+    return out if reduce_group is None else reduce_group(*out, ctx, extras)
+
   if resolve_client_map(client_map) == "vmap":
-    return vmapped
+    return vmapped_reduced
 
   def scanned(state, ctx, data_x, data_y, indices, example_mask, step_mask, keys, step_offset,
-              key_offset=0):
+              key_offset=0, reduce_group=None, extras=None):
     num = indices.shape[0]
     # Fields every client shares are closed over, not scanned.
     common = state._replace(**{f: None for f, a in zip(state._fields, state_axes) if a == 0})
     own = state._replace(**{f: None for f, a in zip(state._fields, state_axes) if a is None})
     mapped = (own, ctx if shared_per_client else ctx._replace(shared=None), indices,
-              example_mask, step_mask, keys)
-    one = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), mapped)
+              example_mask, step_mask, keys, extras)
+    one = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype),
+                                 mapped[:-1])
     rest = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)),
                                   (data_x, data_y, step_offset, key_offset))
 
@@ -273,25 +291,39 @@ def vmap_clients(client_train, shared_per_client: bool = False, client_map: Opti
 
     width = scan_group(num, _jaxpr_bytes(jax.make_jaxpr(one_client)(*one, *rest).jaxpr))
     if width >= num:
-      return vmapped(state, ctx, data_x, data_y, indices, example_mask, step_mask, keys,
-                     step_offset, key_offset)
+      return vmapped_reduced(state, ctx, data_x, data_y, indices, example_mask, step_mask,
+                             keys, step_offset, key_offset, reduce_group, extras)
     split = lambda a: jnp.swapaxes(a.reshape((width, num // width) + a.shape[1:]), 0, 1)
     merge = lambda a: jnp.swapaxes(a, 0, 1).reshape((num,) + a.shape[2:])
 
-    def body(carry, xs):
-      st, cx, idx, emask, smask, k = xs
+    def group(xs):
+      st, cx, idx, emask, smask, k, ex = xs
+      group_ctx = cx if shared_per_client else cx._replace(shared=ctx.shared)
       if width == 1:
         # One client per iteration: no vmap at all, so convolutions keep their plain
         # (ungrouped) form, the one XLA:CPU runs fast inside loops (models/layers.py).
         one = jax.tree_util.tree_map(lambda a: a[0], (st, cx, idx, emask, smask, k))
         out = one_client(*one, data_x, data_y, step_offset, key_offset)
-        return carry, jax.tree_util.tree_map(lambda a: a[None], out)
-      if not shared_per_client:
-        cx = cx._replace(shared=ctx.shared)
-      return carry, vmapped(with_common(st), cx, data_x, data_y, idx, emask, smask, k,
-                            step_offset, key_offset)
+        out = jax.tree_util.tree_map(lambda a: a[None], out)
+      else:
+        out = vmapped(with_common(st), group_ctx, data_x, data_y, idx, emask, smask, k,
+                      step_offset, key_offset)
+      return (out, None) if reduce_group is None else reduce_group(*out, group_ctx, ex)
 
-    _, out = jax.lax.scan(body, None, jax.tree_util.tree_map(split, mapped))
-    return jax.tree_util.tree_map(merge, out)
+    def body(sums, xs):
+      kept, group_sums = group(xs)
+      if reduce_group is not None:
+        sums = jax.tree_util.tree_map(jnp.add, sums, group_sums)
+      return sums, kept
+
+    groups = jax.tree_util.tree_map(split, mapped)
+    sums = None
+    if reduce_group is not None:
+      first = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), groups)
+      sums = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype),
+                                    jax.eval_shape(group, first)[1])
+    sums, kept = jax.lax.scan(body, sums, groups)
+    kept = jax.tree_util.tree_map(merge, kept)
+    return kept if reduce_group is None else (kept, sums)
 
   return scanned

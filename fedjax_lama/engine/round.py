@@ -119,6 +119,15 @@ class ClientPhase:
     return self._train(state, ctx, data_x, data_y, cohort.indices, cohort.example_mask,
                        cohort.step_mask, keys, step_offset, key_offset)
 
+  def train_reduce(self, state: LocalState, ctx: ClientContext, data_x, data_y, cohort: "Cohort",
+                   keys, step_offset, reduce_group: Callable, extras, key_offset=0):
+    """`train` with each group of clients handed to `reduce_group(final, stats, ctx,
+    extras) -> (kept, sums)` as it finishes: `kept` stacked over the clients, `sums` added
+    (`local.vmap_clients`)."""
+    return self._train(state, ctx, data_x, data_y, cohort.indices, cohort.example_mask,
+                       cohort.step_mask, keys, step_offset, key_offset,
+                       reduce_group=reduce_group, extras=extras)
+
   def info(self, stats: local.StepStats, cohort: "Cohort", step_offset) -> ClientInfo:
     lr0 = jnp.broadcast_to(jnp.asarray(self.lr_schedule(step_offset), jnp.result_type(float)),
                            cohort.client_ids.shape)
@@ -188,13 +197,23 @@ def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, lr_schedule: Cal
     state = fresh_states(algorithm, ctx, server.model_state, num, batched=False)
     keys = rng.client_keys(rng.round_key(seed, rng.STREAM_TRAIN, round_idx), cohort.client_ids)
     step_offset = round_idx * local_steps
-    final, stats = phase.train(state, ctx, data_x, data_y, cohort, keys, step_offset)
-    info = phase.info(stats, cohort, step_offset)
-    uploads, rows = phase.finish(final, ctx, info, cohort.client_ids, round_idx)
     weights = reduce.client_weights(cohort.client_mask, cohort.num_examples, weighting)
-    sums = reduce_uploads(algorithm, uploads, info, final.model_state, weights,
-                          cohort.client_mask)
-    return sums, rows, client_stats(stats)
+
+    def finish_and_reduce(final, stats, ctx, extras):
+      # One group of clients at a time: the round keeps their rows and statistics and
+      # only the sums of their uploads, never every client's final model.
+      group, group_weights = extras
+      info = phase.info(stats, group, step_offset)
+      uploads, rows = phase.finish(final, ctx, info, group.client_ids, round_idx)
+      sums = reduce_uploads(algorithm, uploads, info, final.model_state, group_weights,
+                            group.client_mask)
+      return (rows, client_stats(stats)), sums
+
+    per_client = cohort._replace(indices=None, example_mask=None, step_mask=None)
+    (rows, stats), sums = phase.train_reduce(state, ctx, data_x, data_y, cohort, keys,
+                                             step_offset, finish_and_reduce,
+                                             (per_client, weights))
+    return sums, rows, stats
 
   def server_update(server: ServerState, sums: ChunkSums) -> ServerState:
     new = algorithm.update_server(server, aggregates(algorithm, sums, population))
