@@ -195,13 +195,13 @@ def test_folded_round_equals_reducing_the_stacked_clients(name):
 
   # The reference: every client's final stacked, then finished and reduced at once.
   ctx = round_lib.client_contexts(alg.shared(server), rows, cohort)
-  phase = round_lib.ClientPhase(loss_fn, alg, schedule, seed=SEED,
-                                state_axes=round_lib.fresh_state_axes(alg))
   keys = rng.client_keys(rng.round_key(SEED, rng.STREAM_TRAIN, 1), cohort.client_ids)
   state = round_lib.fresh_states(alg, ctx, server.model_state, c, batched=False)
   saved = local.CLIENT_MAP
-  local.CLIENT_MAP = "vmap"
+  local.CLIENT_MAP = "vmap"  # read when the phase is built
   try:
+    phase = round_lib.ClientPhase(loss_fn, alg, schedule, seed=SEED,
+                                  state_axes=round_lib.fresh_state_axes(alg))
     final, stats = phase.train(state, ctx, data_x, data_y, cohort, keys, S)
   finally:
     local.CLIENT_MAP = saved
