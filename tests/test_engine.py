@@ -176,9 +176,10 @@ def test_scatter_rows_touches_only_real_clients():
 @pytest.mark.parametrize("name", ["scaffold", "feddyn", "fedadmm"])
 def test_folded_round_equals_reducing_the_stacked_clients(name):
   """make_round_fns folds each group of clients into the round's sums as it finishes
-  (`ClientPhase.train_reduce`). Its sums (MEAN and SUM reductions, BatchNorm-free model
-  state), per-client rows and statistics equal training every client, stacking the finals
-  and reducing them afterwards, for every client map and group size, with padded clients."""
+  (`ClientPhase.train(..., reduce_group=)`). Its sums (MEAN and SUM reductions,
+  BatchNorm-free model state), per-client rows and statistics equal training every client,
+  stacking the finals and reducing them afterwards, for every client map and group size,
+  with padded clients."""
   _, data_x, data_y, params, loss_fn, _ = _setup()
   alg = algorithms.build(name)
   c = 6

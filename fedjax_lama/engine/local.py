@@ -284,12 +284,14 @@ def vmap_clients(client_train, shared_per_client: bool = False, client_map: Opti
     def with_common(st):
       return LocalState(*(c if a is None else o for c, o, a in zip(common, st, state_axes)))
 
-    def one_client(st, cx, idx, emask, smask, k, dx, dy, so, ko):
-      if not shared_per_client:
-        cx = cx._replace(shared=ctx.shared)
-      return client_train(with_common(st), cx, dx, dy, idx, emask, smask, k, so, ko)
+    def with_shared(cx):
+      return cx if shared_per_client else cx._replace(shared=ctx.shared)
 
-    width = scan_group(num, _jaxpr_bytes(jax.make_jaxpr(one_client)(*one, *rest).jaxpr))
+    def one_client(st, cx, idx, emask, smask, k, dx, dy, so, ko):
+      return client_train(with_common(st), with_shared(cx), dx, dy, idx, emask, smask, k, so, ko)
+
+    client_jaxpr, client_out = jax.make_jaxpr(one_client, return_shape=True)(*one, *rest)
+    width = scan_group(num, _jaxpr_bytes(client_jaxpr.jaxpr))
     if width >= num:
       return vmapped_reduced(state, ctx, data_x, data_y, indices, example_mask, step_mask,
                              keys, step_offset, key_offset, reduce_group, extras)
@@ -298,7 +300,7 @@ def vmap_clients(client_train, shared_per_client: bool = False, client_map: Opti
 
     def group(xs):
       st, cx, idx, emask, smask, k, ex = xs
-      group_ctx = cx if shared_per_client else cx._replace(shared=ctx.shared)
+      group_ctx = with_shared(cx)
       if width == 1:
         # One client per iteration: no vmap at all, so convolutions keep their plain
         # (ungrouped) form, the one XLA:CPU runs fast inside loops (models/layers.py).
@@ -319,9 +321,14 @@ def vmap_clients(client_train, shared_per_client: bool = False, client_map: Opti
     groups = jax.tree_util.tree_map(split, mapped)
     sums = None
     if reduce_group is not None:
-      first = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), groups)
-      sums = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype),
-                                    jax.eval_shape(group, first)[1])
+      # The sums' shapes from one group's reduction alone (the training was traced above).
+      group_out = jax.tree_util.tree_map(
+          lambda a: jax.ShapeDtypeStruct((width,) + a.shape, a.dtype), client_out)
+      group_ctx, group_extras = jax.tree_util.tree_map(
+          lambda a: jax.ShapeDtypeStruct((width,) + a.shape[1:], a.dtype), (mapped[1], extras))
+      shapes = jax.eval_shape(lambda out, cx, ex: reduce_group(*out, with_shared(cx), ex)[1],
+                              group_out, group_ctx, group_extras)
+      sums = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
     sums, kept = jax.lax.scan(body, sums, groups)
     kept = jax.tree_util.tree_map(merge, kept)
     return kept if reduce_group is None else (kept, sums)

@@ -115,15 +115,10 @@ class ClientPhase:
     self._uplink_key = compression.base_key(seed)
 
   def train(self, state: LocalState, ctx: ClientContext, data_x, data_y, cohort: "Cohort", keys,
-            step_offset, key_offset=0) -> tuple[LocalState, local.StepStats]:
-    return self._train(state, ctx, data_x, data_y, cohort.indices, cohort.example_mask,
-                       cohort.step_mask, keys, step_offset, key_offset)
-
-  def train_reduce(self, state: LocalState, ctx: ClientContext, data_x, data_y, cohort: "Cohort",
-                   keys, step_offset, reduce_group: Callable, extras, key_offset=0):
-    """`train` with each group of clients handed to `reduce_group(final, stats, ctx,
-    extras) -> (kept, sums)` as it finishes: `kept` stacked over the clients, `sums` added
-    (`local.vmap_clients`)."""
+            step_offset, key_offset=0, *, reduce_group: Optional[Callable] = None, extras=None):
+    """(final, stats) stacked over the clients; with `reduce_group(final, stats, ctx,
+    extras) -> (kept, sums)`, each group of clients is handed to it as it finishes and
+    (kept stacked over the clients, sums added) is returned (`local.vmap_clients`)."""
     return self._train(state, ctx, data_x, data_y, cohort.indices, cohort.example_mask,
                        cohort.step_mask, keys, step_offset, key_offset,
                        reduce_group=reduce_group, extras=extras)
@@ -210,9 +205,9 @@ def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, lr_schedule: Cal
       return (rows, client_stats(stats)), sums
 
     per_client = cohort._replace(indices=None, example_mask=None, step_mask=None)
-    (rows, stats), sums = phase.train_reduce(state, ctx, data_x, data_y, cohort, keys,
-                                             step_offset, finish_and_reduce,
-                                             (per_client, weights))
+    (rows, stats), sums = phase.train(state, ctx, data_x, data_y, cohort, keys, step_offset,
+                                      reduce_group=finish_and_reduce,
+                                      extras=(per_client, weights))
     return sums, rows, stats
 
   def server_update(server: ServerState, sums: ChunkSums) -> ServerState:
