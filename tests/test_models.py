@@ -643,23 +643,24 @@ def test_row_shift_conv_rejects_stride_along_h():
                           (2, 1), "SAME")
 
 
-@pytest.mark.parametrize("cin,window,cout,expected", [
-    (1, (5, 5), 10, "channel_major"), (3, (3, 3), 6, "channel_major"),
-    (3, (3, 3), 16, "im2col"), (3, (1, 1), 6, "im2col"), (4, (3, 3), 8, "im2col"),
-    (16, (3, 3), 8, "row_shift"), (32, (3, 3), 64, "im2col"),
-    (32, (1, 1), 64, "im2col"), (128, (3, 3), 64, "im2col")])
-def test_patches_routes_layers_by_measured_rule(cin, window, cout, expected, monkeypatch):
-  """The "patches" plan's per-layer pick (layers.conv_patches) on a 16x16 map:
+@pytest.mark.parametrize("cin,window,cout,expected,size", [
+    (1, (5, 5), 10, "channel_major", 16), (3, (3, 3), 6, "channel_major", 16),
+    (3, (3, 3), 16, "im2col", 16), (3, (1, 1), 6, "im2col", 16), (4, (3, 3), 8, "im2col", 16),
+    (16, (3, 3), 8, "row_shift", 16), (32, (3, 3), 64, "row_shift", 16),
+    (128, (3, 3), 256, "row_shift", 16), (32, (1, 1), 64, "im2col", 16),
+    (32, (3, 3), 64, "im2col", 14), (64, (3, 3), 64, "im2col", 8)])
+def test_patches_routes_layers_by_measured_rule(cin, window, cout, expected, size, monkeypatch):
+  """The "patches" plan's per-layer pick (layers.conv_patches) on a size x size map, SAME:
   channel-major patches for an image's 1 to 3 channels into at most 10, row
-  shifts for tall maps with several input and few output channels, im2col
-  otherwise; never the standard layout (measured slower on the project's
+  shifts for stride 1 along H on maps of at least 16 rows with several input channels,
+  im2col otherwise; never the standard layout (measured slower on the project's
   Xeon box, docs/performance.md)."""
   called = []
   for name in ("channel_major", "im2col", "row_shift", "standard_layout"):
     real = getattr(layers, f"{name}_conv")
     monkeypatch.setattr(layers, f"{name}_conv",
                         lambda *a, _n=name, _f=real: called.append(_n) or _f(*a))
-  layers.conv(jnp.zeros((1, 16, 16, cin)), jnp.zeros(window + (cin, cout)), (1, 1), "SAME",
+  layers.conv(jnp.zeros((1, size, size, cin)), jnp.zeros(window + (cin, cout)), (1, 1), "SAME",
               impl="patches")
   assert called == [expected]
 

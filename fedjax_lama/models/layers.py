@@ -332,13 +332,18 @@ _CHANNEL_MAJOR_MAX_COUT = 10
 # engine (docs/performance.md, models table): the plan is kept to be measured
 # (experiments/conv_layers.py), as a candidate for a per-machine choice.
 
-# Where `row_shift_conv` beat `im2col_conv` inside jit(vmap(scan)) on XLA:CPU
-# (fwd + bwd of one layer, 8 clients x batch 32): 32x32x16->16 by 1.4x and
-# 16x16x32->32 by 1.3x; it lost or tied for 3 input channels (K = 3*kw matmul),
-# for 64 output channels and for maps under 16 rows (the kh - 1 extra rows).
+# Where `row_shift_conv` beats `im2col_conv` on XLA:CPU: stride 1 along H, at least 16
+# output rows (the kh - 1 extra rows it computes) and several input channels (3 make a
+# K = 3*kw matmul). First measured inside jit(vmap(scan)) (fwd + bwd of one layer, 8 clients
+# x batch 32): 32x32x16->16 by 1.4x, 16x16x32->32 by 1.3x, losing for 64 output channels.
+# Since its row fold has its own gradient (`_row_fold`) it also wins for more output
+# channels, measured in the whole engine on the Xeon box (8 x 5 x 32 unless noted, A/B in one
+# process, two pairs each, docs/performance.md): pfl_cnn (3x3 32->64 on 28x28) 1.19x and
+# 1.15x, resnet9 (64->64 on 32x32, 128->128 on 16x16) 1.15x and 1.12x, WRN-28-10 (160 and
+# 320 channels on 32x32 and 16x16, 2 x 2 x 8) 1.08x and 1.12x; with 13 and 14 output rows it
+# did not pay (FedAT's CNN 0.89x and 0.91x, leaf_cnn 1.00x and 1.01x).
 _ROW_SHIFT_MIN_HEIGHT = 16
 _ROW_SHIFT_MIN_CIN = 8
-_ROW_SHIFT_MAX_COUT = 32
 
 # im2col folds a convolution's bias into its matmul (a ones column in the patches, the bias
 # as the kernel's last row: no add pass forward, no reduction for the bias gradient) for
@@ -359,10 +364,10 @@ def conv_patches(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
   Picks per layer (measured on XLA:CPU; see `_CHANNEL_MAJOR_MAX_CIN`,
   `_ROW_SHIFT_*` and experiments/conv_plans.py):
   `channel_major_conv` for an image's few input channels into few output
-  channels; `row_shift_conv` for stride 1 along H, a tall output, several
-  input and few output channels; otherwise `im2col_conv` (which makes a 1x1
-  convolution one matmul on a strided slice). `standard_layout_conv` is not
-  picked (see the comment above `_ROW_SHIFT_MIN_HEIGHT`).
+  channels; `row_shift_conv` for stride 1 along H, a tall output and several
+  input channels; otherwise `im2col_conv` (which makes a 1x1 convolution one
+  matmul on a strided slice). `standard_layout_conv` is not picked (see the
+  comment on it above `_ROW_SHIFT_MIN_HEIGHT`).
   """
   kh, kw, cin, cout = kernel.shape
   pads = _pads(x.shape[1:3], kernel.shape[:2], strides, padding)
@@ -370,8 +375,7 @@ def conv_patches(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
   if cin <= _CHANNEL_MAJOR_MAX_CIN and cout <= _CHANNEL_MAJOR_MAX_COUT and kh * kw > 1:
     return add_bias(channel_major_conv(x, kernel, strides, pads))
   ho = (x.shape[1] + sum(pads[0]) - kh) // strides[0] + 1
-  if (kh > 1 and strides[0] == 1 and ho >= _ROW_SHIFT_MIN_HEIGHT
-      and cin >= _ROW_SHIFT_MIN_CIN and cout <= _ROW_SHIFT_MAX_COUT):
+  if kh > 1 and strides[0] == 1 and ho >= _ROW_SHIFT_MIN_HEIGHT and cin >= _ROW_SHIFT_MIN_CIN:
     return add_bias(row_shift_conv(x, kernel, strides, pads))
   return im2col_conv(x, kernel, strides, pads, bias)
 
