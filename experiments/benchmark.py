@@ -2,6 +2,8 @@ r"""Engine training throughput against the hardware's limit, a per-step loop and
 
   python -m experiments.benchmark [--model=fedat_cnn --clients=32 --steps=10 --batch=32]
   python -m experiments.benchmark --peers=fedjax [--peers_path=/tmp/peers]
+  python -m experiments.benchmark --model=wrn28_10 --clients=8 --steps=5 --batch=32 \
+      --repeats=1 --central=       # 16 min on a 2-core CPU; no whole-cohort batch
 
 Side by side in one process, interleaved (best of --repeats after one warm-up each; a
 timed sample is the mean of the fewest consecutive rounds lasting --min_sample_s, so a
@@ -18,7 +20,7 @@ the same clients and the same random data shaped like the model's dataset
            step over the whole cohort's batch (clients x batch examples), called `steps`
            times. It is NOT a limit: the engine can beat it (a batch of clients x batch
            examples spills caches that one client's batch fits in). Measured with lax
-           convolutions and with the engine's plan; the faster counts;
+           convolutions and with the engine's plan (--central), the faster counts;
   matmul   a dense float32 matmul (--matmul_size, 2048: 2 n^3 FLOPs; 3 calls per repeat,
            the best counts), the machine's measured peak FLOP/s in this process, under the
            same load as the plans;
@@ -71,6 +73,9 @@ flags.DEFINE_bool("compare_client_maps", False, "Also time the engine with the o
 flags.DEFINE_float("min_sample_s", MIN_SAMPLE_S, "A timed sample of a plan is the mean of the "
                    "fewest consecutive calls lasting about this long (0: single calls).")
 flags.DEFINE_integer("matmul_size", 2048, "n of the n x n x n float32 matmul timed as the peak.")
+flags.DEFINE_list("central", ["lax", "engine"], "Convolution plans of the centralized step "
+                  "(lax, engine: the engine's plan); empty (--central=) leaves it out, as for "
+                  "models whose whole-cohort batch does not fit in memory.")
 flags.DEFINE_list("peers", [], "Peer simulators to run side by side: fedjax.")
 flags.DEFINE_string("peers_path", os.environ.get("FEDJAX_LAMA_PEERS_PATH", ""),
                     "A directory appended to sys.path to import the peers from, e.g. the "
@@ -455,10 +460,18 @@ def summary_line(r: dict) -> str:
   return line
 
 
+CENTRAL_IMPLS = ("lax", "engine")
+
+
 def main(argv):
   del argv
+  unknown = [c for c in FLAGS.central if c not in CENTRAL_IMPLS]
+  if unknown:
+    raise app.UsageError(f"--central: {', '.join(unknown)} not accepted; use a comma-separated "
+                         f"list of {', '.join(CENTRAL_IMPLS)}, or nothing (--central=)")
   result = run(FLAGS.model, FLAGS.clients, FLAGS.steps, FLAGS.batch, FLAGS.repeats,
-               FLAGS.conv_impl, FLAGS.unroll, client_map=FLAGS.client_map, peers=FLAGS.peers,
+               FLAGS.conv_impl, FLAGS.unroll, central_impls=tuple(FLAGS.central),
+               client_map=FLAGS.client_map, peers=FLAGS.peers,
                peers_path=FLAGS.peers_path, matmul_size=FLAGS.matmul_size,
                compare_client_maps=FLAGS.compare_client_maps, min_sample_s=FLAGS.min_sample_s)
   print(summary_line(result))

@@ -3,6 +3,8 @@ only what the numbers are made of is checked, never how large a speed is."""
 import itertools
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -220,3 +222,12 @@ def test_models_table_names_the_rounds_per_sample():
   old = {k: v for k, v in row.items() if k not in ("min_sample_s", "rounds_per_sample")}
   assert "a plan's timed sample is one round:" in benchmark_tables.models_table([old], "cmd")
   assert "rounds per sample" not in benchmark_tables.markdown([old])
+
+
+def test_central_flag_rejects_an_unknown_plan_before_running_anything():
+  proc = subprocess.run([sys.executable, "-m", "experiments.benchmark", "--central=lax,fast"],
+                        capture_output=True, text=True, timeout=120,
+                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  assert proc.returncode != 0
+  assert "--central: fast not accepted" in proc.stderr
+  assert "lax, engine" in proc.stderr
