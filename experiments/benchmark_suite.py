@@ -21,8 +21,10 @@ measured peak FLOP/s). It prints a markdown table of samples/s with engine/loop,
 engine/central, and one JSON line (also written to --out).
 
 --models_table regenerates experiments/results/models_cpu.md (--table_out): every image
-model of the zoo at 8 clients x 5 steps x batch 32 (WRN-28-10 at 2 x 2 x 8, the size this
-CPU can run), 3 interleaved repeats, the engine's other client map timed beside it, and the
+model of the zoo at 8 clients x 5 steps x batch 32 (WRN-28-10 at 2 x 2 x 8: at 8 x 5 x 32
+one warm-up and one timed round of the engine and the loop take 16 min on a 2-core CPU,
+`python -m experiments.benchmark --model=wrn28_10 --clients=8 --steps=5 --batch=32
+--repeats=1 --central=`), 3 interleaved repeats, the engine's other client map timed beside it, and the
 machine's load average around each row.
 
 Memory (--memory): per-client persistent state of `--memory_clients` clients of
@@ -80,7 +82,7 @@ TABLE_MODELS = ("fedat_cnn", "cifar_cnn", "pfl_cnn", "leaf_cnn", "mnist_cnn", "m
                 "cifar_lenet", "fedspeed_lenet", "resnet20", "resnet9", "resnet18_gn",
                 "wrn28_10", "mlp")
 TABLE_SIZE = (8, 5, 32)
-TABLE_SIZES = {"wrn28_10": (2, 2, 8)}  # 36.5M parameters: what this CPU can run
+TABLE_SIZES = {"wrn28_10": (2, 2, 8)}  # 36.5M parameters: the table in minutes, not hours
 TABLE_OUT = "experiments/results/models_cpu.md"
 
 
