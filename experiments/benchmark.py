@@ -58,6 +58,8 @@ from fedjax_lama.engine import local, round as round_lib
 
 FLAGS = flags.FLAGS
 MIN_SAMPLE_S = 0.2  # seconds a timed sample lasts at least (rounds_per_sample)
+# The centralized step's convolution plans ("engine": the engine's own plan).
+CENTRAL_IMPLS = ("lax", "engine")
 flags.DEFINE_string("model", "fedat_cnn", "Model name (fedjax_lama.models.names()).")
 flags.DEFINE_integer("clients", 32, "Clients per round.")
 flags.DEFINE_integer("steps", 10, "Local steps per client.")
@@ -73,7 +75,7 @@ flags.DEFINE_bool("compare_client_maps", False, "Also time the engine with the o
 flags.DEFINE_float("min_sample_s", MIN_SAMPLE_S, "A timed sample of a plan is the mean of the "
                    "fewest consecutive calls lasting about this long (0: single calls).")
 flags.DEFINE_integer("matmul_size", 2048, "n of the n x n x n float32 matmul timed as the peak.")
-flags.DEFINE_list("central", ["lax", "engine"], "Convolution plans of the centralized step "
+flags.DEFINE_list("central", list(CENTRAL_IMPLS), "Convolution plans of the centralized step "
                   "(lax, engine: the engine's plan); empty (--central=) leaves it out, as for "
                   "models whose whole-cohort batch does not fit in memory.")
 flags.DEFINE_list("peers", [], "Peer simulators to run side by side: fedjax.")
@@ -291,7 +293,7 @@ def engine_round(w: Workload, client_map: str, unroll=1):
 
 
 def run(model_name="fedat_cnn", clients=32, steps=10, batch=32, repeats=3, conv_impl="auto",
-        unroll=1, central_impls=("lax", "engine"), client_map="auto", peers=(),
+        unroll=1, central_impls=CENTRAL_IMPLS, client_map="auto", peers=(),
         peers_path="", matmul_size=2048, loop=True, compare_client_maps=False,
         min_sample_s=MIN_SAMPLE_S) -> dict:
   """Times the plans side by side; returns the JSON dict (see the module docstring).
@@ -458,9 +460,6 @@ def summary_line(r: dict) -> str:
   for peer, why in r.get("peers_skipped", {}).items():
     line += f"\n  peer {peer} skipped: {why}"
   return line
-
-
-CENTRAL_IMPLS = ("lax", "engine")
 
 
 def main(argv):

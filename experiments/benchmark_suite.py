@@ -76,7 +76,7 @@ flags.DEFINE_enum("memory_worker", "", ["", "host", "device"], "Internal: one pl
 # --quick: the smallest grid point, one timed round per plan, the centralized step with the
 # engine's convolution plan only.
 QUICK = {"clients": [8], "steps": [5], "repeats": 1, "central_impls": ("engine",)}
-FULL_CENTRAL = ("lax", "engine")
+FULL_CENTRAL = benchmark.CENTRAL_IMPLS
 # --models_table: every model of the zoo that takes images, and the sizes it runs at.
 TABLE_MODELS = ("fedat_cnn", "cifar_cnn", "pfl_cnn", "leaf_cnn", "mnist_cnn", "mnist_mlp",
                 "cifar_lenet", "fedspeed_lenet", "resnet20", "resnet9", "resnet18_gn",

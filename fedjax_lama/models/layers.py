@@ -171,7 +171,7 @@ def row_shift_conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
   if any(p != (0, 0) for p in pads):
     x = jnp.pad(x, ((0, 0), *pads, (0, 0)))
   n, hp, wp, _ = x.shape
-  ho, sw = hp - kh + 1, strides[1]
+  sw = strides[1]
   wo = (wp - kw) // sw + 1
   cols = [x[:, :, j:j + (wo - 1) * sw + 1:sw, :] for j in range(kw)]
   q = cols[0] if kw == 1 else jnp.concatenate(cols, axis=-1)
@@ -201,6 +201,7 @@ def _row_fold_fwd(z: Array, kh: int):
 
 
 def _row_fold_bwd(kh: int, _, dy: Array):
+  # kh is passed because dy, the folded output, no longer has the kernel-row axis.
   hp = dy.shape[1] + kh - 1
   padded = jnp.pad(dy, ((0, 0), (kh - 1, kh - 1), (0, 0), (0, 0)))
   return (jnp.stack([padded[:, kh - 1 - i:kh - 1 - i + hp] for i in range(kh)], axis=3),)
