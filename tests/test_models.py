@@ -686,3 +686,44 @@ def test_standard_layout_conv_under_vmap_equals_lax_and_uses_no_convolution():
   single = str(jax.make_jaxpr(jax.grad(loss(layers.standard_layout_conv), argnums=(0, 1)))(
       x[0], w[0]))
   assert single.count("conv_general_dilated") == 3  # forward, input and kernel gradients
+
+
+def test_wide_kernel_dot_equals_a_numpy_reference_with_gradients_and_under_vmap(monkeypatch):
+  """`dense_dot`'s CPU layout for a large kernel on few rows: the values of x @ W and the
+  gradients dy W^T and x^T dy, written here in numpy, alone and per client under vmap. The
+  threshold is lowered so a small kernel takes that path."""
+  monkeypatch.setattr(layers, "_DENSE_T_MIN_KERNEL", 1)
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(3, 2, 5, 7)).astype(np.float32)  # clients, batch..., in
+  w = rng.normal(size=(3, 7, 4)).astype(np.float32)
+  dy = rng.normal(size=(3, 2, 5, 4)).astype(np.float32)
+
+  def value_and_grads(x, w, dy):
+    y, vjp = jax.vjp(lambda x, w: layers.dense_dot(x, w, "patches"), x, w)
+    return (y, *vjp(dy))
+
+  program = str(jax.make_jaxpr(value_and_grads)(x[0], w[0], dy[0]))
+  assert "optimization_barrier" in program  # the layout, not jnp.dot
+  for got in (value_and_grads(x[0], w[0], dy[0]),
+              [g[0] for g in jax.jit(jax.vmap(value_and_grads))(x, w, dy)]):
+    y, gx, gw = got
+    np.testing.assert_allclose(y, x[0] @ w[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gx, dy[0] @ w[0].T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gw, x[0].reshape(-1, 7).T @ dy[0].reshape(-1, 4),
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("impl,rows,kernel_in,expected", [
+    ("patches", 32, 2048, True), ("patches", 33, 2048, False), ("patches", 32, 2047, False),
+    ("lax", 32, 2048, False)])
+def test_dense_dot_routes_by_measured_rule(impl, rows, kernel_in, expected, monkeypatch):
+  """The layout of `_wide_kernel_dot` only under the CPU plan, for a kernel of at least
+  4M elements on at most 32 rows (docs/performance.md); the lax plan is always jnp.dot."""
+  called = []
+  real = layers._wide_kernel_dot
+  monkeypatch.setattr(layers, "_wide_kernel_dot", lambda *a: called.append(1) or real(*a))
+  y = jax.eval_shape(lambda x, w: layers.dense_dot(x, w, impl),
+                     jax.ShapeDtypeStruct((rows, kernel_in), jnp.float32),
+                     jax.ShapeDtypeStruct((kernel_in, 2048), jnp.float32))
+  assert y.shape == (rows, 2048)
+  assert bool(called) == expected

@@ -51,8 +51,8 @@ class FedATCNN(nn.Module):
     x = nn.relu(pool(conv(64)(x)))
     x = conv(64)(x)
     x = nn.relu(pool(x) if same else x)
-    x = nn.relu(layers.Dense(64, init_style=self.init_style)(_flatten(x)))
-    return layers.Dense(self.num_classes, init_style=self.init_style)(x)
+    x = nn.relu(layers.Dense(64, init_style=self.init_style, impl=self.conv_impl)(_flatten(x)))
+    return layers.Dense(self.num_classes, init_style=self.init_style, impl=self.conv_impl)(x)
 
 
 class LeafCNN(nn.Module):
@@ -71,8 +71,8 @@ class LeafCNN(nn.Module):
       x = layers.Conv(f, (5, 5), padding="SAME", init_style=self.init_style,
                       conv_impl=self.conv_impl)(x)
       x = nn.relu(layers.max_pool(x, (2, 2), impl=self.conv_impl))
-    x = nn.relu(layers.Dense(2048, init_style=self.init_style)(_flatten(x)))
-    return layers.Dense(self.num_classes, init_style=self.init_style)(x)
+    x = nn.relu(layers.Dense(2048, init_style=self.init_style, impl=self.conv_impl)(_flatten(x)))
+    return layers.Dense(self.num_classes, init_style=self.init_style, impl=self.conv_impl)(x)
 
 
 class MnistCNN(nn.Module):
@@ -97,9 +97,9 @@ class MnistCNN(nn.Module):
     x = nn.Dropout(self.dropout, broadcast_dims=(1, 2))(
         x, deterministic=not train)
     x = nn.relu(layers.max_pool(x, (2, 2), impl=self.conv_impl))
-    x = nn.relu(layers.Dense(50, init_style=self.init_style)(_flatten(x)))
+    x = nn.relu(layers.Dense(50, init_style=self.init_style, impl=self.conv_impl)(_flatten(x)))
     x = nn.Dropout(self.dropout)(x, deterministic=not train)
-    return layers.Dense(self.num_classes, init_style=self.init_style)(x)
+    return layers.Dense(self.num_classes, init_style=self.init_style, impl=self.conv_impl)(x)
 
 
 class LeNet(nn.Module):
@@ -128,8 +128,8 @@ class LeNet(nn.Module):
       x = nn.relu(layers.max_pool(x, (2, 2), impl=self.conv_impl))
     x = _flatten(x)
     for f in dense:
-      x = nn.relu(layers.Dense(f, init_style=self.init_style)(x))
-    return layers.Dense(self.num_classes, init_style=self.init_style)(x)
+      x = nn.relu(layers.Dense(f, init_style=self.init_style, impl=self.conv_impl)(x))
+    return layers.Dense(self.num_classes, init_style=self.init_style, impl=self.conv_impl)(x)
 
 
 class PflCNN(nn.Module):
@@ -153,7 +153,7 @@ class PflCNN(nn.Module):
     x = nn.relu(layers.max_pool(conv(64)(x), (2, 2), impl=self.conv_impl))
     if self.conv_dropout:
       x = nn.Dropout(self.conv_dropout)(x, deterministic=not train)
-    x = nn.relu(layers.Dense(128, init_style=self.init_style)(_flatten(x)))
+    x = nn.relu(layers.Dense(128, init_style=self.init_style, impl=self.conv_impl)(_flatten(x)))
     if self.dropout:
       x = nn.Dropout(self.dropout)(x, deterministic=not train)
-    return layers.Dense(self.num_classes, init_style=self.init_style)(x)
+    return layers.Dense(self.num_classes, init_style=self.init_style, impl=self.conv_impl)(x)

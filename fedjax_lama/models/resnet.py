@@ -83,7 +83,7 @@ class ResNet20(nn.Module):
                           project=block == 0, norm=norm,
                           conv_impl=self.conv_impl,
                           dropout=self.dropout)(x, train)
-    return layers.Dense(self.num_classes)(_gap(x))
+    return layers.Dense(self.num_classes, impl=self.conv_impl)(_gap(x))
 
 
 class _PreActBlock(nn.Module):
@@ -134,7 +134,7 @@ class WideResNetPreAct(nn.Module):
                          conv_impl=self.conv_impl,
                          dropout=self.dropout)(x, train)
     x = nn.relu(norm()(x))
-    return layers.Dense(self.num_classes)(_gap(x))
+    return layers.Dense(self.num_classes, impl=self.conv_impl)(_gap(x))
 
 
 class _BasicBlock(nn.Module):
@@ -189,7 +189,7 @@ class ResNet9(nn.Module):
     for width, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
       x = _BasicBlock(width, stride, norm=norm, init_style=self.init_style,
                       conv_impl=self.conv_impl)(x)
-    return layers.Dense(self.num_classes, init_style=self.init_style)(_gap(x))
+    return layers.Dense(self.num_classes, init_style=self.init_style, impl=self.conv_impl)(_gap(x))
 
 
 class ResNet9DawnBench(nn.Module):
@@ -229,7 +229,7 @@ class ResNet9DawnBench(nn.Module):
     x = x + cbr(cbr(x, 512), 512)
     x = jnp.max(x, axis=(1, 2))
     x = layers.Dense(self.num_classes, use_bias=False,
-                     init_style=self.init_style)(x)
+                     init_style=self.init_style, impl=self.conv_impl)(x)
     return x * 0.125
 
 
@@ -263,4 +263,4 @@ class ResNet18GN(nn.Module):
         x = _BasicBlock(width, 2 if stage > 0 and block == 0 else 1,
                         norm=norm, init_style="torchvision",
                         conv_impl=self.conv_impl)(x)
-    return layers.Dense(self.num_classes, init_style="torch")(_gap(x))
+    return layers.Dense(self.num_classes, init_style="torch", impl=self.conv_impl)(_gap(x))
