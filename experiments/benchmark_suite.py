@@ -21,11 +21,10 @@ measured peak FLOP/s). It prints a markdown table of samples/s with engine/loop,
 engine/central, and one JSON line (also written to --out).
 
 --models_table regenerates experiments/results/models_cpu.md (--table_out): every image
-model of the zoo at 8 clients x 5 steps x batch 32 (WRN-28-10 at 2 x 2 x 8: at 8 x 5 x 32
-one warm-up and one timed round of the engine and the loop take 16 min on a 2-core CPU,
-`python -m experiments.benchmark --model=wrn28_10 --clients=8 --steps=5 --batch=32
---repeats=1 --central=`), 3 interleaved repeats, the engine's other client map timed beside it, and the
-machine's load average around each row.
+model of the zoo at 8 clients x 5 steps x batch 32, 3 interleaved repeats, the engine's other
+client map timed beside it, and the machine's load average around each row. WRN-28-10 (36.5M
+parameters) runs one timed round of the engine and the loop and no other plan
+(`TABLE_ROW_OPTIONS`): that row alone takes about 16 min on a 2-core CPU, the table about 30.
 
 Memory (--memory): per-client persistent state of `--memory_clients` clients of
 `--memory_row` parameters' shape (ResNet20's 272,762 float32 each, 1.09 GB for
@@ -37,6 +36,7 @@ before the store exists, the store's bytes and the bytes that live on device.
 Absolute numbers from a shared machine are noise; compare the ratios, measured
 in one run. On a GPU, name the GPU (device_kind is in the JSON).
 """
+import itertools
 import json
 import os
 import resource
@@ -82,23 +82,28 @@ TABLE_MODELS = ("fedat_cnn", "cifar_cnn", "pfl_cnn", "leaf_cnn", "mnist_cnn", "m
                 "cifar_lenet", "fedspeed_lenet", "resnet20", "resnet9", "resnet18_gn",
                 "wrn28_10", "mlp")
 TABLE_SIZE = (8, 5, 32)
-TABLE_SIZES = {"wrn28_10": (2, 2, 8)}  # 36.5M parameters: at 8 x 5 x 32, 16 min a round each
+# benchmark.run options that replace the table's for a row: WRN-28-10's warm-up and timed
+# round take 8 min each for the engine and the loop on a 2-core CPU.
+TABLE_ROW_OPTIONS = {"wrn28_10": {"repeats": 1, "central_impls": (),
+                                  "compare_client_maps": False}}
 TABLE_OUT = "experiments/results/models_cpu.md"
 
 
 def throughput(model_names, clients, steps, batch, repeats, conv_impl, unroll=1,
                central_impls=FULL_CENTRAL, compare_client_maps=False,
-               sizes=None, min_sample_s=benchmark.MIN_SAMPLE_S) -> list[dict]:
-  """benchmark.run over the grid; `sizes` (model -> (clients, steps, batch)) overrides it."""
+               row_options=None, min_sample_s=benchmark.MIN_SAMPLE_S) -> list[dict]:
+  """benchmark.run over the grid; `row_options` (model -> benchmark.run keyword arguments)
+  replaces the grid's options for that model's rows."""
   rows = []
   for name in model_names:
-    grid = ([sizes[name]] if sizes and name in sizes else
-            [(c, k, batch) for c in clients for k in steps])
-    for c, k, b in grid:
-      r = benchmark.run(name, clients=c, steps=k, batch=b, repeats=repeats,
-                        conv_impl=conv_impl, unroll=unroll, central_impls=central_impls,
-                        compare_client_maps=compare_client_maps, min_sample_s=min_sample_s)
-      print(f"  {name} {c} clients x {k} steps x batch {b}: engine/loop {r['ratio']:.2f}, "
+    for c, k in itertools.product(clients, steps):
+      options = dict(clients=c, steps=k, batch=batch, repeats=repeats,
+                     central_impls=central_impls, compare_client_maps=compare_client_maps)
+      options.update((row_options or {}).get(name, {}))
+      r = benchmark.run(name, conv_impl=conv_impl, unroll=unroll, min_sample_s=min_sample_s,
+                        **options)
+      print(f"  {name} {r['clients']} clients x {r['steps']} steps x batch {r['batch']}: "
+            f"engine/loop {r['ratio']:.2f}, "
             f"MFU {r['mfu']:.3f}, load {r['load_avg_before']}", file=sys.stderr, flush=True)
       rows.append(r)
   return rows
@@ -200,10 +205,10 @@ def main(argv):
     result = {"memory": rows}
   elif FLAGS.models_table:
     names = FLAGS.models if FLAGS["models"].present else list(TABLE_MODELS)
-    sizes = {name: TABLE_SIZES.get(name, TABLE_SIZE) for name in names}
-    rows = throughput(names, [], [], FLAGS.batch, FLAGS.repeats, FLAGS.conv_impl, FLAGS.unroll,
-                      ("engine",), compare_client_maps=True, sizes=sizes,
-                      min_sample_s=FLAGS.min_sample_s)
+    clients, steps, batch = TABLE_SIZE
+    rows = throughput(names, [clients], [steps], batch, FLAGS.repeats, FLAGS.conv_impl,
+                      FLAGS.unroll, ("engine",), compare_client_maps=True,
+                      row_options=TABLE_ROW_OPTIONS, min_sample_s=FLAGS.min_sample_s)
     command = "python -m experiments.benchmark_suite --models_table" + (
         f" --models={','.join(names)}" if FLAGS["models"].present else "") + (
         f" --repeats={FLAGS.repeats}" if FLAGS["repeats"].present else "") + (

@@ -3,6 +3,7 @@
 `markdown` renders any rows; `models_table` is experiments/results/models_cpu.md, the page
 `python -m experiments.benchmark_suite --models_table` writes.
 """
+import collections
 import os
 
 
@@ -55,6 +56,9 @@ def models_table(rows: list[dict], command: str) -> str:
   below = [f"{r['model']} ({r['ratio']:.2f})" for r in rows if r["ratio"] < 1.5]
   # An engine doing the same FLOPs at the matmul's rate would be 1 / loop_mfu times the loop.
   capped = [f"{r['model']} ({1 / r['loop_mfu']:.2f})" for r in rows if 1 / r["loop_mfu"] < 1.5]
+  repeats = collections.Counter(r.get("repeats") for r in rows).most_common(1)[0][0]
+  fewer = [f"{r['model']} ({r['repeats']})" for r in rows
+           if r.get("repeats", repeats) != repeats]
   return "\n".join([
       "# Engine vs per-step loop and the hardware's limit, every image model, CPU",
       "",
@@ -86,4 +90,7 @@ def models_table(rows: list[dict], command: str) -> str:
        if below else "Every row reaches engine/loop >= 1.5."),
       *(["", "Rows where even an engine at the matmul's rate stays below 1.5x the loop: "
           + ", ".join(capped) + "."] if capped else []),
+      *(["", f"Timed rounds per plan: {repeats}, except " + ", ".join(fewer) + " (a "
+          "central or other client map column of '-': not timed for that row)."]
+        if fewer else []),
       ""])

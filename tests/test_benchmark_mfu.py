@@ -231,3 +231,41 @@ def test_central_flag_rejects_an_unknown_plan_before_running_anything():
   assert proc.returncode != 0
   assert "--central: fast not accepted" in proc.stderr
   assert "lax, engine" in proc.stderr
+
+
+def test_models_table_times_wrn_at_the_issues_size_with_its_own_options(monkeypatch):
+  """--models_table runs every row at 8 x 5 x 32, WRN-28-10 included; TABLE_ROW_OPTIONS
+  replaces only the options it names (fake benchmark.run: no training), and the table names
+  the rows timed with fewer rounds."""
+  from experiments import benchmark_suite, benchmark_tables  # pylint: disable=g-import-not-at-top
+  calls = {}
+
+  def fake_run(name, **options):
+    calls[name] = options
+    return {"model": name, "clients": options["clients"], "steps": options["steps"],
+            "batch": options["batch"], "repeats": options["repeats"], "ratio": 2.0,
+            "mfu": 0.2, "load_avg_before": [0.5]}
+
+  monkeypatch.setattr(benchmark, "run", fake_run)
+  rows = benchmark_suite.throughput(
+      ["resnet20", "wrn28_10"], [8], [5], 32, 3, "auto", central_impls=("engine",),
+      compare_client_maps=True, row_options=benchmark_suite.TABLE_ROW_OPTIONS)
+  assert [(r["clients"], r["steps"], r["batch"]) for r in rows] == [(8, 5, 32)] * 2
+  assert calls["resnet20"]["repeats"] == 3 and calls["resnet20"]["compare_client_maps"]
+  assert calls["resnet20"]["central_impls"] == ("engine",)
+  assert calls["wrn28_10"]["repeats"] == 1 and not calls["wrn28_10"]["compare_client_maps"]
+  assert calls["wrn28_10"]["central_impls"] == ()
+  assert benchmark_suite.TABLE_SIZE == (8, 5, 32)
+
+  def row(model, repeats):
+    return {"model": model, "clients": 8, "steps": 5, "batch": 32, "repeats": repeats,
+            "engine_conv_impl": "patches", "engine_client_map": "scan",
+            "engine_samples_per_s": 200.0, "loop_samples_per_s": 100.0, "ratio": 2.0,
+            "flops_per_sample": 1e6, "engine_flops_per_s": 2e8, "peak_flops_per_s": 1e9,
+            "mfu": 0.2, "loop_mfu": 0.1, "load_avg_before": [0.5], "load_avg_after": [0.7],
+            "first_call_s": {"engine": 1.0}, "device_kind": "cpu", "platform": "cpu",
+            "jax": jax.__version__}
+
+  text = benchmark_tables.models_table([row("a", 3), row("b", 3), row("wrn28_10", 1)], "cmd")
+  assert "Timed rounds per plan: 3, except wrn28_10 (1)" in text
+  assert "Timed rounds per plan" not in benchmark_tables.models_table([row("a", 3)], "cmd")
