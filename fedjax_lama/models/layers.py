@@ -546,8 +546,8 @@ class Conv(nn.Module):
     return conv(x, kernel, self.strides, self.padding, self.conv_impl, bias)
 
 
-# `dense_dot` lays the products out itself for a kernel of at least this many elements
-# (16 MB in float32, 4x this box's L2) on at most this many rows, under the "patches" plan.
+# `dense_dot` lays the products out itself, under the "patches" plan, for a kernel of at least
+# this many elements (16 MB in float32; this box has 2 MB of L2 a core) on at most this many rows.
 # Measured on the Xeon box (docs/performance.md, "Tenth session"), one SGD step of x @ W in
 # a scan, this layout against jnp.dot: 3136 x 2048 1.24x (16 rows), 1.18x (32), 0.83x (64);
 # 4096 x 4096 1.07x, 1.22x, 1.01x; every kernel of 2M elements or fewer at 32 rows 0.85x to
