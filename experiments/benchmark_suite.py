@@ -24,7 +24,8 @@ engine/central, and one JSON line (also written to --out).
 model of the zoo at 8 clients x 5 steps x batch 32, 3 interleaved repeats, the engine's other
 client map timed beside it, and the machine's load average around each row. WRN-28-10 (36.5M
 parameters) runs one timed round of the engine and the loop and no other plan
-(`TABLE_ROW_OPTIONS`): that row alone takes about 16 min on a 2-core CPU, the table about 30.
+(`benchmark_grid.TABLE_ROW_OPTIONS`): that row alone takes about 16 min on a 2-core CPU, the
+table about 30. The grids and their runner are in experiments/benchmark_grid.py.
 
 Memory (--memory): per-client persistent state of `--memory_clients` clients of
 `--memory_row` parameters' shape (ResNet20's 272,762 float32 each, 1.09 GB for
@@ -36,7 +37,6 @@ before the store exists, the store's bytes and the bytes that live on device.
 Absolute numbers from a shared machine are noise; compare the ratios, measured
 in one run. On a GPU, name the GPU (device_kind is in the JSON).
 """
-import itertools
 import json
 import os
 import resource
@@ -50,6 +50,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import benchmark
+from experiments.benchmark_grid import (FULL_CENTRAL, TABLE_MODELS, TABLE_ROW_OPTIONS,
+                                         TABLE_SIZE, throughput)
 from experiments.benchmark_tables import markdown, models_table
 from fedjax_lama import models
 from fedjax_lama.data import sample_clients
@@ -76,37 +78,7 @@ flags.DEFINE_enum("memory_worker", "", ["", "host", "device"], "Internal: one pl
 # --quick: the smallest grid point, one timed round per plan, the centralized step with the
 # engine's convolution plan only.
 QUICK = {"clients": [8], "steps": [5], "repeats": 1, "central_impls": ("engine",)}
-FULL_CENTRAL = benchmark.CENTRAL_IMPLS
-# --models_table: every model of the zoo that takes images, and the sizes it runs at.
-TABLE_MODELS = ("fedat_cnn", "cifar_cnn", "pfl_cnn", "leaf_cnn", "mnist_cnn", "mnist_mlp",
-                "cifar_lenet", "fedspeed_lenet", "resnet20", "resnet9", "resnet18_gn",
-                "wrn28_10", "mlp")
-TABLE_SIZE = (8, 5, 32)
-# benchmark.run options that replace the table's for a row: WRN-28-10's warm-up and timed
-# round take 8 min each for the engine and the loop on a 2-core CPU.
-TABLE_ROW_OPTIONS = {"wrn28_10": {"repeats": 1, "central_impls": (),
-                                  "compare_client_maps": False}}
 TABLE_OUT = "experiments/results/models_cpu.md"
-
-
-def throughput(model_names, clients, steps, batch, repeats, conv_impl, unroll=1,
-               central_impls=FULL_CENTRAL, compare_client_maps=False,
-               row_options=None, min_sample_s=benchmark.MIN_SAMPLE_S) -> list[dict]:
-  """benchmark.run over the grid; `row_options` (model -> benchmark.run keyword arguments)
-  replaces the grid's options for that model's rows."""
-  rows = []
-  for name in model_names:
-    for c, k in itertools.product(clients, steps):
-      options = dict(clients=c, steps=k, batch=batch, repeats=repeats,
-                     central_impls=central_impls, compare_client_maps=compare_client_maps)
-      options.update((row_options or {}).get(name, {}))
-      r = benchmark.run(name, conv_impl=conv_impl, unroll=unroll, min_sample_s=min_sample_s,
-                        **options)
-      print(f"  {name} {r['clients']} clients x {r['steps']} steps x batch {r['batch']}: "
-            f"engine/loop {r['ratio']:.2f}, "
-            f"MFU {r['mfu']:.3f}, load {r['load_avg_before']}", file=sys.stderr, flush=True)
-      rows.append(r)
-  return rows
 
 
 # ---- memory ------------------------------------------------------------------------------

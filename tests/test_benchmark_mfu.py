@@ -237,7 +237,7 @@ def test_models_table_times_wrn_at_the_issues_size_with_its_own_options(monkeypa
   """--models_table runs every row at 8 x 5 x 32, WRN-28-10 included; TABLE_ROW_OPTIONS
   replaces only the options it names (fake benchmark.run: no training), and the table names
   the rows timed with fewer rounds."""
-  from experiments import benchmark_suite, benchmark_tables  # pylint: disable=g-import-not-at-top
+  from experiments import benchmark_grid, benchmark_tables  # pylint: disable=g-import-not-at-top
   calls = {}
 
   def fake_run(name, **options):
@@ -247,15 +247,15 @@ def test_models_table_times_wrn_at_the_issues_size_with_its_own_options(monkeypa
             "mfu": 0.2, "load_avg_before": [0.5]}
 
   monkeypatch.setattr(benchmark, "run", fake_run)
-  rows = benchmark_suite.throughput(
+  rows = benchmark_grid.throughput(
       ["resnet20", "wrn28_10"], [8], [5], 32, 3, "auto", central_impls=("engine",),
-      compare_client_maps=True, row_options=benchmark_suite.TABLE_ROW_OPTIONS)
+      compare_client_maps=True, row_options=benchmark_grid.TABLE_ROW_OPTIONS)
   assert [(r["clients"], r["steps"], r["batch"]) for r in rows] == [(8, 5, 32)] * 2
   assert calls["resnet20"]["repeats"] == 3 and calls["resnet20"]["compare_client_maps"]
   assert calls["resnet20"]["central_impls"] == ("engine",)
   assert calls["wrn28_10"]["repeats"] == 1 and not calls["wrn28_10"]["compare_client_maps"]
   assert calls["wrn28_10"]["central_impls"] == ()
-  assert benchmark_suite.TABLE_SIZE == (8, 5, 32)
+  assert benchmark_grid.TABLE_SIZE == (8, 5, 32)
 
   def row(model, repeats):
     return {"model": model, "clients": 8, "steps": 5, "batch": 32, "repeats": repeats,
