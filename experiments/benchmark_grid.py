@@ -8,7 +8,6 @@ import sys
 
 from experiments import benchmark
 
-FULL_CENTRAL = benchmark.CENTRAL_IMPLS
 # --models_table: every model of the zoo that takes images, and the sizes it runs at.
 TABLE_MODELS = ("fedat_cnn", "cifar_cnn", "pfl_cnn", "leaf_cnn", "mnist_cnn", "mnist_mlp",
                 "cifar_lenet", "fedspeed_lenet", "resnet20", "resnet9", "resnet18_gn",
@@ -21,7 +20,7 @@ TABLE_ROW_OPTIONS = {"wrn28_10": {"repeats": 1, "central_impls": (),
 
 
 def throughput(model_names, clients, steps, batch, repeats, conv_impl, unroll=1,
-               central_impls=FULL_CENTRAL, compare_client_maps=False,
+               central_impls=benchmark.CENTRAL_IMPLS, compare_client_maps=False,
                row_options=None, min_sample_s=benchmark.MIN_SAMPLE_S) -> list[dict]:
   """benchmark.run over the grid; `row_options` (model -> benchmark.run keyword arguments)
   replaces the grid's options for that model's rows."""

@@ -50,8 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import benchmark
-from experiments.benchmark_grid import (FULL_CENTRAL, TABLE_MODELS, TABLE_ROW_OPTIONS,
-                                         TABLE_SIZE, throughput)
+from experiments.benchmark_grid import TABLE_MODELS, TABLE_ROW_OPTIONS, TABLE_SIZE, throughput
 from experiments.benchmark_tables import markdown, models_table
 from fedjax_lama import models
 from fedjax_lama.data import sample_clients
@@ -78,7 +77,6 @@ flags.DEFINE_enum("memory_worker", "", ["", "host", "device"], "Internal: one pl
 # --quick: the smallest grid point, one timed round per plan, the centralized step with the
 # engine's convolution plan only.
 QUICK = {"clients": [8], "steps": [5], "repeats": 1, "central_impls": ("engine",)}
-TABLE_OUT = "experiments/results/models_cpu.md"
 
 
 # ---- memory ------------------------------------------------------------------------------
@@ -194,7 +192,7 @@ def main(argv):
     clients = QUICK["clients"] if FLAGS.quick else [int(c) for c in FLAGS.clients_grid]
     steps = QUICK["steps"] if FLAGS.quick else [int(k) for k in FLAGS.steps_grid]
     repeats = QUICK["repeats"] if FLAGS.quick else FLAGS.repeats
-    central = QUICK["central_impls"] if FLAGS.quick else FULL_CENTRAL
+    central = QUICK["central_impls"] if FLAGS.quick else benchmark.CENTRAL_IMPLS
     rows = throughput(FLAGS.models, clients, steps, FLAGS.batch, repeats, FLAGS.conv_impl,
                       FLAGS.unroll, central, min_sample_s=FLAGS.min_sample_s)
     print(markdown(rows))
