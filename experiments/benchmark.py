@@ -53,8 +53,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from experiments import cpu_devices
 from fedjax_lama import algorithms, models
-from fedjax_lama.engine import local, round as round_lib
+from fedjax_lama.engine import local, round as round_lib, sharding
 
 FLAGS = flags.FLAGS
 MIN_SAMPLE_S = 0.2  # seconds a timed sample lasts at least (rounds_per_sample)
@@ -266,29 +267,43 @@ def workload(model_name: str, clients: int, steps: int, batch: int, conv_impl: s
                   batch)
 
 
-def engine_round(w: Workload, client_map: str, unroll=1):
+def engine_round(w: Workload, client_map: str, unroll=1, mesh=None):
   """The engine's FedAvg round on `w` with `client_map`: one jitted call of every client's
-  local training, then the server mean. Returns a no-argument function giving the params; its
-  `training_call` is (the jitted training call, its arguments), for tools that read its HLO."""
+  local training, then the server mean, the clients split over `mesh` (default: the devices
+  a run of the CLI takes, `sharding.client_devices`, as many as divide the clients), placed
+  as the CLI places them. Returns a no-argument function giving the params; its
+  `training_call` is (the jitted training call, its arguments), for tools that read its HLO;
+  its `mesh` is the mesh."""
+  if mesh is None:
+    x = jax.ShapeDtypeStruct((w.batch,) + w.shape, jnp.float32)
+    y = jax.ShapeDtypeStruct((w.batch,), jnp.int32)
+    step_bytes = local.step_bytes(local.make_loss_fn(w.model, w.has_state), w.params,
+                                  w.model_state, x, y)
+    devices = sharding.client_devices(w.params, step_bytes)
+    mesh = sharding.client_mesh(devices[:math.gcd(w.clients, len(devices))])
   alg = algorithms.build("fedavg")
-  server = alg.init_server(w.params, w.model_state)
+  server = sharding.replicate(alg.init_server(w.params, w.model_state), mesh)
   c, k, b = w.clients, w.steps, w.batch
-  cohort = round_lib.Cohort(jnp.asarray(w.indices), jnp.ones((c, k, b)), jnp.ones((c, k)),
-                            jnp.ones((c,)), jnp.arange(c, dtype=jnp.int32), jnp.ones((c,)))
+  cohort = sharding.shard_clients(round_lib.Cohort(
+      jnp.asarray(w.indices), jnp.ones((c, k, b)), jnp.ones((c, k)), jnp.ones((c,)),
+      jnp.arange(c, dtype=jnp.int32), jnp.ones((c,))), mesh)
+  data_x, data_y = sharding.replicate((w.data_x, w.data_y), mesh)
   saved = local.CLIENT_MAP
   local.CLIENT_MAP = client_map  # read when the round's functions are built
   try:
     train_chunk, server_update = round_lib.make_round_fns(
         local.make_loss_fn(w.model, w.has_state), alg, optax.constant_schedule(LR), seed=0,
-        weighting="uniform", local_steps=k, population=c, unroll=unroll)
+        weighting="uniform", local_steps=k, population=c, unroll=unroll,
+        client_devices=mesh.size)
   finally:
     local.CLIENT_MAP = saved
 
   def one_round():
-    sums, _, _ = train_chunk(server, {}, w.data_x, w.data_y, cohort, 0)
+    sums, _, _ = train_chunk(server, {}, data_x, data_y, cohort, 0)
     return server_update(server, sums).params
 
-  one_round.training_call = (train_chunk, (server, {}, w.data_x, w.data_y, cohort, 0))
+  one_round.training_call = (train_chunk, (server, {}, data_x, data_y, cohort, 0))
+  one_round.mesh = mesh
   return one_round
 
 
@@ -403,6 +418,7 @@ def run(model_name="fedat_cnn", clients=32, steps=10, batch=32, repeats=3, conv_
       "model": model_name, "clients": clients, "steps": steps, "batch": batch,
       "platform": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
       "jax": jax.__version__, "engine_conv_impl": engine_impl, "engine_client_map": engine_map,
+      "engine_devices": plans["engine"].mesh.size, "cpu_devices": len(jax.devices("cpu")),
       "engine_samples_per_s": sps["engine"],
       "flops_per_sample": flops_per_sample, "engine_flops_per_s": engine_flops,
       "peak_flops_per_s": peak, "mfu": engine_flops / peak, "matmul_size": matmul_size,
@@ -464,6 +480,7 @@ def summary_line(r: dict) -> str:
 
 def main(argv):
   del argv
+  cpu_devices.split_cpu()
   unknown = [c for c in FLAGS.central if c not in CENTRAL_IMPLS]
   if unknown:
     raise app.UsageError(f"--central: {', '.join(unknown)} not accepted; use a comma-separated "

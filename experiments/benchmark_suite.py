@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import benchmark
+from experiments import benchmark, cpu_devices
 from experiments.benchmark_grid import TABLE_MODELS, TABLE_ROW_OPTIONS, TABLE_SIZE, throughput
 from experiments.benchmark_tables import markdown, models_table
 from fedjax_lama import models
@@ -174,6 +174,7 @@ def main(argv):
     print(memory_markdown(rows))
     result = {"memory": rows}
   elif FLAGS.models_table:
+    cpu_devices.split_cpu()  # as experiments.benchmark
     names = FLAGS.models if FLAGS["models"].present else list(TABLE_MODELS)
     clients, steps, batch = TABLE_SIZE
     rows = throughput(names, [clients], [steps], batch, FLAGS.repeats, FLAGS.conv_impl,
@@ -189,6 +190,7 @@ def main(argv):
     print(table)
     result = {"throughput": rows}
   else:
+    cpu_devices.split_cpu()
     clients = QUICK["clients"] if FLAGS.quick else [int(c) for c in FLAGS.clients_grid]
     steps = QUICK["steps"] if FLAGS.quick else [int(k) for k in FLAGS.steps_grid]
     repeats = QUICK["repeats"] if FLAGS.quick else FLAGS.repeats

@@ -24,7 +24,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from experiments import logs
+from experiments import cpu_devices, logs
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", "configs/default.py", "Experiment config file.",
@@ -69,6 +69,7 @@ def main(argv):
     raise app.UsageError("--coordinator_address, --num_processes and --process_id need "
                          "--distributed")
   logs.progress_only()
+  cpu_devices.split_cpu()
   if FLAGS.distributed:
     initialize_distributed()
   # Imported here so that --help answers without loading JAX.

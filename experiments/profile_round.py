@@ -31,7 +31,7 @@ import jax
 
 # --model, --clients, --steps, --batch, --conv_impl, --client_map and --unroll are
 # experiments.benchmark's flags.
-from experiments import benchmark
+from experiments import benchmark, cpu_devices
 from fedjax_lama import models
 from fedjax_lama.engine import local
 
@@ -84,6 +84,7 @@ def main(argv):
   # Read when JAX starts its CPU backend, at the first computation below (nothing before
   # main computes).
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + TRACEME_FLAG).strip()
+  cpu_devices.split_cpu()  # as experiments.benchmark: the engine's round on the same devices
 
   impl = models.resolve_conv_impl(FLAGS.conv_impl)
   client_map = local.resolve_client_map(FLAGS.client_map)

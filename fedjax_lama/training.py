@@ -239,6 +239,17 @@ def build_program(config, model, params, model_state, fed, mesh):
   return SyncProgram(opts, algorithm, model, params, model_state, fed, mesh, compressor)
 
 
+def _client_mesh(config, fed, model, params, model_state):
+  """The devices the run's clients are split over (`sharding.client_devices`, which on CPU
+  weighs the model's size and one local step's values)."""
+  batch = lambda a, dtype: jax.ShapeDtypeStruct((config.batch_size,) + a.shape[1:], dtype)
+  x = batch(fed.dataset.train_x, fed.dataset.train_x.dtype)
+  y = batch(fed.dataset.train_y, jnp.int32)  # as the programs place them
+  loss_fn = local.make_loss_fn(model, bool(jax.tree_util.tree_leaves(model_state)))
+  step_bytes = local.step_bytes(loss_fn, params, model_state, x, y)
+  return sharding.client_mesh(sharding.client_devices(params, step_bytes))
+
+
 def _prepare(config):
   """Data, federation, model of a validated config: (fed, model, params, model_state)."""
   data_dir = federation.resolve_data_dir(config.data_dir)
@@ -364,7 +375,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   if registry.runs_on_clock(config):  # FedAT and its baselines (algorithms.md 3)
     return _train_on_clock(config, workdir, stop_after_tick=stop_after_round)
   fed, model, params, model_state = _prepare(config)
-  program = build_program(config, model, params, model_state, fed, sharding.client_mesh())
+  program = build_program(config, model, params, model_state, fed,
+                          _client_mesh(config, fed, model, params, model_state))
   check_workdir(workdir, config)  # every check passes before the workdir is written
   run = _Run(config, workdir, program, fed, params)
   state = run.restore(program.init_state())
@@ -399,7 +411,7 @@ class _RunView:
   """One run of a vectorized program, as the run loop sees a program."""
 
   def __init__(self, program, index: int):
-    self.vec, self.index = program, index
+    self.vec, self.index, self.mesh = program, index, program.mesh
     self.eval_fn, self.num_rounds, self.eval_every = (program.eval_fn, program.num_rounds,
                                                       program.eval_every)
 
@@ -450,7 +462,7 @@ def train_many(configs, workdirs) -> list:
   if not _vectorizable(configs):
     return _one_after_another(configs, workdirs)
   prepared = [_prepare(c) for c in configs]
-  mesh = sharding.client_mesh()
+  mesh = _client_mesh(configs[0], *prepared[0])
   programs = [build_program(c, *p[1:], p[0], mesh) for c, p in zip(configs, prepared)]
   if any(type(p).__name__ != "SyncProgram" or p.chunk_size < p.opts.sampler.max_cohort
          for p in programs):  # chunked or scheduled rounds: one after another
@@ -513,7 +525,7 @@ def _train_on_clock(config, workdir: str, stop_after_tick: Optional[int]) -> dic
         "clock do not carry (models travel as parameters only); accepted: a model without them")
   check_workdir(workdir, config)  # every check passes before the workdir is written
   return clock_run.run(options, fed, model, params, workdir, config_json=_config_dict(config),
-                       mesh=sharding.client_mesh(),
+                       mesh=_client_mesh(config, fed, model, params, {}),
                        augment=augment.augmentation(config.augmentation, fed.dataset),
                        stop_after_tick=stop_after_tick)
 
@@ -573,8 +585,8 @@ def _summary(config, records, ledger, program, state, wall_seconds) -> dict:
       "final_test_accuracy": accs[-1], "best_test_accuracy": max(accs),
       "final_test_loss": last["test_loss"], "rounds": program.num_rounds,
       "local_steps": last["local_steps"], "wall_seconds": wall_seconds,
-      "num_parameters": int(sum(ledger.sizes)), **ledger.totals(),
-      "comm_floats_up_per_layer": dict(zip(ledger.names, ledger.up.tolist())),
+      "num_parameters": int(sum(ledger.sizes)), "client_devices": program.mesh.size,
+      **ledger.totals(), "comm_floats_up_per_layer": dict(zip(ledger.names, ledger.up.tolist())),
       "comm_floats_down_per_layer": dict(zip(ledger.names, ledger.down.tolist())),
   }
   if "val_accuracy" in last:

@@ -217,12 +217,22 @@ def _jaxpr_bytes(jaxpr) -> int:
   return total
 
 
-def scan_group(num_clients: int, step_bytes: int, budget: int = None) -> int:
+def step_bytes(loss_fn: LossFn, params: PyTree, model_state: PyTree, x, y) -> int:
+  """Bytes of every value of one local step's loss and gradient on a batch shaped like x, y
+  (arrays or jax.ShapeDtypeStructs): traced, never run. A measure of a step's work."""
+  def grad(p, s, bx, by):
+    key = jax.random.PRNGKey(0)  # for dropout; only its shape matters here
+    return jax.grad(lambda q: loss_fn(q, s, bx, by, jnp.ones(bx.shape[:1]), key)[0])(p)
+  return _jaxpr_bytes(jax.make_jaxpr(grad)(params, model_state, x, y).jaxpr)
+
+
+def scan_group(num_clients: int, step_bytes: int, budget: int = None,
+               devices: Optional[int] = None) -> int:
   """Clients per scan iteration: a multiple of the devices the client axis may be split
-  over (base = gcd(C, devices)) dividing C, the largest whose clients per device keep
-  within `budget` bytes (SCAN_GROUP_BYTES), at least base."""
+  over (base = gcd(C, devices); `devices` default: every device) dividing C, the largest
+  whose clients per device keep within `budget` bytes (SCAN_GROUP_BYTES), at least base."""
   budget = SCAN_GROUP_BYTES if budget is None else budget
-  base = math.gcd(num_clients, jax.device_count())
+  base = math.gcd(num_clients, jax.device_count() if devices is None else devices)
   best = base
   for per_device in range(1, num_clients // base + 1):
     if (num_clients // base) % per_device == 0 and per_device * step_bytes <= budget:
@@ -231,13 +241,15 @@ def scan_group(num_clients: int, step_bytes: int, budget: int = None) -> int:
 
 
 def vmap_clients(client_train, shared_per_client: bool = False, client_map: Optional[str] = None,
-                 state_axes: Optional[LocalState] = None):
+                 state_axes: Optional[LocalState] = None, devices: Optional[int] = None):
   """Adds the client axis: state, context and batches mapped; the training data broadcast.
 
   `client_map` ("auto", "vmap", "scan"; default the module's CLIENT_MAP) picks the plan, see
   CLIENT_MAPS. With "scan" and groups of `width` clients the C clients are viewed as
   [width, C / width] (client c = w * C / width + s, so a client axis split into contiguous
   blocks over the devices stays split over w), scanned over s and vmapped over w.
+  `devices`: how many devices the client axis is split over (the run's mesh; default every
+  device), for the scan map's group width (`scan_group`).
   `state_axes`: a LocalState of 0 (the field has the client axis) or None (one value every
   client starts from, `round.fresh_states(..., batched=False)`); default all 0. Why: a start
   shared by every client need not be copied C times before the round. With the scan map the
@@ -291,7 +303,7 @@ def vmap_clients(client_train, shared_per_client: bool = False, client_map: Opti
       return client_train(with_common(st), with_shared(cx), dx, dy, idx, emask, smask, k, so, ko)
 
     client_jaxpr, client_out = jax.make_jaxpr(one_client, return_shape=True)(*one, *rest)
-    width = scan_group(num, _jaxpr_bytes(client_jaxpr.jaxpr))
+    width = scan_group(num, _jaxpr_bytes(client_jaxpr.jaxpr), devices=devices)
     if width >= num:
       return vmapped_reduced(state, ctx, data_x, data_y, indices, example_mask, step_mask,
                              keys, step_offset, key_offset, reduce_group, extras)

@@ -98,19 +98,21 @@ class ClientPhase:
     uploads, rows = phase.finish(final, ctx, info, cohort.client_ids, compress_round)
 
   `uploads` are what the server decodes (the uplink compressor applied, keys per
-  (compress_round, client id, upload, leaf)).
+  (compress_round, client id, upload, leaf)). `client_devices`: the devices the client axis
+  is split over (the run's mesh size; default every device), `local.vmap_clients`.
   """
 
   def __init__(self, loss_fn: local.LossFn, algorithm: Algorithm, lr_schedule: Callable, *,
                seed: int, unroll=1, augment: Optional[Callable] = None,
                compressor: Optional[compression.Compressor] = None,
-               shared_per_client: bool = False, state_axes: Optional[LocalState] = None):
+               shared_per_client: bool = False, state_axes: Optional[LocalState] = None,
+               client_devices: Optional[int] = None):
     self.algorithm, self.lr_schedule = algorithm, lr_schedule
     # The algorithm's declared uplink compressor unless the caller chose one.
     self.compressor = compressor if compressor is not None else algorithm.uplink
     self._train = local.vmap_clients(
         local.make_client_train(loss_fn, algorithm, lr_schedule, augment=augment, unroll=unroll),
-        shared_per_client, state_axes=state_axes)
+        shared_per_client, state_axes=state_axes, devices=client_devices)
     self._ctx_axes = local.context_axes(shared_per_client)
     self._uplink_key = compression.base_key(seed)
 
@@ -174,17 +176,19 @@ def mean_model_state(sums: ChunkSums) -> PyTree:
 def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, lr_schedule: Callable, *,
                    seed: int, weighting: str, local_steps: int, population: int, unroll=1,
                    augment: Optional[Callable] = None,
-                   compressor: Optional[compression.Compressor] = None, jit: bool = True):
+                   compressor: Optional[compression.Compressor] = None, jit: bool = True,
+                   client_devices: Optional[int] = None):
   """Returns (train_chunk, server_update), both jitted, for a synchronous round.
 
   local_steps: the static step axis of a round (the global step count of round r's first
   step is r * local_steps, for the learning-rate schedule). population: N, for the
   algorithms' 1/N global means. seed may be traced and the schedule may close over traced
   values when jit=False (several runs vmapped over a run axis, programs/vectorized.py).
+  client_devices: the size of the mesh the client axis is split over (default every device).
   """
   phase = ClientPhase(loss_fn, algorithm, lr_schedule, seed=seed, unroll=unroll,
                       augment=augment, compressor=compressor,
-                      state_axes=fresh_state_axes(algorithm))
+                      state_axes=fresh_state_axes(algorithm), client_devices=client_devices)
 
   def train_chunk(server: ServerState, rows, data_x, data_y, cohort: Cohort, round_idx):
     num = cohort.indices.shape[0]

@@ -13,6 +13,8 @@ packing are pure functions of (seed, round)), and `shard_clients` /
 devices. `to_host` brings a global array back to every host.
 """
 import math
+import os
+import re
 from typing import Optional, Sequence
 
 import jax
@@ -24,11 +26,65 @@ from fedjax_lama.tree import PyTree
 
 AXIS = "clients"
 
+# On CPU the engine runs faster on some models with one JAX device per core and the clients
+# split over them: each device runs its own clients' program on its own thread, instead of
+# every small operation of one client being split over all the cores. Measured side by side
+# (docs/performance.md, "Thirteenth session"), one device per core against one device, 8
+# clients x 5 steps x batch 32 on 2 cores: resnet20 1.14x, cifar_lenet 1.36x, mnist_cnn 1.44x,
+# FedAT's CNN 1.13x (32 x 10 x 32), mnist_mlp 1.14x; but fedspeed_lenet 0.92x, pfl_cnn 0.84x
+# and leaf_cnn 0.80x (0.8 M, 1.6 M and 6.6 M parameters: two clients' weights and gradients
+# compete for the caches), and `mlp` 0.89x (9.6 k parameters on 8x8 inputs: a step of 0.4 MB
+# of values, too little to pay for a second device). Hence the rule of `client_devices`.
+CPU_SPLIT_MAX_PARAMS = 500_000
+CPU_SPLIT_MIN_STEP_BYTES = 2 << 20  # `local.step_bytes`: mlp 0.4 MB, mnist_mlp 3.8 MB
+
 
 def client_mesh(devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
   """A 1-D mesh named "clients" over `devices` (default: every device of every host)."""
   devices = list(devices) if devices is not None else jax.devices()
   return Mesh(np.array(devices), (AXIS,))
+
+
+def use_cpu_device_per_core(cores: Optional[int] = None) -> int:
+  """Makes the CPU backend one JAX device per core (`jax_num_cpu_devices`); returns the count.
+
+  Call it before any JAX computation (the entry points do, first thing). `cores`: default the
+  cores this process may run on. A count the user already chose (`jax_num_cpu_devices`, or
+  `--xla_force_host_platform_device_count` in XLA_FLAGS) is left as it is.
+  """
+  chosen = jax.config.jax_num_cpu_devices
+  forced = re.search(r"--xla_force_host_platform_device_count=(\d+)",
+                     os.environ.get("XLA_FLAGS", ""))
+  if chosen > 0 or forced:
+    return chosen if chosen > 0 else int(forced.group(1))
+  cores = cores or len(os.sched_getaffinity(0))
+  try:
+    jax.config.update("jax_num_cpu_devices", cores)
+  except RuntimeError as e:
+    raise RuntimeError("use_cpu_device_per_core() must run before any JAX computation (right "
+                       "after `import jax`); this process already has its devices") from e
+  return cores
+
+
+def client_devices(params: PyTree, step_bytes: int,
+                   devices: Optional[Sequence[jax.Device]] = None) -> list:
+  """The devices a run's clients are split over (its `client_mesh`).
+
+  Every device (default `jax.devices()`), except CPU devices where the model has more than
+  CPU_SPLIT_MAX_PARAMS parameters or a local step computes fewer than
+  CPU_SPLIT_MIN_STEP_BYTES bytes of values (`step_bytes`, from `local.step_bytes`): those
+  run on one device per process, every core on each client in turn (see
+  CPU_SPLIT_MAX_PARAMS).
+  """
+  devices = list(devices) if devices is not None else jax.devices()
+  size = sum(math.prod(np.shape(x)) for x in jax.tree_util.tree_leaves(params))
+  if devices[0].platform != "cpu" or (size <= CPU_SPLIT_MAX_PARAMS and
+                                      step_bytes >= CPU_SPLIT_MIN_STEP_BYTES):
+    return devices
+  first = {}
+  for d in devices:
+    first.setdefault(d.process_index, d)
+  return list(first.values())
 
 
 def padded_size(num_clients: int, mesh: Mesh, multiple: int = 1) -> int:

@@ -133,7 +133,7 @@ class FedLamaProgram(ProgramBase):
     self.schedule = opts.lr.build(total, self.unit)
     self.phase = round_lib.ClientPhase(loss_fn, algorithm, self.schedule, seed=opts.seed,
                                        unroll=opts.unroll, augment=opts.augment,
-                                       compressor=self.compressor)
+                                       compressor=self.compressor, client_devices=mesh.size)
     # Bits of each leaf of one client's uploads (block "leaf": additive over leaves, 5.12).
     self.leaf_bits = sum(compression.leaf_bits(self.compressor, self.traffic.upload_shapes[n])
                          for n in self.traffic.vector_uploads)

@@ -63,7 +63,7 @@ class SyncProgram(ProgramBase):
     train_chunk, server_update = round_lib.make_round_fns(
         loss_fn, algorithm, schedule, seed=opts.seed, weighting=opts.weighting,
         local_steps=self.num_steps, population=fed.num_clients, unroll=opts.unroll,
-        compressor=self.compressor, augment=opts.augment)
+        compressor=self.compressor, augment=opts.augment, client_devices=mesh.size)
     replicated = sharding.replicated_sharding(mesh)
     clients = sharding.clients_sharding(mesh)
     self.train_chunk = jax.jit(train_chunk, out_shardings=(replicated, clients, clients))

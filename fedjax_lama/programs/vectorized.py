@@ -92,7 +92,8 @@ class VectorizedSyncProgram:
       train_chunk, server_update = round_lib.make_round_fns(
           loss_fn, algorithm, lambda step: schedule(step) * lr, seed=seed, weighting=weighting,
           local_steps=steps, population=num_clients, unroll=unroll, augment=augment,
-          compressor=self.compressor, jit=False)
+          compressor=self.compressor, jit=False,
+          client_devices=self.mesh.size)
       rows = round_lib.gather_rows(store, cohort.client_ids) if store else {}
       sums, new_rows, stats = train_chunk(server, rows, data_x, data_y, cohort, round_idx)
       if store:

@@ -108,7 +108,8 @@ class EngineTrainer:
     self.algorithm = job_algorithm(local_tx if local_tx is not None else local_solver())
     loss_fn = local.make_loss_fn(model, False, label_smoothing)
     self.phase = round_lib.ClientPhase(loss_fn, self.algorithm, lambda step: lr, seed=seed,
-                                       unroll=unroll, augment=augment, shared_per_client=True)
+                                       unroll=unroll, augment=augment, shared_per_client=True,
+                                       client_devices=self.mesh.size)
     self.data_x = sharding.replicate(np.asarray(train_x), self.mesh)
     self.data_y = sharding.replicate(np.asarray(train_y, np.int32), self.mesh)
     self.row_table = sharding.replicate(job_packing.client_row_table(client_train), self.mesh)

@@ -1,0 +1,137 @@
+"""One JAX device per CPU core, and which runs split their clients over them.
+
+`sharding.use_cpu_device_per_core` sets the CPU device count before JAX starts (so its
+checks run in subprocesses); `sharding.client_devices` picks a run's devices by the rule
+measured in docs/performance.md ("Thirteenth session"); the scan map's groups follow the
+run's mesh, not the process's device count.
+"""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_lama import models
+from fedjax_lama.engine import local, sharding
+from tests.conftest import shared_data_dir_or_skip
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+class FakeDevice(NamedTuple):
+  id: int
+  process_index: int
+  platform: str
+
+
+def _params(n):
+  return {"w": np.zeros((n,), np.float32)}
+
+
+def test_client_devices_splits_the_cpu_for_small_models_with_real_steps():
+  cpu = [FakeDevice(i, i // 2, "cpu") for i in range(4)]  # 2 processes x 2 devices
+  small, large = _params(sharding.CPU_SPLIT_MAX_PARAMS), _params(sharding.CPU_SPLIT_MAX_PARAMS + 1)
+  big_step, tiny_step = sharding.CPU_SPLIT_MIN_STEP_BYTES, sharding.CPU_SPLIT_MIN_STEP_BYTES - 1
+  assert sharding.client_devices(small, big_step, cpu) == cpu
+  # Otherwise one device per process: the first of each, in order.
+  assert sharding.client_devices(large, big_step, cpu) == [cpu[0], cpu[2]]
+  assert sharding.client_devices(small, tiny_step, cpu) == [cpu[0], cpu[2]]
+  gpu = [FakeDevice(i, 0, "gpu") for i in range(4)]  # accelerators: always every device
+  assert sharding.client_devices(large, tiny_step, gpu) == gpu
+
+
+def test_scan_groups_follow_the_mesh_not_the_process():
+  # A step that fills the budget alone: one client per device of the mesh it runs on.
+  assert local.scan_group(8, 10**12, devices=1) == 1
+  assert local.scan_group(8, 10**12, devices=2) == 2
+  assert local.scan_group(6, 10**12, devices=4) == 2  # gcd(6, 4): what divides the cohort
+  assert local.scan_group(8, 10**12) == np.gcd(8, jax.device_count())
+
+
+@pytest.mark.parametrize("name,shape,split", [("mlp", (8, 8, 1), False),
+                                               ("mnist_cnn", (28, 28, 1), True)])
+def test_step_bytes_puts_the_measured_models_on_their_side(name, shape, split):
+  """mlp on 8x8 digits lost with the split (0.89x), mnist_cnn gained (1.58x)."""
+  model = models.get(name, num_classes=10)
+  variables = model.init(jax.random.PRNGKey(0), jnp.zeros((1,) + shape), train=False)
+  loss_fn = local.make_loss_fn(model, False)
+  batch = lambda b: (jax.ShapeDtypeStruct((b,) + shape, jnp.float32),
+                     jax.ShapeDtypeStruct((b,), jnp.int32))
+  small = local.step_bytes(loss_fn, variables["params"], {}, *batch(32))
+  large = local.step_bytes(loss_fn, variables["params"], {}, *batch(64))
+  assert small < large
+  assert (small >= sharding.CPU_SPLIT_MIN_STEP_BYTES) == split
+  cpu = [FakeDevice(0, 0, "cpu"), FakeDevice(1, 0, "cpu")]
+  assert len(sharding.client_devices(variables["params"], small, cpu)) == (2 if split else 1)
+
+
+_PROBE = """
+import os, sys, jax
+from fedjax_lama.engine import sharding
+case = sys.argv[1]
+if case == "fresh":
+  print(sharding.use_cpu_device_per_core(3), jax.device_count())
+elif case == "default":
+  print(sharding.use_cpu_device_per_core(), jax.device_count(), len(os.sched_getaffinity(0)))
+elif case == "forced":
+  print(sharding.use_cpu_device_per_core(3), jax.device_count())
+elif case == "late":
+  jax.numpy.zeros(1).block_until_ready()
+  try:
+    sharding.use_cpu_device_per_core(3)
+  except RuntimeError as e:
+    print("RuntimeError", e)
+"""
+
+
+def _probe(case, **env):
+  out = subprocess.run([sys.executable, "-c", _PROBE, case], cwd=REPO, capture_output=True,
+                       text=True, timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu", **env))
+  assert out.returncode == 0, out.stderr[-2000:]
+  return out.stdout.strip()
+
+
+def test_use_cpu_device_per_core_sets_the_count_before_jax_starts():
+  env = {"XLA_FLAGS": ""}
+  assert _probe("fresh", **env) == "3 3"
+  count, devices, cores = _probe("default", **env).split()
+  assert count == devices == cores
+  # A count the user chose is kept.
+  assert _probe("forced", XLA_FLAGS="--xla_force_host_platform_device_count=2") == "2 2"
+  late = _probe("late", **env)
+  assert late.startswith("RuntimeError") and "before any JAX computation" in late
+
+
+def test_cli_splits_the_cpu_and_trains_as_one_device(tmp_path):
+  """The CLI with two CPU devices splits mnist_cnn's clients over both (summary
+  `client_devices`) and ends where the same run on one device ends."""
+  config = tmp_path / "mnist_cnn_tiny.py"
+  config.write_text(
+      "from fedjax_lama.config import base_config\n\n"
+      "def get_config():\n"
+      "  c = base_config()\n"
+      "  c.update(dict(dataset='mnist', model='mnist_cnn', partition='iid', num_clients=4,\n"
+      "                rounds=2, local_steps=2, batch_size=32, eval_every=2,\n"
+      f"                checkpoint_every=2, data_dir={shared_data_dir_or_skip()!r}))\n"
+      "  return c\n")
+  overrides = [f"--config={config}"]
+  runs = {}
+  for devices in (1, 2):
+    workdir = tmp_path / f"cpu{devices}"
+    out = subprocess.run(
+        [sys.executable, "-m", "experiments.main", f"--cpu_devices={devices}",
+         f"--workdir={workdir}", *overrides], cwd=REPO, capture_output=True, text=True,
+        timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=""))
+    assert out.returncode == 0, out.stderr[-3000:]
+    runs[devices] = json.loads((workdir / "summary.json").read_text())
+  assert runs[1]["client_devices"] == 1
+  assert runs[2]["client_devices"] == 2
+  np.testing.assert_allclose(runs[2]["final_test_loss"], runs[1]["final_test_loss"], rtol=1e-4)
+  np.testing.assert_allclose(runs[2]["final_test_accuracy"], runs[1]["final_test_accuracy"],
+                             atol=1e-3)
