@@ -270,17 +270,15 @@ def workload(model_name: str, clients: int, steps: int, batch: int, conv_impl: s
 def engine_round(w: Workload, client_map: str, unroll=1, mesh=None):
   """The engine's FedAvg round on `w` with `client_map`: one jitted call of every client's
   local training, then the server mean, the clients split over `mesh` (default: the devices
-  a run of the CLI takes, `sharding.client_devices`, as many as divide the clients), placed
-  as the CLI places them. Returns a no-argument function giving the params; its
-  `training_call` is (the jitted training call, its arguments), for tools that read its HLO;
-  its `mesh` is the mesh."""
+  a run of the CLI takes, `sharding.client_devices`), placed as the CLI places them. Returns
+  a no-argument function giving the params; its `training_call` is (the jitted training
+  call, its arguments), for tools that read its HLO; its `mesh` is the mesh."""
   if mesh is None:
     x = jax.ShapeDtypeStruct((w.batch,) + w.shape, jnp.float32)
     y = jax.ShapeDtypeStruct((w.batch,), jnp.int32)
     step_bytes = local.step_bytes(local.make_loss_fn(w.model, w.has_state), w.params,
                                   w.model_state, x, y)
-    devices = sharding.client_devices(w.params, step_bytes)
-    mesh = sharding.client_mesh(devices[:math.gcd(w.clients, len(devices))])
+    mesh = sharding.client_mesh(sharding.client_devices(w.params, step_bytes, w.clients))
   alg = algorithms.build("fedavg")
   server = sharding.replicate(alg.init_server(w.params, w.model_state), mesh)
   c, k, b = w.clients, w.steps, w.batch

@@ -34,7 +34,8 @@ def markdown(rows: list[dict]) -> str:
               if k.startswith("engine_vs_engine_")]
     lines.append(
         f"| {r['model']} | {r['clients']} | {r['steps']} | {r['batch']} | "
-        f"{r['engine_conv_impl']}, {r['engine_client_map']} | "
+        f"{r['engine_conv_impl']}, {r['engine_client_map']}, "
+        f"{r.get('engine_devices', 1)} of {r.get('cpu_devices', 1)} | "
         f"{r['engine_samples_per_s']:.0f} | {r['loop_samples_per_s']:.0f} | "
         f"**{r['ratio']:.2f}** | {r['flops_per_sample'] / 1e6:.2f} | "
         f"{r['engine_flops_per_s'] / 1e9:.1f} | {r['peak_flops_per_s'] / 1e9:.1f} | "
@@ -72,7 +73,9 @@ def models_table(rows: list[dict], command: str) -> str:
       f"{min(loads):.1f} to {max(loads):.1f} during the run (a load above 2 means the plans "
       "got less than the whole machine, the matmul peak included). Random inputs shaped as "
       "each model's dataset (CIFAR 32x32x3 unless the model is for 28x28x1; `mlp` 8x8x1). "
-      "engine = this project's round (convolution plan, client map: engine/local.py); "
+      "engine = this project's round (engine plan: convolution plan, client map "
+      "(engine/local.py), the devices its clients are split over of the process's CPU devices "
+      "(sharding.client_devices; one device per core, --cpu_devices)); "
       "loop = per-client Python loop of one jitted SGD step with lax convolutions (FedJAX's "
       "shape); MFU = XLA's FLOP count of one un-vectorized training step per sample x engine "
       "samples/s / the FLOP/s of a 2048^3 float32 matmul timed in the same process; central "

@@ -239,15 +239,21 @@ def build_program(config, model, params, model_state, fed, mesh):
   return SyncProgram(opts, algorithm, model, params, model_state, fed, mesh, compressor)
 
 
-def _client_mesh(config, fed, model, params, model_state):
+def _client_mesh(config, fed, model, params, model_state, cohort=None):
   """The devices the run's clients are split over (`sharding.client_devices`, which on CPU
-  weighs the model's size and one local step's values)."""
+  weighs the model's size, one local step's values and `cohort`, the clients of a call)."""
   batch = lambda a, dtype: jax.ShapeDtypeStruct((config.batch_size,) + a.shape[1:], dtype)
   x = batch(fed.dataset.train_x, fed.dataset.train_x.dtype)
   y = batch(fed.dataset.train_y, jnp.int32)  # as the programs place them
   loss_fn = local.make_loss_fn(model, bool(jax.tree_util.tree_leaves(model_state)))
   step_bytes = local.step_bytes(loss_fn, params, model_state, x, y)
-  return sharding.client_mesh(sharding.client_devices(params, step_bytes))
+  return sharding.client_mesh(sharding.client_devices(params, step_bytes, cohort))
+
+
+def _chunk_cap(config, fed) -> int:
+  """Clients of one training call of a synchronous run (SyncProgram's chunk before padding)."""
+  opts = run_options(config, fed)
+  return opts.clients_per_chunk or opts.sampler.max_cohort
 
 
 def _prepare(config):
@@ -376,7 +382,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     return _train_on_clock(config, workdir, stop_after_tick=stop_after_round)
   fed, model, params, model_state = _prepare(config)
   program = build_program(config, model, params, model_state, fed,
-                          _client_mesh(config, fed, model, params, model_state))
+                          _client_mesh(config, fed, model, params, model_state,
+                                       _chunk_cap(config, fed)))
   check_workdir(workdir, config)  # every check passes before the workdir is written
   run = _Run(config, workdir, program, fed, params)
   state = run.restore(program.init_state())
@@ -462,7 +469,7 @@ def train_many(configs, workdirs) -> list:
   if not _vectorizable(configs):
     return _one_after_another(configs, workdirs)
   prepared = [_prepare(c) for c in configs]
-  mesh = _client_mesh(configs[0], *prepared[0])
+  mesh = _client_mesh(configs[0], *prepared[0], _chunk_cap(configs[0], prepared[0][0]))
   programs = [build_program(c, *p[1:], p[0], mesh) for c, p in zip(configs, prepared)]
   if any(type(p).__name__ != "SyncProgram" or p.chunk_size < p.opts.sampler.max_cohort
          for p in programs):  # chunked or scheduled rounds: one after another

@@ -176,9 +176,13 @@ def test_models_table_reports_the_loops_mfu_and_the_ceiling_it_sets():
             "load_avg_after": [0.7], "first_call_s": {"engine": 1.0}, "device_kind": "cpu",
             "platform": "cpu", "jax": jax.__version__}
 
-  text = benchmark_tables.models_table([row("small", 2.0, 0.1), row("big", 1.1, 0.8)], "cmd")
+  split = dict(row("small", 2.0, 0.1), engine_devices=2, cpu_devices=2)
+  text = benchmark_tables.models_table([split, row("big", 1.1, 0.8)], "cmd")
   lines = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()
            if line.startswith("| small") or line.startswith("| big")}
+  # The engine plan names the devices the clients were split over, of the process's.
+  assert "| patches, scan, 2 of 2 |" in lines["small"]
+  assert "| patches, scan, 1 of 1 |" in lines["big"]
   assert "| 0.100 | 10.00 |" in lines["small"]
   assert "| 0.800 | 1.25 |" in lines["big"]
   assert "Rows below the 1.5x target of issue 20: big (1.10)." in text

@@ -38,12 +38,17 @@ def test_client_devices_splits_the_cpu_for_small_models_with_real_steps():
   cpu = [FakeDevice(i, i // 2, "cpu") for i in range(4)]  # 2 processes x 2 devices
   small, large = _params(sharding.CPU_SPLIT_MAX_PARAMS), _params(sharding.CPU_SPLIT_MAX_PARAMS + 1)
   big_step, tiny_step = sharding.CPU_SPLIT_MIN_STEP_BYTES, sharding.CPU_SPLIT_MIN_STEP_BYTES - 1
-  assert sharding.client_devices(small, big_step, cpu) == cpu
-  # Otherwise one device per process: the first of each, in order.
-  assert sharding.client_devices(large, big_step, cpu) == [cpu[0], cpu[2]]
-  assert sharding.client_devices(small, tiny_step, cpu) == [cpu[0], cpu[2]]
+  assert sharding.client_devices(small, big_step, devices=cpu) == cpu
+  assert sharding.client_devices(small, big_step, 6, devices=cpu) == cpu  # 2 divides 6
+  # Otherwise one device per process: the first of each, in order; so too for a cohort
+  # that the devices of a process do not divide (no padded client on shared cores).
+  assert sharding.client_devices(large, big_step, devices=cpu) == [cpu[0], cpu[2]]
+  assert sharding.client_devices(small, tiny_step, devices=cpu) == [cpu[0], cpu[2]]
+  assert sharding.client_devices(small, big_step, 5, devices=cpu) == [cpu[0], cpu[2]]
+  six = [FakeDevice(i, 0, "cpu") for i in range(6)]
+  assert sharding.client_devices(small, big_step, 4, devices=six) == six[:2]
   gpu = [FakeDevice(i, 0, "gpu") for i in range(4)]  # accelerators: always every device
-  assert sharding.client_devices(large, tiny_step, gpu) == gpu
+  assert sharding.client_devices(large, tiny_step, 5, devices=gpu) == gpu
 
 
 def test_scan_groups_follow_the_mesh_not_the_process():
@@ -68,7 +73,8 @@ def test_step_bytes_puts_the_measured_models_on_their_side(name, shape, split):
   assert small < large
   assert (small >= sharding.CPU_SPLIT_MIN_STEP_BYTES) == split
   cpu = [FakeDevice(0, 0, "cpu"), FakeDevice(1, 0, "cpu")]
-  assert len(sharding.client_devices(variables["params"], small, cpu)) == (2 if split else 1)
+  assert len(sharding.client_devices(variables["params"], small, devices=cpu)) == (
+      2 if split else 1)
 
 
 _PROBE = """

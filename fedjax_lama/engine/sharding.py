@@ -29,12 +29,12 @@ AXIS = "clients"
 # On CPU the engine runs faster on some models with one JAX device per core and the clients
 # split over them: each device runs its own clients' program on its own thread, instead of
 # every small operation of one client being split over all the cores. Measured side by side
-# (docs/performance.md, "Thirteenth session"), one device per core against one device, 8
-# clients x 5 steps x batch 32 on 2 cores: resnet20 1.14x, cifar_lenet 1.36x, mnist_cnn 1.44x,
-# FedAT's CNN 1.13x (32 x 10 x 32), mnist_mlp 1.14x; but fedspeed_lenet 0.92x, pfl_cnn 0.84x
-# and leaf_cnn 0.80x (0.8 M, 1.6 M and 6.6 M parameters: two clients' weights and gradients
-# compete for the caches), and `mlp` 0.89x (9.6 k parameters on 8x8 inputs: a step of 0.4 MB
-# of values, too little to pay for a second device). Hence the rule of `client_devices`.
+# (docs/performance.md, "Thirteenth session"), two devices against one, 8 clients x 5 steps
+# x batch 32 on 2 cores: mnist_cnn 1.58x, cifar_lenet 1.38x, resnet20 1.15x, mnist_mlp 1.14x,
+# FedAT's CNN 1.13x (32 x 10 x 32); but fedspeed_lenet 0.92x, pfl_cnn 0.84x and leaf_cnn
+# 0.80x (0.8 M, 1.6 M and 6.6 M parameters: two clients' weights and gradients compete for
+# the caches), and `mlp` 0.89x (9.6 k parameters on 8x8 inputs: a step of 0.4 MB of values,
+# too little to pay for a second device). Hence the rule of `client_devices`.
 CPU_SPLIT_MAX_PARAMS = 500_000
 CPU_SPLIT_MIN_STEP_BYTES = 2 << 20  # `local.step_bytes`: mlp 0.4 MB, mnist_mlp 3.8 MB
 
@@ -66,7 +66,7 @@ def use_cpu_device_per_core(cores: Optional[int] = None) -> int:
   return cores
 
 
-def client_devices(params: PyTree, step_bytes: int,
+def client_devices(params: PyTree, step_bytes: int, cohort: Optional[int] = None,
                    devices: Optional[Sequence[jax.Device]] = None) -> list:
   """The devices a run's clients are split over (its `client_mesh`).
 
@@ -74,17 +74,21 @@ def client_devices(params: PyTree, step_bytes: int,
   CPU_SPLIT_MAX_PARAMS parameters or a local step computes fewer than
   CPU_SPLIT_MIN_STEP_BYTES bytes of values (`step_bytes`, from `local.step_bytes`): those
   run on one device per process, every core on each client in turn (see
-  CPU_SPLIT_MAX_PARAMS).
+  CPU_SPLIT_MAX_PARAMS). A split CPU takes, per process, as many devices as divide `cohort`
+  (the clients of one call), since a padded client would cost the shared cores real work.
   """
   devices = list(devices) if devices is not None else jax.devices()
-  size = sum(math.prod(np.shape(x)) for x in jax.tree_util.tree_leaves(params))
-  if devices[0].platform != "cpu" or (size <= CPU_SPLIT_MAX_PARAMS and
-                                      step_bytes >= CPU_SPLIT_MIN_STEP_BYTES):
+  if devices[0].platform != "cpu":
     return devices
-  first = {}
+  by_process = {}
   for d in devices:
-    first.setdefault(d.process_index, d)
-  return list(first.values())
+    by_process.setdefault(d.process_index, []).append(d)
+  size = sum(math.prod(np.shape(x)) for x in jax.tree_util.tree_leaves(params))
+  split = size <= CPU_SPLIT_MAX_PARAMS and step_bytes >= CPU_SPLIT_MIN_STEP_BYTES
+  per_process = min(map(len, by_process.values())) if split else 1
+  if cohort:
+    per_process = math.gcd(per_process, cohort)
+  return [d for own in by_process.values() for d in own[:per_process]]
 
 
 def padded_size(num_clients: int, mesh: Mesh, multiple: int = 1) -> int:
