@@ -33,10 +33,10 @@ AXIS = "clients"
 # x batch 32 on 2 cores: mnist_cnn 1.58x, cifar_lenet 1.38x, resnet20 1.15x, mnist_mlp 1.14x,
 # FedAT's CNN 1.13x (32 x 10 x 32); but fedspeed_lenet 0.92x, pfl_cnn 0.84x and leaf_cnn
 # 0.80x (0.8 M, 1.6 M and 6.6 M parameters: two clients' weights and gradients compete for
-# the caches), and `mlp` 0.89x (9.6 k parameters on 8x8 inputs: a step of 0.4 MB of values,
+# the caches), and `mlp` 0.89x (9.6 k parameters on 8x8 inputs: a step of 0.25 MB of values,
 # too little to pay for a second device). Hence the rule of `client_devices`.
 CPU_SPLIT_MAX_PARAMS = 500_000
-CPU_SPLIT_MIN_STEP_BYTES = 2 << 20  # `local.step_bytes`: mlp 0.4 MB, mnist_mlp 3.8 MB
+CPU_SPLIT_MIN_STEP_BYTES = 1 << 20  # `local.step_bytes`: mlp 0.25 MB, mnist_mlp 1.96 MB
 
 
 def client_mesh(devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
