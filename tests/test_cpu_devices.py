@@ -36,7 +36,8 @@ def _params(n):
 
 def test_client_devices_splits_the_cpu_for_small_models_with_real_steps():
   cpu = [FakeDevice(i, i // 2, "cpu") for i in range(4)]  # 2 processes x 2 devices
-  small, large = _params(sharding.CPU_SPLIT_MAX_PARAMS), _params(sharding.CPU_SPLIT_MAX_PARAMS + 1)
+  small = _params(sharding.CPU_SPLIT_MAX_PARAMS)
+  large = _params(sharding.CPU_SPLIT_MAX_PARAMS + 1)
   big_step, tiny_step = sharding.CPU_SPLIT_MIN_STEP_BYTES, sharding.CPU_SPLIT_MIN_STEP_BYTES - 1
   assert sharding.client_devices(small, big_step, devices=cpu) == cpu
   assert sharding.client_devices(small, big_step, 6, devices=cpu) == cpu  # 2 divides 6
