@@ -22,7 +22,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from fedjax_lama.tree import PyTree
+from fedjax_lama.tree import PyTree, tree_size
 
 AXIS = "clients"
 
@@ -83,8 +83,7 @@ def client_devices(params: PyTree, step_bytes: int, cohort: Optional[int] = None
   by_process = {}
   for d in devices:
     by_process.setdefault(d.process_index, []).append(d)
-  size = sum(math.prod(np.shape(x)) for x in jax.tree_util.tree_leaves(params))
-  split = size <= CPU_SPLIT_MAX_PARAMS and step_bytes >= CPU_SPLIT_MIN_STEP_BYTES
+  split = tree_size(params) <= CPU_SPLIT_MAX_PARAMS and step_bytes >= CPU_SPLIT_MIN_STEP_BYTES
   per_process = min(map(len, by_process.values())) if split else 1
   if cohort:
     per_process = math.gcd(per_process, cohort)
