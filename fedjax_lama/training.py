@@ -532,9 +532,9 @@ def _train_on_clock(config, workdir: str, stop_after_tick: Optional[int]) -> dic
         "clock do not carry (models travel as parameters only); accepted: a model without them")
   check_workdir(workdir, config)  # every check passes before the workdir is written
   return clock_run.run(options, fed, model, params, workdir, config_json=_config_dict(config),
-                       # The clock's calls vary in size and were not timed split: on CPU
-                       # one device per process, as before one device per core.
-                       mesh=_client_mesh(config, fed, model, params, {}, cohort=1),
+                       # Calls vary in size: each takes its own devices of this mesh
+                       # (engine_adapter.EngineTrainer.call_mesh).
+                       mesh=_client_mesh(config, fed, model, params, {}),
                        augment=augment.augmentation(config.augmentation, fed.dataset),
                        stop_after_tick=stop_after_tick)
 

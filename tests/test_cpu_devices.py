@@ -52,6 +52,75 @@ def test_client_devices_splits_the_cpu_for_small_models_with_real_steps():
   assert sharding.client_devices(large, tiny_step, 5, devices=gpu) == gpu
 
 
+class _MeshDevice:  # a fake device numpy keeps whole in a Mesh's device array
+  def __init__(self, i, process_index, platform):
+    self.id, self.process_index, self.platform = i, process_index, platform
+
+
+def _padded_to_devices(num_jobs):
+  return lambda mesh: sharding.padded_size(num_jobs, mesh)
+
+
+def test_call_devices_take_no_more_devices_than_leave_the_call_unpadded():
+  cpu = [_MeshDevice(i, i // 4, "cpu") for i in range(8)]  # 2 processes x 4 devices
+  mesh = sharding.client_mesh(cpu)
+  ids = lambda n: [d.id for d in sharding.call_devices(mesh, _padded_to_devices(n)).devices.flat]
+  assert ids(8) == list(range(8))   # 4 per process: bucket 8, as on 1 per process
+  assert ids(4) == [0, 1, 4, 5]     # 2 per process: bucket 4; 4 per process would pad to 8
+  assert ids(3) == [0, 1, 4, 5]     # one padded job either way
+  assert ids(6) == [0, 4]           # 2 per process pads 6 to 8: one device per process
+  assert ids(1) == [0, 4]
+  assert sharding.call_devices(mesh, _padded_to_devices(8)) is mesh
+  gpu = sharding.client_mesh([_MeshDevice(i, 0, "gpu") for i in range(4)])
+  assert sharding.call_devices(gpu, _padded_to_devices(1)) is gpu  # accelerators: every device
+
+
+_CLOCK_TRAINER = """
+import jax
+jax.config.update("jax_num_cpu_devices", 2)
+import numpy as np
+from fedjax_lama.engine import sharding
+from fedjax_lama.simulation.interfaces import TrainJob
+from tests import test_fedat_engine as t
+fed, model, params = setup = t.setup.__wrapped__()
+meshes = {n: sharding.client_mesh(jax.devices()[:n]) for n in (1, 2)}
+trainers = {n: t.engine_adapter.EngineTrainer(
+    model, fed.dataset.train_x, fed.dataset.train_y, fed.client_train, seed=t.SEED,
+    batch_size=t.BATCH, max_epochs=2, lr=3e-3, mesh=mesh, call_size_multiple=4)
+    for n, mesh in meshes.items()}
+split = trainers[2]
+print("devices", [split.call_mesh(n).size for n in (1, 2, 3, 4, 5)])
+tables = split._tables_on(split.call_mesh(1))
+same = [a.addressable_data(0).unsafe_buffer_pointer() == b.addressable_data(0).unsafe_buffer_pointer()
+        for a, b in zip(split._tables, tables)]
+print("no_copy", all(same), [len(a.devices()) for a in tables])
+for n in (1, 2, 3):
+  jobs = [TrainJob(k, 0, t.perturbed(params, 0.05, k), params, 1 + k % 2, 0.4) for k in range(n)]
+  got = [r.model for r in split.train(jobs)]
+  want = [r.model for r in trainers[1].train(jobs)]
+  diff = max(float(np.max(np.abs(a - b))) for g, w in zip(got, want)
+             for a, b in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(w)))
+  print("jobs", n, split.call_sizes[-1], diff)
+"""
+
+
+def test_clock_trainer_runs_each_call_on_the_devices_that_leave_it_unpadded():
+  """Two CPU devices: a call of 1 job, which a second device would pad, runs on one device,
+  reading the replicated tables without a copy; calls of 2 to 5 jobs (buckets 2, 4, 4, 8 on
+  one device or two) on both; every call trains what a one-device trainer trains, to
+  float32 rounding."""
+  out = subprocess.run([sys.executable, "-c", _CLOCK_TRAINER], cwd=REPO, capture_output=True,
+                       text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert out.returncode == 0, out.stderr[-3000:]
+  lines = {line.split()[0] + (line.split()[1] if line.startswith("jobs") else ""): line.split()
+           for line in out.stdout.splitlines()}
+  assert lines["devices"][1:] == ["[1,", "2,", "2,", "2,", "2]"], out.stdout
+  assert lines["no_copy"][1:] == ["True", "[1,", "1,", "1,", "1]"], out.stdout
+  for jobs, bucket in (("1", "1"), ("2", "2"), ("3", "4")):
+    _, _, size, diff = lines["jobs" + jobs]
+    assert size == bucket and float(diff) < 1e-5, out.stdout
+
+
 def test_scan_groups_follow_the_mesh_not_the_process():
   # A step that fills the budget alone: one client per device of the mesh it runs on.
   assert local.scan_group(8, 10**12, devices=1) == 1

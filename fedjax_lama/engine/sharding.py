@@ -15,7 +15,7 @@ devices. `to_host` brings a global array back to every host.
 import math
 import os
 import re
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import jax
 import numpy as np
@@ -80,14 +80,42 @@ def client_devices(params: PyTree, step_bytes: int, cohort: Optional[int] = None
   devices = list(devices) if devices is not None else jax.devices()
   if devices[0].platform != "cpu":
     return devices
+  split = tree_size(params) <= CPU_SPLIT_MAX_PARAMS and step_bytes >= CPU_SPLIT_MIN_STEP_BYTES
+  per_process = min(map(len, _by_process(devices))) if split else 1
+  if cohort:
+    per_process = math.gcd(per_process, cohort)
+  return _first_of_each_process(devices, per_process)
+
+
+def call_devices(mesh: Mesh, bucket: Callable[[Mesh], int]) -> Mesh:
+  """The devices of `mesh` that one call of varying size runs on (the simulated clock's).
+
+  `bucket(m)`: the call's padded client count on mesh m. Accelerators: the whole mesh. On
+  CPU a process's devices share its cores, so a padded client costs real work: the call
+  takes the most devices per process whose bucket is no larger than on one device per
+  process. Measured (FedAT's jobs, 480 examples x 3 epochs of batch 10, 2 cores, 2 devices
+  against 1): 10 jobs 1.58x, 3 jobs (bucket 4 either way) 1.53x, 1 job padded to 2 0.87x.
+  """
+  devices = list(mesh.devices.flat)
+  if devices[0].platform != "cpu":
+    return mesh
+  per_process = mesh.size // len(_by_process(devices))
+  meshes = {n: mesh if n == per_process else client_mesh(_first_of_each_process(devices, n))
+            for n in range(1, per_process + 1) if per_process % n == 0}
+  fewest = bucket(meshes[1])
+  return meshes[max(n for n, m in meshes.items() if bucket(m) <= fewest)]
+
+
+def _by_process(devices: Sequence[jax.Device]) -> list:
+  """`devices` grouped by process, in order."""
   by_process = {}
   for d in devices:
     by_process.setdefault(d.process_index, []).append(d)
-  split = tree_size(params) <= CPU_SPLIT_MAX_PARAMS and step_bytes >= CPU_SPLIT_MIN_STEP_BYTES
-  per_process = min(map(len, by_process.values())) if split else 1
-  if cohort:
-    per_process = math.gcd(per_process, cohort)
-  return [d for own in by_process.values() for d in own[:per_process]]
+  return list(by_process.values())
+
+
+def _first_of_each_process(devices: Sequence[jax.Device], per_process: int) -> list:
+  return [d for own in _by_process(devices) for d in own[:per_process]]
 
 
 def padded_size(num_clients: int, mesh: Mesh, multiple: int = 1) -> int:
@@ -143,6 +171,19 @@ def _put_tree(tree: PyTree, sharding: NamedSharding) -> PyTree:
 def replicate(tree: PyTree, mesh: Mesh) -> PyTree:
   """Places a full copy of every array on every device of the mesh."""
   return _put_tree(tree, replicated_sharding(mesh))
+
+
+def narrow(tree: PyTree, mesh: Mesh) -> PyTree:
+  """Arrays replicated over a mesh, replicated over `mesh` (a sub-mesh of it) without a
+  copy: each keeps its buffers on the sub-mesh's devices."""
+  sharding = replicated_sharding(mesh)
+
+  def one(x):
+    buffers = {shard.device: shard.data for shard in x.addressable_shards}
+    return jax.make_array_from_single_device_arrays(
+        x.shape, sharding, [buffers[d] for d in mesh.local_devices])
+
+  return jax.tree_util.tree_map(one, tree)
 
 
 def shardings_of(tree: PyTree) -> PyTree:

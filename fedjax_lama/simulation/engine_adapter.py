@@ -22,6 +22,7 @@ shared/seeds/003_656c618fe5de2ce3.txt) and its baselines (3.4):
 
 The message codec is `codecs.PolylineCodec` (3.3) or `codecs.RawCodec`.
 """
+import functools
 import math
 from typing import Callable, Optional, Sequence
 
@@ -107,20 +108,22 @@ class EngineTrainer:
     self.client_sizes = np.array([len(ix) for ix in client_train], np.int32)
     self.algorithm = job_algorithm(local_tx if local_tx is not None else local_solver())
     loss_fn = local.make_loss_fn(model, False, label_smoothing)
-    self.phase = round_lib.ClientPhase(loss_fn, self.algorithm, lambda step: lr, seed=seed,
-                                       unroll=unroll, augment=augment, shared_per_client=True,
-                                       client_devices=self.mesh.size)
-    self.data_x = sharding.replicate(np.asarray(train_x), self.mesh)
-    self.data_y = sharding.replicate(np.asarray(train_y, np.int32), self.mesh)
-    self.row_table = sharding.replicate(job_packing.client_row_table(client_train), self.mesh)
-    self.sizes_table = sharding.replicate(self.client_sizes, self.mesh)
-    self._call = jax.jit(self._train_call)
+    # One phase per call mesh: the scan map's group width follows the devices of the call.
+    self._phase = functools.cache(lambda devices: round_lib.ClientPhase(
+        loss_fn, self.algorithm, lambda step: lr, seed=seed, unroll=unroll, augment=augment,
+        shared_per_client=True, client_devices=devices))
+    # The tables every call reads: row_table, sizes_table, data_x, data_y.
+    self._tables = sharding.replicate(
+        (job_packing.client_row_table(client_train), self.client_sizes, np.asarray(train_x),
+         np.asarray(train_y, np.int32)), self.mesh)
+    self._tables_on = functools.cache(lambda mesh: sharding.narrow(self._tables, mesh))
+    self._call = jax.jit(self._train_call, static_argnums=0)
     self.loss_sum, self.example_count, self.local_steps, self.num_calls = 0.0, 0.0, 0, 0
     self.call_sizes: list[int] = []
 
   # ---- the jitted call ------------------------------------------------------------------
-  def _train_call(self, start, anchor, prox, client_ids, job_indices, job_epochs, job_mask,
-                  row_table, sizes_table, data_x, data_y):
+  def _train_call(self, devices, start, anchor, prox, client_ids, job_indices, job_epochs,
+                  job_mask, row_table, sizes_table, data_x, data_y):
     cohort = job_packing.pack_jobs(row_table, sizes_table, self.seed, client_ids, job_indices,
                                    job_epochs, job_mask, batch_size=self.batch_size,
                                    max_epochs=self.max_epochs)
@@ -131,29 +134,37 @@ class EngineTrainer:
     state = state._replace(params=start)
     keys = jax.vmap(lambda k, j: job_packing.stream_key(
         self.seed, job_packing.LOCAL_RNG_STREAM, k, j))(client_ids, job_indices)
-    final, stats = self.phase.train(state, ctx, data_x, data_y, cohort, keys, 0)
+    final, stats = self._phase(devices).train(state, ctx, data_x, data_y, cohort, keys, 0)
     return final.params, stats
 
-  def padded_size(self, num_jobs: int) -> int:
-    """The bucket of a call of `num_jobs` jobs: the device count times a power of two while
-    that is smaller than the next multiple of `call_size_multiple`, else that multiple.
+  def padded_size(self, num_jobs: int, mesh=None) -> int:
+    """The bucket of a call of `num_jobs` jobs on `mesh` (default: the trainer's): the
+    device count times a power of two while that is smaller than the next multiple of
+    `call_size_multiple` and of the device count, else that multiple.
 
     Asynchronous methods (FedAsync, ASO-Fed) train one or a few jobs per call; padding each
     of them to `call_size_multiple` clients made every update cost that many clients'
     training. Powers of two add at most log2(call_size_multiple) compiled shapes.
     """
-    multiple = sharding.padded_size(num_jobs, self.mesh, self.call_size_multiple)
-    power = self.mesh.size
+    mesh = mesh or self.mesh
+    multiple = sharding.padded_size(num_jobs, mesh, self.call_size_multiple)
+    power = mesh.size
     while power < num_jobs:
       power *= 2
     return min(multiple, power)
+
+  def call_mesh(self, num_jobs: int):
+    """The devices a call of `num_jobs` jobs runs on (`sharding.call_devices`: on CPU no
+    more than leave its bucket as small as on one device per process)."""
+    return sharding.call_devices(self.mesh, lambda mesh: self.padded_size(num_jobs, mesh))
 
   # ---- interfaces.Trainer -----------------------------------------------------------------
   def train(self, jobs: Sequence[TrainJob]) -> list[TrainResult]:
     jobs = list(jobs)
     if any(j.num_epochs > self.max_epochs for j in jobs):
       raise ValueError(f"a job asks for more than the run's {self.max_epochs} local epochs")
-    num, size = len(jobs), self.padded_size(len(jobs))
+    mesh = self.call_mesh(len(jobs))
+    num, size = len(jobs), self.padded_size(len(jobs), mesh)
     pad = size - num
     starts = [j.start_model for j in jobs] + [jobs[0].start_model] * pad
     start = stack_trees(starts)
@@ -168,9 +179,9 @@ class EngineTrainer:
                column((j.index for j in jobs), np.int32),
                column((j.num_epochs for j in jobs), np.int32),
                column([1.0] * num, np.float32))
-    per_job = sharding.shard_clients(per_job, self.mesh)
-    params, stats = self._call(*per_job, self.row_table, self.sizes_table, self.data_x,
-                               self.data_y)
+    per_job = sharding.shard_clients(per_job, mesh)
+    tables = self._tables if mesh is self.mesh else self._tables_on(mesh)
+    params, stats = self._call(mesh.size, *per_job, *tables)
     params, stats = jax.device_get((params, stats))
     steps = np.rint(np.asarray(stats.steps, np.float64)).astype(np.int64)
     self.loss_sum += float(np.sum(np.asarray(stats.loss_sum, np.float64)[:num]))
