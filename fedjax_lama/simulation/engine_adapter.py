@@ -9,7 +9,8 @@ shared/seeds/003_656c618fe5de2ce3.txt) and its baselines (3.4):
   (`engine.round.ClientPhase` with `shared_per_client=True`): start models and proximal
   anchors are stacked on the client axis, the axis is padded to a bucket (a power of two
   times the device count for small calls, else a multiple of `call_size_multiple` and of
-  the device count; `padded_size`) and sharded over the "clients" mesh, and
+  the device count; `padded_size`) and sharded over the devices of the "clients" mesh that
+  leave it unpadded on CPU (`call_mesh`, `sharding.call_devices`), and
   a jitted `lax.scan` runs E_max * S_max masked steps (3.2.1 step 5; batches from stream
   BATCH, job_packing.py). The local solver of 3.2.1 step 4 is an `Algorithm`: Adam(eta,
   0.9, 0.999, 1e-7), fresh per job, with the proximal pull of FedProx
@@ -86,7 +87,8 @@ class EngineTrainer:
     max_epochs: E of the run (the static epoch axis; FedProx's jobs run 1..E).
     lr: the local learning rate eta (constant).
     local_tx: the local solver (`local_solver`).
-    mesh: the "clients" mesh (default: every device).
+    mesh: the "clients" mesh (default: every device); each call runs on the part of it
+      that `call_mesh` picks.
     call_size_multiple: the client axis is padded to a multiple of this (and of the
       device count), or to a smaller power of two times the device count (`padded_size`),
       so a run compiles once per bucket, not once per call size.
