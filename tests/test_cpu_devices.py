@@ -76,31 +76,36 @@ def test_call_devices_take_no_more_devices_than_leave_the_call_unpadded():
 
 
 _CLOCK_TRAINER = """
+import json
 import jax
 jax.config.update("jax_num_cpu_devices", 2)
 import numpy as np
+from fedjax_lama import federation, training
+from fedjax_lama.data import datasets
 from fedjax_lama.engine import sharding
 from fedjax_lama.simulation.interfaces import TrainJob
 from tests import test_fedat_engine as t
-fed, model, params = setup = t.setup.__wrapped__()
-meshes = {n: sharding.client_mesh(jax.devices()[:n]) for n in (1, 2)}
+config, dataset = t.clock_config(), datasets.load_dataset("digits", data_dir="")
+fed = federation.build_federation(training.partition_spec(config), dataset)
+model, params, _ = training._build_model(config, dataset)
 trainers = {n: t.engine_adapter.EngineTrainer(
     model, fed.dataset.train_x, fed.dataset.train_y, fed.client_train, seed=t.SEED,
-    batch_size=t.BATCH, max_epochs=2, lr=3e-3, mesh=mesh, call_size_multiple=4)
-    for n, mesh in meshes.items()}
+    batch_size=t.BATCH, max_epochs=2, lr=3e-3, mesh=sharding.client_mesh(jax.devices()[:n]),
+    call_size_multiple=4) for n in (1, 2)}
 split = trainers[2]
-print("devices", [split.call_mesh(n).size for n in (1, 2, 3, 4, 5)])
-tables = split._tables_on(split.call_mesh(1))
-same = [a.addressable_data(0).unsafe_buffer_pointer() == b.addressable_data(0).unsafe_buffer_pointer()
-        for a, b in zip(split._tables, tables)]
-print("no_copy", all(same), [len(a.devices()) for a in tables])
+narrowed = split._tables_on(split.call_mesh(1))
+pointer = lambda a: a.addressable_data(0).unsafe_buffer_pointer()
+out = {"devices": [split.call_mesh(n).size for n in (1, 2, 3, 4, 5)],
+       "no_copy": [pointer(a) == pointer(b) for a, b in zip(split._tables, narrowed)],
+       "narrowed_devices": [len(a.devices()) for a in narrowed], "calls": []}
 for n in (1, 2, 3):
   jobs = [TrainJob(k, 0, t.perturbed(params, 0.05, k), params, 1 + k % 2, 0.4) for k in range(n)]
   got = [r.model for r in split.train(jobs)]
   want = [r.model for r in trainers[1].train(jobs)]
   diff = max(float(np.max(np.abs(a - b))) for g, w in zip(got, want)
              for a, b in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(w)))
-  print("jobs", n, split.call_sizes[-1], diff)
+  out["calls"].append([n, split.call_sizes[-1], diff])
+print(json.dumps(out))
 """
 
 
@@ -112,13 +117,11 @@ def test_clock_trainer_runs_each_call_on_the_devices_that_leave_it_unpadded():
   out = subprocess.run([sys.executable, "-c", _CLOCK_TRAINER], cwd=REPO, capture_output=True,
                        text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert out.returncode == 0, out.stderr[-3000:]
-  lines = {line.split()[0] + (line.split()[1] if line.startswith("jobs") else ""): line.split()
-           for line in out.stdout.splitlines()}
-  assert lines["devices"][1:] == ["[1,", "2,", "2,", "2,", "2]"], out.stdout
-  assert lines["no_copy"][1:] == ["True", "[1,", "1,", "1,", "1]"], out.stdout
-  for jobs, bucket in (("1", "1"), ("2", "2"), ("3", "4")):
-    _, _, size, diff = lines["jobs" + jobs]
-    assert size == bucket and float(diff) < 1e-5, out.stdout
+  result = json.loads(out.stdout.strip().splitlines()[-1])
+  assert result["devices"] == [1, 2, 2, 2, 2]
+  assert result["no_copy"] == [True] * 4 and result["narrowed_devices"] == [1] * 4
+  assert [(jobs, bucket) for jobs, bucket, _ in result["calls"]] == [(1, 1), (2, 2), (3, 4)]
+  assert all(diff < 1e-5 for _, _, diff in result["calls"]), result
 
 
 def test_scan_groups_follow_the_mesh_not_the_process():
