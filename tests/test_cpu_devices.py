@@ -3,7 +3,8 @@
 `sharding.use_cpu_device_per_core` sets the CPU device count before JAX starts (so its
 checks run in subprocesses); `sharding.client_devices` picks a run's devices by the rule
 measured in docs/performance.md ("Thirteenth session"); the scan map's groups follow the
-run's mesh, not the process's device count.
+run's mesh, not the process's device count; `sharding.call_devices` gives each call of the
+simulated clock's trainer the devices that leave it unpadded ("Fourteenth session").
 """
 import json
 import os
