@@ -118,6 +118,7 @@ class EngineTrainer:
     self._tables = sharding.replicate(
         (job_packing.client_row_table(client_train), self.client_sizes, np.asarray(train_x),
          np.asarray(train_y, np.int32)), self.mesh)
+    # The same buffers, on the devices of a call's mesh (`call_mesh`).
     self._tables_on = functools.cache(lambda mesh: sharding.narrow(self._tables, mesh))
     self._call = jax.jit(self._train_call, static_argnums=0)
     self.loss_sum, self.example_count, self.local_steps, self.num_calls = 0.0, 0.0, 0, 0
@@ -148,7 +149,7 @@ class EngineTrainer:
     of them to `call_size_multiple` clients made every update cost that many clients'
     training. Powers of two add at most log2(call_size_multiple) compiled shapes.
     """
-    mesh = mesh or self.mesh
+    mesh = mesh if mesh is not None else self.mesh
     multiple = sharding.padded_size(num_jobs, mesh, self.call_size_multiple)
     power = mesh.size
     while power < num_jobs:
@@ -182,8 +183,7 @@ class EngineTrainer:
                column((j.num_epochs for j in jobs), np.int32),
                column([1.0] * num, np.float32))
     per_job = sharding.shard_clients(per_job, mesh)
-    tables = self._tables if mesh is self.mesh else self._tables_on(mesh)
-    params, stats = self._call(mesh.size, *per_job, *tables)
+    params, stats = self._call(mesh.size, *per_job, *self._tables_on(mesh))
     params, stats = jax.device_get((params, stats))
     steps = np.rint(np.asarray(stats.steps, np.float64)).astype(np.int64)
     self.loss_sum += float(np.sum(np.asarray(stats.loss_sum, np.float64)[:num]))
