@@ -14,6 +14,9 @@ from). Loops and calls are left out (their events span their bodies' operations)
 summed over the threads that ran them, so a kind's share is of the operations' total, not of
 the round's wall time (printed beside it); the tracing itself slows every operation a little,
 so a round of small operations (the MLPs) looks slower than experiments.benchmark times it.
+It then prints the time in which no operation runs, by the operation that finished last
+before each gap (`idle_time`): an Eigen `dot`'s event ends when the product is handed to
+Eigen's threads, so its real time is the gap after it, not its event's duration.
 The last line is one JSON object. The trace itself stays in --trace_dir for TensorBoard or
 Perfetto.
 """
@@ -62,20 +65,52 @@ def hlo_instructions(hlo_text: str) -> dict:
   return found
 
 
+def _op_events(events: list[dict], instructions) -> list[dict]:
+  """The complete ("X") trace events named after an instruction of `instructions` (the
+  runtime's own events around them, and CONTAINERS, are left out)."""
+  return [e for e in events if e.get("ph") == "X" and e.get("name") in instructions
+          and op_kind(e["name"]) not in CONTAINERS]
+
+
 def group_ops(events: list[dict], rounds: int, instructions) -> tuple[dict, dict]:
-  """(milliseconds per round by kind, by single instruction), largest first, of the complete
-  ("X") trace events named after an instruction of `instructions` (the runtime's own events
-  around them, and CONTAINERS, are left out)."""
+  """(milliseconds per round by kind, by single instruction), largest first, of the
+  operations' trace events (`_op_events`)."""
   by_op = collections.Counter()
-  for e in events:
-    name = e.get("name")
-    if e.get("ph") == "X" and name in instructions and op_kind(name) not in CONTAINERS:
-      by_op[name] += e.get("dur", 0) / 1e3 / rounds  # trace durations are microseconds
+  for e in _op_events(events, instructions):
+    by_op[e["name"]] += e.get("dur", 0) / 1e3 / rounds  # trace durations are microseconds
   by_kind = collections.Counter()
   for name, ms in by_op.items():
     by_kind[op_kind(name)] += ms
   return dict(by_kind.most_common()), dict(by_op.most_common())
 
+
+
+def idle_time(events: list[dict], rounds: int, instructions) -> tuple[float, float, dict]:
+  """(ms a round in which some operation runs, ms a round in which none does, and the
+  latter by the operation that finished last before each such gap, largest first), between
+  the first and the last operation traced.
+
+  Why: XLA:CPU hands a `dot` (an Eigen matmul) to Eigen's threads and its trace event ends
+  there, before the product is computed; the product's time then shows as a gap after the
+  `dot` in which no operation runs. On leaf_cnn (8 x 5 x 32, the fifteenth session,
+  docs/performance.md) the forward `dot` of its 3136 x 2048 layer read 0.2 ms a step by its
+  event and was followed by about 3 ms with no operation running.
+  """
+  spans = sorted((e["ts"], e["ts"] + e.get("dur", 0), e["name"])
+                 for e in _op_events(events, instructions))
+  busy, waits = 0.0, collections.Counter()
+  if not spans:
+    return 0.0, 0.0, {}
+  start, end, last = spans[0]
+  for s, e, name in spans[1:]:
+    if s > end:  # nothing ran between `end` and `s`
+      busy += end - start
+      waits[last] += (s - end) / 1e3 / rounds
+      start, end, last = s, e, name
+    elif e >= end:
+      end, last = e, name
+  busy += end - start
+  return busy / 1e3 / rounds, sum(waits.values()), dict(waits.most_common())
 
 def main(argv):
   del argv
@@ -121,10 +156,17 @@ def main(argv):
   print(f"the {FLAGS.top} largest operations:")
   for name, ms in list(by_op.items())[:FLAGS.top]:
     print(f"  {ms:9.2f} ms  {name}  {instructions[name][-90:]}")
+  busy, idle, idle_after = idle_time(events, FLAGS.traced_rounds, instructions)
+  print(f"some operation running {busy:.1f} ms a round, none {idle:.1f} ms; the longest "
+        "waits followed (an Eigen `dot` computes after its event ends):")
+  for name, ms in list(idle_after.items())[:5]:
+    print(f"  {ms:9.2f} ms  after {name}  {instructions[name][-90:]}")
   print(json.dumps({"model": FLAGS.model, "clients": FLAGS.clients, "steps": FLAGS.steps,
                     "batch": FLAGS.batch, "conv_impl": impl, "client_map": client_map,
                     "wall_ms_per_round": wall_ms, "op_ms_per_round": total,
-                    "ms_by_kind": by_kind, "trace_dir": trace_dir}))
+                    "busy_ms_per_round": busy, "idle_ms_per_round": idle,
+                    "ms_by_kind": by_kind, "idle_ms_after": dict(list(idle_after.items())[:20]),
+                    "trace_dir": trace_dir}))
 
 
 if __name__ == "__main__":

@@ -53,6 +53,29 @@ def test_group_ops_sums_per_round_by_kind_and_leaves_out_the_rest():
   assert list(by_kind) == ["ynn_fusion", "dot", "add_fusion"]  # largest first
 
 
+
+def test_idle_time_is_the_gaps_between_operations_named_by_the_one_before():
+  instructions = profile_round.hlo_instructions(HLO)
+  ms = 1000  # trace timestamps and durations are microseconds
+  events = [
+      {"ph": "X", "name": "dot.12", "ts": 0, "dur": 1 * ms},             # 0 - 1
+      {"ph": "X", "name": "add_fusion.1", "ts": 500, "dur": 1500},       # 0.5 - 2, ends last
+      # nothing from 2 to 5: 3 ms after add_fusion.1
+      {"ph": "X", "name": "ynn_fusion.2.1", "ts": 5 * ms, "dur": 2 * ms},  # 5 - 7
+      {"ph": "X", "name": "dot.12", "ts": 5500, "dur": 500},             # inside it
+      {"ph": "X", "name": "dot.12", "ts": 7 * ms, "dur": 100},           # 7 - 7.1
+      # nothing from 7.1 to 9.1: 2 ms after dot.12
+      {"ph": "X", "name": "add_fusion.1", "ts": 9100, "dur": 900},       # 9.1 - 10
+      {"ph": "X", "name": "while.3", "ts": 0, "dur": 20 * ms},           # a loop: left out
+      {"ph": "X", "name": "ThunkExecutor::Execute", "ts": 0, "dur": 20 * ms},
+  ]
+  busy, idle, after = profile_round.idle_time(events, 2, instructions)
+  assert abs(busy - (2.0 + 2.1 + 0.9) / 2) < 1e-9
+  assert abs(idle - (3 + 2) / 2) < 1e-9
+  assert list(after) == ["add_fusion.1", "dot.12"]
+  assert abs(after["add_fusion.1"] - 1.5) < 1e-9 and abs(after["dot.12"] - 1.0) < 1e-9
+  assert profile_round.idle_time([], 1, instructions) == (0.0, 0.0, {})
+
 def test_one_traced_round_of_a_small_model_end_to_end(tmp_path):
   """A fresh process (XLA_FLAGS must be set before JAX starts its backend) traces the mlp."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,4 +89,5 @@ def test_one_traced_round_of_a_small_model_end_to_end(tmp_path):
   assert "while" not in result["ms_by_kind"]
   # The MLP's matmuls ran, whichever library XLA gave them to.
   assert {"dot", "ynn_fusion"} & set(result["ms_by_kind"])
+  assert result["busy_ms_per_round"] > 0 and result["idle_ms_per_round"] >= 0
   assert "ms a round (wall)" in out.stdout
