@@ -84,7 +84,6 @@ def group_ops(events: list[dict], rounds: int, instructions) -> tuple[dict, dict
   return dict(by_kind.most_common()), dict(by_op.most_common())
 
 
-
 def idle_time(events: list[dict], rounds: int, instructions) -> tuple[float, float, dict]:
   """(ms a round in which some operation runs, ms a round in which none does, and the
   latter by the operation that finished last before each such gap, largest first), between
@@ -111,6 +110,7 @@ def idle_time(events: list[dict], rounds: int, instructions) -> tuple[float, flo
       end, last = e, name
   busy += end - start
   return busy / 1e3 / rounds, sum(waits.values()), dict(waits.most_common())
+
 
 def main(argv):
   del argv

@@ -53,7 +53,6 @@ def test_group_ops_sums_per_round_by_kind_and_leaves_out_the_rest():
   assert list(by_kind) == ["ynn_fusion", "dot", "add_fusion"]  # largest first
 
 
-
 def test_idle_time_is_the_gaps_between_operations_named_by_the_one_before():
   instructions = profile_round.hlo_instructions(HLO)
   ms = 1000  # trace timestamps and durations are microseconds
@@ -75,6 +74,7 @@ def test_idle_time_is_the_gaps_between_operations_named_by_the_one_before():
   assert list(after) == ["add_fusion.1", "dot.12"]
   assert abs(after["add_fusion.1"] - 1.5) < 1e-9 and abs(after["dot.12"] - 1.0) < 1e-9
   assert profile_round.idle_time([], 1, instructions) == (0.0, 0.0, {})
+
 
 def test_one_traced_round_of_a_small_model_end_to_end(tmp_path):
   """A fresh process (XLA_FLAGS must be set before JAX starts its backend) traces the mlp."""
