@@ -223,7 +223,7 @@ def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, lr_schedule: Cal
 
   if not jit:
     return train_chunk, server_update
-  return jax.jit(train_chunk), jax.jit(server_update)
+  return local.jit_training(train_chunk), jax.jit(server_update)
 
 
 # ---- per-leaf selection (layer-wise schedules) -------------------------------------------------

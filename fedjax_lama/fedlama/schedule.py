@@ -143,9 +143,9 @@ class FedLamaProgram(ProgramBase):
     replicated = sharding.replicated_sharding(mesh)
     clients = sharding.clients_sharding(mesh)
     state_shardings = FedLamaState(clients, *[replicated] * 5, clients, clients)
-    self.window_fn = jax.jit(self._window, donate_argnums=(0,),
-                             out_shardings=(state_shardings, clients, replicated, replicated,
-                                            replicated))
+    self.window_fn = local.jit_training(
+        self._window, donate_argnums=(0,),
+        out_shardings=(state_shardings, clients, replicated, replicated, replicated))
 
   # ---- state ---------------------------------------------------------------------------
   def _fresh_opt_states(self, ctx: ClientContext):

@@ -63,10 +63,11 @@ class SyncProgram(ProgramBase):
     train_chunk, server_update = round_lib.make_round_fns(
         loss_fn, algorithm, schedule, seed=opts.seed, weighting=opts.weighting,
         local_steps=self.num_steps, population=fed.num_clients, unroll=opts.unroll,
-        compressor=self.compressor, augment=opts.augment, client_devices=mesh.size)
+        compressor=self.compressor, augment=opts.augment, client_devices=mesh.size, jit=False)
     replicated = sharding.replicated_sharding(mesh)
     clients = sharding.clients_sharding(mesh)
-    self.train_chunk = jax.jit(train_chunk, out_shardings=(replicated, clients, clients))
+    self.train_chunk = local.jit_training(train_chunk,
+                                          out_shardings=(replicated, clients, clients))
     self.server_update = jax.jit(server_update, out_shardings=replicated)
     self._first_chunk = jax.jit(_first_chunk, out_shardings=replicated)
     self._add_chunk = jax.jit(_add_chunk, out_shardings=replicated)

@@ -103,8 +103,9 @@ class VectorizedSyncProgram:
       server = jax.tree_util.tree_map(lambda a, b: jnp.where(has, a, b), new, server)
       return server, store, jnp.sum(stats.loss_sum), jnp.sum(stats.count)
 
-    self._round = jax.jit(jax.vmap(one_run, in_axes=(0, 0, data_axis, data_axis, 0, None, 0, 0)),
-                          donate_argnums=(0, 1))
+    self._round = local.jit_training(
+        jax.vmap(one_run, in_axes=(0, 0, data_axis, data_axis, 0, None, 0, 0)),
+        donate_argnums=(0, 1))
     self.seeds = jnp.asarray([o.seed for o in opts_list], jnp.int32)
     self.lrs = jnp.asarray([o.lr.lr for o in opts_list], jnp.float32)
     server = algorithm.init_server(params_list[0], model_state_list[0])

@@ -120,7 +120,7 @@ class EngineTrainer:
          np.asarray(train_y, np.int32)), self.mesh)
     # The same buffers, on the devices of a call's mesh (`call_mesh`).
     self._tables_on = functools.cache(lambda mesh: sharding.narrow(self._tables, mesh))
-    self._call = jax.jit(self._train_call, static_argnums=0)
+    self._call = local.jit_training(self._train_call, static_argnums=0)
     self.loss_sum, self.example_count, self.local_steps, self.num_calls = 0.0, 0.0, 0, 0
     self.call_sizes: list[int] = []
 
