@@ -21,13 +21,13 @@ LossFn = Callable[..., tuple[jax.Array, tuple[PyTree, jax.Array]]]
 
 
 # Compiler options for the functions that run local training, on CPU. Without its region-based
-# live-range analysis (XLA:CPU's default) copy insertion copies every parameter that a matmul
-# reads at the top of each local step, so that the step's update, which reuses the parameter's
-# buffer, cannot overwrite it early; with the analysis it sees that every read comes first and
-# updates in place. Same results bit for bit. Measured in the whole engine on the Xeon box, one
-# process per setting, two pairs each (docs/performance.md, fifteenth session): leaf_cnn 1.13x
-# and 1.09x, resnet18_gn 1.14x and 1.06x, pfl_cnn 1.05x and 1.03x; the other models within
-# the machine's noise.
+# live-range analysis (off by default in XLA:CPU) copy insertion copies every parameter that a
+# matmul reads at the top of each local step, so that the step's update, which reuses the
+# parameter's buffer, cannot overwrite it early; with the analysis it sees that every read comes
+# first and updates in place. Same results bit for bit (tests/test_training_compiler_options.py).
+# Engine A/B in one process on the 2-core EPYC box (docs/performance.md, sixteenth session):
+# leaf_cnn 1.06x to 1.14x, mnist_mlp 1.06x to 1.12x, resnet18_gn 1.08x, pfl_cnn and cifar_lenet
+# 1.03x; FedAT's CNN, resnet20 and cifar_cnn unchanged; the 8x8 `mlp` 0.95x to 0.98x.
 CPU_TRAINING_COMPILER_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
 
 
@@ -36,6 +36,7 @@ def jit_training(fn: Callable, **jit_kwargs) -> Callable:
   CPU_TRAINING_COMPILER_OPTIONS where JAX's default backend is the CPU."""
   options = CPU_TRAINING_COMPILER_OPTIONS if jax.default_backend() == "cpu" else None
   return jax.jit(fn, compiler_options=options, **jit_kwargs)
+
 
 class StepStats(NamedTuple):
   loss_sum: jax.Array  # sum over real examples of the per-example loss
