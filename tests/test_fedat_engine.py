@@ -55,14 +55,18 @@ def clock_config(**changes):
   return c
 
 
-@pytest.fixture(scope="module")
-def setup():
+def clock_setup():
   """The federation, model and w0 of clock_config() (what training builds)."""
   c = clock_config()
   dataset = fdata.load_dataset("digits", data_dir="")
   fed = federation.build_federation(training.partition_spec(c), dataset)
   model, params, _ = training._build_model(c, dataset)  # pylint: disable=protected-access
   return fed, model, params
+
+
+@pytest.fixture(scope="module")
+def setup():
+  return clock_setup()
 
 
 def simulate(config, setup):

@@ -11,8 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_lama import federation, models, training
-from fedjax_lama import data as fdata
+from fedjax_lama import models, training
 from fedjax_lama.engine import local, sharding
 from fedjax_lama.programs.vectorized import VectorizedSyncProgram
 from experiments import benchmark
@@ -45,11 +44,8 @@ def _vectorized():
 
 
 def _clock_trainer():
-  c = clock_helpers.clock_config()
-  dataset = fdata.load_dataset("digits", data_dir="")
-  fed = federation.build_federation(training.partition_spec(c), dataset)
-  model, params, _ = training._build_model(c, dataset)  # pylint: disable=protected-access
-  setup = fed, model, params
+  setup = clock_helpers.clock_setup()
+  params = setup[2]
   job = clock_helpers.TrainJob(0, 0, params, params, 1, 0.0)
   clock_helpers.make_trainer(setup).train([job])
 

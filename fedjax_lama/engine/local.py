@@ -25,9 +25,10 @@ LossFn = Callable[..., tuple[jax.Array, tuple[PyTree, jax.Array]]]
 # matmul reads at the top of each local step, so that the step's update, which reuses the
 # parameter's buffer, cannot overwrite it early; with the analysis it sees that every read comes
 # first and updates in place. Same results bit for bit (tests/test_training_compiler_options.py).
-# Engine A/B in one process on the 2-core EPYC box (docs/performance.md, sixteenth session):
-# leaf_cnn 1.06x to 1.14x, mnist_mlp 1.06x to 1.12x, resnet18_gn 1.08x, pfl_cnn and cifar_lenet
-# 1.03x; FedAT's CNN, resnet20 and cifar_cnn unchanged; the 8x8 `mlp` 0.95x to 0.98x.
+# Engine A/B in one process on the 2-core Zen 5 EPYC box (docs/performance.md, sixteenth
+# session): leaf_cnn 1.06x to 1.14x, mnist_mlp 1.06x to 1.12x, resnet18_gn 1.08x, pfl_cnn and
+# cifar_lenet 1.03x; FedAT's CNN, resnet20 and cifar_cnn unchanged; the 8x8 `mlp` 0.95x to
+# 0.98x.
 CPU_TRAINING_COMPILER_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
 
 
