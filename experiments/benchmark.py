@@ -73,6 +73,8 @@ flags.DEFINE_enum("client_map", "auto", list(local.CLIENT_MAPS),
                   "How the engine adds the client axis (engine/local.py CLIENT_MAPS).")
 flags.DEFINE_bool("compare_client_maps", False, "Also time the engine with the other client "
                   "map (scan or vmap) side by side.")
+flags.DEFINE_list("compare_conv_impls", [], "Also time the engine with these convolution plans "
+                  "(e.g. lax,patches) side by side, each checked against the engine's result.")
 flags.DEFINE_float("min_sample_s", MIN_SAMPLE_S, "A timed sample of a plan is the mean of the "
                    "fewest consecutive calls lasting about this long (0: single calls).")
 flags.DEFINE_integer("matmul_size", 2048, "n of the n x n x n float32 matmul timed as the peak.")
@@ -96,7 +98,7 @@ def _model(name, conv_impl):
   return models.get(name, num_classes=num_classes, conv_impl=conv_impl), num_classes
 
 
-def _time(fn, rounds: int = 1):
+def time_calls(fn, rounds: int = 1):
   """Seconds per call of `fn`, averaged over `rounds` calls timed as one sample (each call
   waited for, so calls never overlap)."""
   t0 = time.perf_counter()
@@ -139,18 +141,24 @@ def training_flops_per_sample(model_name: str, batch: int = 32, conv_impl: str =
   """XLA's FLOP count of ONE un-vectorized plain-SGD step on `batch` examples, per example.
 
   The step is what `loop` runs (forward, backward, parameter update of one model on one
-  batch), lowered and compiled for the default backend; `cost_analysis()["flops"]` counts
+  batch), lowered and compiled for the CPU on every platform; `cost_analysis()["flops"]` counts
   the multiply-adds of dots and convolutions as 2 FLOPs and elementwise ops as 1. The
   benchmark counts it with lax convolutions (`conv_impl="lax"`) for every plan: the useful
   work of a sample, whatever plan computes it.
   """
   shape = tuple(input_shape or INPUT_SHAPES.get(model_name, (32, 32, 3)))
   model, _ = _model(model_name, models.resolve_conv_impl(conv_impl))
-  x = jax.ShapeDtypeStruct((batch,) + shape, jnp.float32)
-  y = jax.ShapeDtypeStruct((batch,), jnp.int32)
+  # Counted on the CPU backend whatever the default one: XLA:GPU's cost analysis leaves out
+  # the convolutions it hands to cuDNN (custom calls), so on an H200 it read 0.86 MFLOP
+  # for FedAT's CNN against the CPU's 26.2 (docs/performance.md, "GPU").
+  on_cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+  spec = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=on_cpu)
+  x = spec(jax.ShapeDtypeStruct((batch,) + shape, jnp.float32))
+  y = spec(jax.ShapeDtypeStruct((batch,), jnp.int32))
   variables = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0),
                                                 jnp.zeros((1,) + shape), train=False))
-  params, state = variables["params"], variables.get("batch_stats", {})
+  params, state = jax.tree_util.tree_map(spec, (variables["params"],
+                                                variables.get("batch_stats", {})))
   step = _sgd_step(model, bool(jax.tree_util.tree_leaves(state)))
   return _cost_flops(step.lower(params, state, x, y).compile()) / batch
 
@@ -308,13 +316,16 @@ def engine_round(w: Workload, client_map: str, unroll=1, mesh=None):
 def run(model_name="fedat_cnn", clients=32, steps=10, batch=32, repeats=3, conv_impl="auto",
         unroll=1, central_impls=CENTRAL_IMPLS, client_map="auto", peers=(),
         peers_path="", matmul_size=2048, loop=True, compare_client_maps=False,
-        min_sample_s=MIN_SAMPLE_S) -> dict:
+        min_sample_s=MIN_SAMPLE_S, compare_conv_impls=()) -> dict:
   """Times the plans side by side; returns the JSON dict (see the module docstring).
 
   central_impls: the centralized step's convolution plans ("engine": the engine's; empty:
   no centralized step), the faster counts. loop=False leaves the loop out.
   compare_client_maps: also time the engine with the other client map(s) (engine/local.py),
   reported as `engine_<map>_samples_per_s`.
+  compare_conv_impls: also time the engine (same client map) with these convolution plans,
+  reported as `engine_<plan>_samples_per_s` with `engine_<plan>_max_param_diff`, the
+  largest |difference| of its round's parameters from the engine's.
   min_sample_s: each timed sample of a plan is the mean of the fewest consecutive calls
   that last about this long (`rounds_per_sample`, estimated from the plan's first timed
   call, which counts as a sample only when it is long enough; reported as
@@ -333,6 +344,11 @@ def run(model_name="fedat_cnn", clients=32, steps=10, batch=32, repeats=3, conv_
   other_maps = [m for m in local.CLIENT_MAPS if m not in ("auto", engine_map)]
   if compare_client_maps:  # the other client map(s), as references
     plans.update({f"engine_{m}": engine_round(w, m, unroll) for m in other_maps})
+  other_impls = [models.resolve_conv_impl(i) for i in compare_conv_impls]
+  other_impls = [i for i in dict.fromkeys(other_impls) if i != engine_impl]
+  for impl in other_impls:  # the same params and data; only the convolution plan differs
+    plans[f"engine_{impl}"] = engine_round(w._replace(model=_model(model_name, impl)[0]),
+                                           engine_map, unroll)
 
   # Loop baseline: per client, per step, one jitted SGD step; then the mean.
   sgd_step = _sgd_step(loop_model, has_state)
@@ -401,11 +417,11 @@ def run(model_name="fedat_cnn", clients=32, steps=10, batch=32, repeats=3, conv_
     for name, fn in plans.items():
       for _ in range(3 if name == "matmul" else 1):
         k = rounds.get(name)
-        t = _time(fn, k or 1)
+        t = time_calls(fn, k or 1)
         if k is None:
           rounds[name] = k = rounds_per_sample(t, min_sample_s)
           if k > 1:  # that call was only the estimate; a slow round's single call counts
-            t = _time(fn, k)
+            t = time_calls(fn, k)
         best[name] = min(best[name], t)
 
   samples = clients * steps * batch
@@ -420,6 +436,8 @@ def run(model_name="fedat_cnn", clients=32, steps=10, batch=32, repeats=3, conv_
       "engine_samples_per_s": sps["engine"],
       "flops_per_sample": flops_per_sample, "engine_flops_per_s": engine_flops,
       "peak_flops_per_s": peak, "mfu": engine_flops / peak, "matmul_size": matmul_size,
+      "matmul_precision": str(getattr(jax.config, "jax_default_matmul_precision", None)
+                              or "default"),
       "first_call_s": first, "seconds_per_round": {k: t for k, t in best.items()},
       "repeats": repeats, "min_sample_s": min_sample_s, "rounds_per_sample": rounds,
       "load_avg_before": load_before, "load_avg_after": _load(),
@@ -427,10 +445,13 @@ def run(model_name="fedat_cnn", clients=32, steps=10, batch=32, repeats=3, conv_
   if loop:
     result.update(loop_samples_per_s=sps["loop"], ratio=sps["engine"] / sps["loop"],
                   loop_mfu=flops_per_sample * sps["loop"] / peak)
-  for m in other_maps:
+  for m in other_maps + other_impls:
     if f"engine_{m}" in sps:
       result[f"engine_{m}_samples_per_s"] = sps[f"engine_{m}"]
       result[f"engine_vs_engine_{m}"] = sps["engine"] / sps[f"engine_{m}"]
+  for impl in other_impls:
+    result[f"engine_{impl}_max_param_diff"] = _max_abs_diff(outputs[f"engine_{impl}"],
+                                                            outputs["engine"])
   if centrals:
     central_impl = min(centrals, key=lambda impl: best[f"central_{impl}"])
     result.update(central_conv_impl=central_impl,
@@ -439,13 +460,15 @@ def run(model_name="fedat_cnn", clients=32, steps=10, batch=32, repeats=3, conv_
   if "fedjax" in plans:
     ref = outputs["loop"] if loop else outputs["engine"]
     result.update(fedjax_samples_per_s=sps["fedjax"], engine_vs_fedjax=sps["engine"] /
-                  sps["fedjax"], fedjax_max_param_diff=max(
-                      float(jnp.max(jnp.abs(a - b))) for a, b in zip(
-                          jax.tree_util.tree_leaves(outputs["fedjax"]),
-                          jax.tree_util.tree_leaves(ref))))
+                  sps["fedjax"], fedjax_max_param_diff=_max_abs_diff(outputs["fedjax"], ref))
   if peer_notes:
     result["peers_skipped"] = peer_notes
   return result
+
+
+def _max_abs_diff(a, b) -> float:
+  return max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree_util.tree_leaves(a),
+                                                            jax.tree_util.tree_leaves(b)))
 
 
 def summary_line(r: dict) -> str:
@@ -487,7 +510,8 @@ def main(argv):
                FLAGS.conv_impl, FLAGS.unroll, central_impls=tuple(FLAGS.central),
                client_map=FLAGS.client_map, peers=FLAGS.peers,
                peers_path=FLAGS.peers_path, matmul_size=FLAGS.matmul_size,
-               compare_client_maps=FLAGS.compare_client_maps, min_sample_s=FLAGS.min_sample_s)
+               compare_client_maps=FLAGS.compare_client_maps, min_sample_s=FLAGS.min_sample_s,
+               compare_conv_impls=tuple(FLAGS.compare_conv_impls))
   print(summary_line(result))
   print(json.dumps(result))
 

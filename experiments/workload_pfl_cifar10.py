@@ -18,8 +18,9 @@ subprocess (the command a user runs; --rounds overrides config.rounds) and repor
                     train_wall_s then sums the parts' rounds;
   mfu               flops_per_sample (XLA's count of one un-vectorized SGD step of the model
                     on a batch of 10, experiments.benchmark) x samples/s over the peak
-                    FLOP/s of a 2048^3 float32 matmul measured in this process right before
-                    and right after the run (the best of both), with the load average;
+                    FLOP/s of an n^3 float32 matmul (--peak_matmul_size, 2048) measured in this
+                    process right before and right after the run (the best of both), with
+                    the load average;
   extrapolated_1500_rounds_s  when --rounds < 1,500: the 1,500-round wall time at the
                     measured per-round rate after the first round (compilation) plus the
                     command's fixed costs.
@@ -39,17 +40,14 @@ ROUNDS = 1500
 CLIENTS_PER_ROUND, EXAMPLES_PER_CLIENT, BATCH = 50, 50, 10
 
 
-def peak_flops(repeats: int = 5) -> float:
-  import jax  # pylint: disable=g-import-not-at-top
+def peak_flops(matmul_size: int = 2048, repeats: int = 5) -> float:
+  """FLOP/s of the best of `repeats` samples of a float32 matmul (benchmark.matmul_plan); a
+  sample is the mean of the fewest calls lasting 0.2 s, as in the benchmark, so a matmul of
+  microseconds on a GPU is not timed alone."""
   from experiments import benchmark  # pylint: disable=g-import-not-at-top
-  run, flops = benchmark.matmul_plan(2048)
-  jax.block_until_ready(run())
-  best = float("inf")
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(run())
-    best = min(best, time.perf_counter() - t0)
-  return flops / best
+  run, flops = benchmark.matmul_plan(matmul_size)
+  calls = benchmark.rounds_per_sample(benchmark.time_calls(run), benchmark.MIN_SAMPLE_S)
+  return flops / min(benchmark.time_calls(run, calls) for _ in range(repeats))
 
 
 def latest_checkpoint_round(workdir: str):
@@ -89,26 +87,32 @@ def define_flags():
   flags.DEFINE_integer("checkpoint_every", 0, "Override config.checkpoint_every (0: the config's "
                        "500). A run stopped part way resumes from its last checkpoint when the "
                        "same command runs again on the same --workdir.")
+  flags.DEFINE_integer("peak_matmul_size", 2048, "n of the n x n x n float32 matmul timed as "
+                       "the peak (8192 on a GPU, where 2048 takes microseconds).")
 
 
 def main(argv):
   del argv
+  run_env = dict(os.environ)
+  # This process only counts FLOPs and times a matmul; on a GPU, JAX would otherwise take
+  # 75 % of the GPU's memory here and leave the run (a second process) too little.
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   from experiments import benchmark  # pylint: disable=g-import-not-at-top
   workdir = FLAGS.workdir or tempfile.mkdtemp(prefix="workload_pfl_")
   flops_per_sample = benchmark.training_flops_per_sample(FLAGS.setting, BATCH, "lax",
                                                          (32, 32, 3))
-  peak_before, load_before = peak_flops(), os.getloadavg()
+  peak_before, load_before = peak_flops(FLAGS.peak_matmul_size), os.getloadavg()
   cmd = workload_command(FLAGS.setting, FLAGS.rounds, workdir, FLAGS.eval_every,
                          FLAGS.checkpoint_every)
   resumed_after = latest_checkpoint_round(workdir)
   print(" ".join(cmd), flush=True)
   t0 = time.perf_counter()
-  proc = subprocess.run(cmd, check=False)
+  proc = subprocess.run(cmd, check=False, env=run_env)
   wall = time.perf_counter() - t0
   if proc.returncode:
     sys.exit(f"the run failed (exit {proc.returncode})")
   load_after = os.getloadavg()
-  peak = max(peak_before, peak_flops())
+  peak = max(peak_before, peak_flops(FLAGS.peak_matmul_size))
   with open(os.path.join(workdir, "summary.json")) as f:
     summary = json.load(f)
   with open(os.path.join(workdir, "metrics.jsonl")) as f:

@@ -82,6 +82,19 @@ def test_other_client_map_and_missing_peer_are_reported():
     benchmark.run("mlp", central_impls=(), peers=("flower",), **TINY)
 
 
+def test_other_conv_plans_are_timed_beside_the_engines_and_checked_against_it():
+  r = benchmark.run("fedat_cnn", conv_impl="patches", central_impls=(), loop=False,
+                    compare_conv_impls=("lax", "patches", "auto"), **TINY)
+  assert r["engine_conv_impl"] == "patches"
+  assert r["engine_vs_engine_lax"] == pytest.approx(r["engine_samples_per_s"] /
+                                                    r["engine_lax_samples_per_s"])
+  # The same clients, data and parameters: only float rounding separates the two plans.
+  assert 0 <= r["engine_lax_max_param_diff"] < 1e-4
+  # The engine's own plan ("patches", and "auto" resolving to it off TPU) is not timed twice.
+  assert "engine_patches_samples_per_s" not in r
+  assert "engine/engine_lax" in benchmark.summary_line(r)
+
+
 def test_matmul_plan_counts_two_n_cubed():
   run, flops = benchmark.matmul_plan(16)
   assert flops == 2 * 16 ** 3
@@ -200,7 +213,7 @@ def test_rounds_per_sample_reaches_the_minimum_sample_time():
 
 def test_time_averages_the_rounds_of_a_sample():
   calls = []
-  assert benchmark._time(lambda: calls.append(1) or jnp.zeros(()), rounds=5) >= 0
+  assert benchmark.time_calls(lambda: calls.append(1) or jnp.zeros(()), rounds=5) >= 0
   assert len(calls) == 5
 
 

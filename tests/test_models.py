@@ -592,10 +592,10 @@ def test_every_model_accepts_conv_impl():
 
 def test_resolve_conv_impl():
   assert models.resolve_conv_impl("auto", "cpu") == "patches"
-  assert models.resolve_conv_impl("auto", "gpu") == "lax"
+  assert models.resolve_conv_impl("auto", "gpu") == "patches"
   assert models.resolve_conv_impl("auto", "tpu") == "lax"
   assert models.resolve_conv_impl("auto") == (
-      "patches" if jax.default_backend() == "cpu" else "lax")
+      "lax" if jax.default_backend() == "tpu" else "patches")
   assert models.resolve_conv_impl("lax") == "lax"
   with pytest.raises(ValueError, match="'auto'"):
     models.resolve_conv_impl("fast")

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Issue 20's GPU figures in one command (docs/performance.md, "GPU"):
+#   1. the machine: GPU, driver, jax and its devices; the float32 matmul peak at the
+#      default precision (what the engine computes at) and at "highest" (true fp32);
+#   2. the benchmark on FedAT's CNN at 32 clients x 10 steps x batch 32: mfu, engine/loop,
+#      and the engine with its plan (auto: patches since the first H200 run, lax before)
+#      against the lax and im2col convolution plans and against the scan client map, side
+#      by side in one process;
+#   3. the same on ResNet20;
+#   4. the pfl-research CIFAR-10 workload end to end through the CLI (1,500 rounds).
+#
+#   bash experiments/gpu_figures.sh [OUT_DIR]     # from the repository root
+#
+# Each step runs in its own process under its own time limit, so one that fails or runs
+# long leaves the others' figures; every log goes to OUT_DIR (default ./gpu_figures_out).
+# The matmul peak is 8192^3 here: a 2048^3 matmul takes tens of microseconds on a GPU.
+set -u
+out="${1:-gpu_figures_out}"
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+py="${PYTHON:-python3}"
+t_fedat="${GPU_FIGURES_FEDAT_S:-120}"
+t_resnet="${GPU_FIGURES_RESNET_S:-150}"
+t_workload="${GPU_FIGURES_WORKLOAD_S:-250}"
+rounds="${GPU_FIGURES_ROUNDS:-1500}"
+clients="${GPU_FIGURES_CLIENTS:-32}"
+steps="${GPU_FIGURES_STEPS:-10}"
+matmul="${GPU_FIGURES_MATMUL:-8192}"
+
+step() {  # step NAME SECONDS COMMAND...: run one step, log to $out/NAME.log
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name (limit ${limit} s): $*"
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: exit $rc after $((SECONDS - t0)) s"
+  tail -n 4 "$out/$name.log" | cut -c1-1500
+}
+
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+  "$py" - "$matmul" <<'EOF'
+import sys, time
+import jax, jax.numpy as jnp
+n = int(sys.argv[1])
+print("jax", jax.__version__, "backend", jax.default_backend(), jax.devices())
+a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
+for precision in ("default", "highest"):
+  with jax.default_matmul_precision(precision):
+    dot = jax.jit(jnp.dot)
+    jax.block_until_ready(dot(a, b))
+    best = float("inf")
+    for _ in range(5):
+      t0 = time.perf_counter()
+      for _ in range(10):
+        r = dot(a, b)
+      jax.block_until_ready(r)
+      best = min(best, (time.perf_counter() - t0) / 10)
+  print(f"float32 {n}^3 matmul, precision {precision}: {2 * n ** 3 / best / 1e12:.1f} TFLOP/s")
+EOF
+} >"$out/machine.log" 2>&1
+cat "$out/machine.log"
+
+step bench_fedat_cnn "$t_fedat" "$py" -m experiments.benchmark --model=fedat_cnn \
+  --clients="$clients" --steps="$steps" --batch=32 --repeats=5 --matmul_size="$matmul" \
+  --compare_conv_impls=lax,patches,im2col --compare_client_maps
+step bench_resnet20 "$t_resnet" "$py" -m experiments.benchmark --model=resnet20 \
+  --clients="$clients" --steps="$steps" --batch=32 --repeats=3 --matmul_size="$matmul" \
+  --compare_conv_impls=lax,patches,im2col
+workdir="$(mktemp -d)"
+step workload_pfl "$t_workload" "$py" -m experiments.workload_pfl_cifar10 \
+  --rounds="$rounds" --peak_matmul_size="$matmul" --workdir="$workdir"
+# The run's own records, also when the step ran out of time part way (its rate so far).
+cp "$workdir/metrics.jsonl" "$out/workload_metrics.jsonl" 2>/dev/null
+tail -n 2 "$out/workload_metrics.jsonl" 2>/dev/null | cut -c1-400
