@@ -64,10 +64,10 @@ def resolve_conv_impl(conv_impl: str, platform: str | None = None) -> str:
 
   "patches" on CPU (the conv-in-loop trap, architecture.md section 4) and on GPU, "lax"
   on TPU. On an H200 the engine trained 3.7x (FedAT's CNN) and 6.1x (ResNet20) faster
-  with "patches" than with "lax" at 32 clients x 10 steps x batch 32: vmap over
-  per-client kernels turns a lax convolution into a grouped one, which cuDNN runs far
-  from its dense rate, while the patches plan is batched matmuls (docs/performance.md,
-  "GPU"). TPU keeps "lax" until it is measured.
+  with "patches" than with "lax" at 32 clients x 10 steps x batch 32. vmap over
+  per-client kernels turns a lax convolution into one grouped convolution, while the
+  patches plan is batched matmuls (docs/performance.md, "GPU: one NVIDIA H200"). TPU
+  keeps "lax" until it is measured.
 
   Args:
     conv_impl: "auto" or one of `CONV_IMPLS`.
