@@ -150,7 +150,7 @@ def training_flops_per_sample(model_name: str, batch: int = 32, conv_impl: str =
   model, _ = _model(model_name, models.resolve_conv_impl(conv_impl))
   # Counted on the CPU backend whatever the default one: XLA:GPU's cost analysis leaves out
   # the convolutions it hands to cuDNN (custom calls), so on an H200 it read 0.86 MFLOP
-  # for FedAT's CNN against the CPU's 26.2 (docs/performance.md, "GPU").
+  # for FedAT's CNN against the CPU's 26.2 (docs/performance.md, "GPU: one NVIDIA H200").
   on_cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
   spec = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=on_cpu)
   x = spec(jax.ShapeDtypeStruct((batch,) + shape, jnp.float32))

@@ -63,8 +63,8 @@ def resolve_conv_impl(conv_impl: str, platform: str | None = None) -> str:
   """Maps "auto" to the measured best plan for the platform.
 
   "patches" on CPU (the conv-in-loop trap, architecture.md section 4) and on GPU, "lax"
-  on TPU. On an H200 the engine trained 3.7x (FedAT's CNN) and 6.1x (ResNet20) faster
-  with "patches" than with "lax" at 32 clients x 10 steps x batch 32. vmap over
+  on TPU. On an H200 the engine trained 3.0x to 3.7x (FedAT's CNN) and 6.1x (ResNet20)
+  faster with "patches" than with "lax" at 32 clients x 10 steps x batch 32. vmap over
   per-client kernels turns a lax convolution into one grouped convolution, while the
   patches plan is batched matmuls (docs/performance.md, "GPU: one NVIDIA H200"). TPU
   keeps "lax" until it is measured.
