@@ -179,6 +179,11 @@ def _load() -> list:
     return []
 
 
+def _max_abs_diff(a, b) -> float:
+  return max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree_util.tree_leaves(a),
+                                                            jax.tree_util.tree_leaves(b)))
+
+
 # ---- FedJAX (peer) -----------------------------------------------------------------------
 
 def import_fedjax(path: str = ""):
@@ -464,11 +469,6 @@ def run(model_name="fedat_cnn", clients=32, steps=10, batch=32, repeats=3, conv_
   if peer_notes:
     result["peers_skipped"] = peer_notes
   return result
-
-
-def _max_abs_diff(a, b) -> float:
-  return max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree_util.tree_leaves(a),
-                                                            jax.tree_util.tree_leaves(b)))
 
 
 def summary_line(r: dict) -> str:

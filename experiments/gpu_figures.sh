@@ -41,24 +41,14 @@ step() {  # step NAME SECONDS COMMAND...: run one step, log to $out/NAME.log
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
   "$py" - "$matmul" <<'EOF'
-import sys, time
-import jax, jax.numpy as jnp
+import sys
+import jax
+from experiments.workload_pfl_cifar10 import peak_flops
 n = int(sys.argv[1])
 print("jax", jax.__version__, "backend", jax.default_backend(), jax.devices())
-a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
-b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
 for precision in ("default", "highest"):
   with jax.default_matmul_precision(precision):
-    dot = jax.jit(jnp.dot)
-    jax.block_until_ready(dot(a, b))
-    best = float("inf")
-    for _ in range(5):
-      t0 = time.perf_counter()
-      for _ in range(10):
-        r = dot(a, b)
-      jax.block_until_ready(r)
-      best = min(best, (time.perf_counter() - t0) / 10)
-  print(f"float32 {n}^3 matmul, precision {precision}: {2 * n ** 3 / best / 1e12:.1f} TFLOP/s")
+    print(f"float32 {n}^3 matmul, precision {precision}: {peak_flops(n) / 1e12:.1f} TFLOP/s")
 EOF
 } >"$out/machine.log" 2>&1
 cat "$out/machine.log"
