@@ -21,9 +21,11 @@ TABLE_ROW_OPTIONS = {"wrn28_10": {"repeats": 1, "central_impls": (),
 
 def throughput(model_names, clients, steps, batch, repeats, conv_impl, unroll=1,
                central_impls=benchmark.CENTRAL_IMPLS, compare_client_maps=False,
-               row_options=None, min_sample_s=benchmark.MIN_SAMPLE_S) -> list[dict]:
+               row_options=None, min_sample_s=benchmark.MIN_SAMPLE_S,
+               matmul_size=2048) -> list[dict]:
   """benchmark.run over the grid; `row_options` (model -> benchmark.run keyword arguments)
-  replaces the grid's options for that model's rows."""
+  replaces the grid's options for that model's rows; `matmul_size`: n of the n^3 matmul
+  timed as each row's peak."""
   rows = []
   for name in model_names:
     for c, k in itertools.product(clients, steps):
@@ -31,7 +33,7 @@ def throughput(model_names, clients, steps, batch, repeats, conv_impl, unroll=1,
                      central_impls=central_impls, compare_client_maps=compare_client_maps)
       options.update((row_options or {}).get(name, {}))
       r = benchmark.run(name, conv_impl=conv_impl, unroll=unroll, min_sample_s=min_sample_s,
-                        **options)
+                        matmul_size=matmul_size, **options)
       print(f"  {name} {r['clients']} clients x {r['steps']} steps x batch {r['batch']}: "
             f"engine/loop {r['ratio']:.2f}, "
             f"MFU {r['mfu']:.3f}, load {r['load_avg_before']}", file=sys.stderr, flush=True)

@@ -16,8 +16,9 @@ plan `models.resolve_conv_impl(--conv_impl)`, client map `engine.local.CLIENT_MA
 per-client Python loop of a jitted SGD step (FedJAX's default backend), the centralized
 step (a reference, not a limit: one model, one jitted step over the whole cohort's batch,
 per local step; with lax convolutions and with the engine's plan, the faster counts; --quick
-and --models_table measure the engine's plan only) and a 2048^3 float32 matmul (the
-measured peak FLOP/s). It prints a markdown table of samples/s with engine/loop, MFU and
+and --models_table measure the engine's plan only) and an n^3 float32 matmul (the
+measured peak FLOP/s; n = --matmul_size, 2048, which a GPU runs in microseconds: use 8192
+there). It prints a markdown table of samples/s with engine/loop, MFU and
 engine/central, and one JSON line (also written to --out).
 
 --models_table regenerates experiments/results/models_cpu.md (--table_out): every image
@@ -35,7 +36,8 @@ of `--memory_cohort` clients. Reports peak RSS (resource.getrusage), the RSS
 before the store exists, the store's bytes and the bytes that live on device.
 
 Absolute numbers from a shared machine are noise; compare the ratios, measured
-in one run. On a GPU, name the GPU (device_kind is in the JSON).
+in one run. On a GPU, name the GPU (device_kind is in the JSON), e.g.
+  python -m experiments.benchmark_suite --models_table --matmul_size=8192 --table_out=gpu.md
 """
 import json
 import os
@@ -179,11 +181,13 @@ def main(argv):
     clients, steps, batch = TABLE_SIZE
     rows = throughput(names, [clients], [steps], batch, FLAGS.repeats, FLAGS.conv_impl,
                       FLAGS.unroll, ("engine",), compare_client_maps=True,
-                      row_options=TABLE_ROW_OPTIONS, min_sample_s=FLAGS.min_sample_s)
+                      row_options=TABLE_ROW_OPTIONS, min_sample_s=FLAGS.min_sample_s,
+                      matmul_size=FLAGS.matmul_size)
     command = "python -m experiments.benchmark_suite --models_table" + (
         f" --models={','.join(names)}" if FLAGS["models"].present else "") + (
         f" --repeats={FLAGS.repeats}" if FLAGS["repeats"].present else "") + (
-        f" --min_sample_s={FLAGS.min_sample_s}" if FLAGS["min_sample_s"].present else "")
+        f" --min_sample_s={FLAGS.min_sample_s}" if FLAGS["min_sample_s"].present else "") + (
+        f" --matmul_size={FLAGS.matmul_size}" if FLAGS["matmul_size"].present else "")
     table = models_table(rows, command)
     with open(FLAGS.table_out, "w") as f:
       f.write(table)
@@ -196,7 +200,8 @@ def main(argv):
     repeats = QUICK["repeats"] if FLAGS.quick else FLAGS.repeats
     central = QUICK["central_impls"] if FLAGS.quick else benchmark.CENTRAL_IMPLS
     rows = throughput(FLAGS.models, clients, steps, FLAGS.batch, repeats, FLAGS.conv_impl,
-                      FLAGS.unroll, central, min_sample_s=FLAGS.min_sample_s)
+                      FLAGS.unroll, central, min_sample_s=FLAGS.min_sample_s,
+                      matmul_size=FLAGS.matmul_size)
     print(markdown(rows))
     result = {"throughput": rows}
   if FLAGS.out:

@@ -200,6 +200,16 @@ def test_models_table_reports_the_loops_mfu_and_the_ceiling_it_sets():
   assert "| 0.800 | 1.25 |" in lines["big"]
   assert "Rows below the 1.5x target of issue 20: big (1.10)." in text
   assert "stays below 1.5x the loop: big (1.25)." in text
+  assert text.startswith("# Engine vs per-step loop and the hardware's limit, every image "
+                         "model, CPU\n")
+  assert "the FLOP/s of a 2048^3 float32 matmul" in text  # rows without the key: the default
+  # A GPU table says so, and names the matmul its rows were timed against.
+  gpu = [dict(r, platform="gpu", device_kind="NVIDIA H200", matmul_size=8192)
+         for r in (split, row("big", 1.1, 0.8))]
+  text = benchmark_tables.models_table(gpu, "cmd")
+  assert text.splitlines()[0].endswith("every image model, GPU")
+  assert "Machine: NVIDIA H200 (gpu)" in text
+  assert "the FLOP/s of a 8192^3 float32 matmul" in text and "2048^3" not in text
 
 
 def test_rounds_per_sample_reaches_the_minimum_sample_time():
@@ -266,8 +276,10 @@ def test_models_table_times_wrn_at_the_issues_size_with_its_own_options(monkeypa
   monkeypatch.setattr(benchmark, "run", fake_run)
   rows = benchmark_grid.throughput(
       ["resnet20", "wrn28_10"], [8], [5], 32, 3, "auto", central_impls=("engine",),
-      compare_client_maps=True, row_options=benchmark_grid.TABLE_ROW_OPTIONS)
+      compare_client_maps=True, row_options=benchmark_grid.TABLE_ROW_OPTIONS, matmul_size=8192)
   assert [(r["clients"], r["steps"], r["batch"]) for r in rows] == [(8, 5, 32)] * 2
+  # The peak's matmul size reaches every row (a GPU needs 8192^3 to be timed at all).
+  assert calls["resnet20"]["matmul_size"] == calls["wrn28_10"]["matmul_size"] == 8192
   assert calls["resnet20"]["repeats"] == 3 and calls["resnet20"]["compare_client_maps"]
   assert calls["resnet20"]["central_impls"] == ("engine",)
   assert calls["wrn28_10"]["repeats"] == 1 and not calls["wrn28_10"]["compare_client_maps"]
