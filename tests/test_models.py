@@ -8,6 +8,7 @@ jit(vmap(scan)) with "patches" against a per-step loop with "lax".
 import functools
 import math
 
+import flax.linen as nn
 from hypothesis import given, settings, strategies as st
 import jax
 from jax import lax
@@ -727,3 +728,70 @@ def test_dense_dot_routes_by_measured_rule(impl, rows, kernel_in, expected, monk
                      jax.ShapeDtypeStruct((kernel_in, 2048), jnp.float32))
   assert y.shape == (rows, 2048)
   assert bool(called) == expected
+
+
+# Threefry-2x32 (20 rounds) known answers from Random123's kat_vectors, the test vectors of
+# Salmon et al. 2011: (key, counter) -> output, each a pair of uint32 words.
+THREEFRY_KNOWN_ANSWERS = [
+    ((0x00000000, 0x00000000), (0x00000000, 0x00000000), (0x6B200159, 0x99BA4EFE)),
+    ((0xFFFFFFFF, 0xFFFFFFFF), (0xFFFFFFFF, 0xFFFFFFFF), (0x1CB996FC, 0xBB002BE7)),
+    ((0x13198A2E, 0x03707344), (0x243F6A88, 0x85A308D3), (0xC4923A9C, 0x483DF7A0)),
+]
+
+
+@pytest.mark.parametrize("key, counter, expected", THREEFRY_KNOWN_ANSWERS)
+def test_unrolled_threefry_gives_the_published_answers(key, counter, expected):
+  u32 = lambda v: jnp.asarray(v, jnp.uint32)
+  out = layers._threefry2x32(u32(key[0]), u32(key[1]), u32([counter[0]]), u32([counter[1]]))
+  assert [int(w[0]) for w in out] == list(expected)
+
+
+@pytest.mark.parametrize("shape", [(), (5,), (3, 7, 1, 2), (4, 32, 32, 16)])
+@pytest.mark.parametrize("key", [jax.random.PRNGKey(0), jax.random.PRNGKey(2**31 + 5),
+                                 jax.random.key(7)], ids=["raw0", "raw_big", "typed"])
+def test_bernoulli_under_the_cpu_plan_gives_jaxs_values_without_its_rolled_loop(shape, key):
+  for p in (0.7, 0.5, 0.01):
+    fast = layers.bernoulli(key, p, shape, "patches")
+    assert fast.dtype == jnp.bool_ and fast.shape == shape
+    np.testing.assert_array_equal(fast, jax.random.bernoulli(key, p, shape))
+  # Under vmap over keys (clients) too.
+  keys = jax.random.split(key, 3)
+  np.testing.assert_array_equal(
+      jax.vmap(lambda k: layers.bernoulli(k, 0.3, shape, "patches"))(keys),
+      jax.vmap(lambda k: jax.random.bernoulli(k, 0.3, shape))(keys))
+  # The CPU plan computes the bits itself; "lax" is JAX's own sampler.
+  jaxpr = lambda impl: str(jax.make_jaxpr(lambda k: layers.bernoulli(k, 0.5, shape, impl))(key))
+  assert "random_bits" not in jaxpr("patches")
+  assert "random_bits" in jaxpr("lax")
+
+
+def test_bernoulli_falls_back_to_jax_where_its_bits_differ():
+  rbg = jax.random.key(3, impl="rbg")
+  np.testing.assert_array_equal(layers.bernoulli(rbg, 0.5, (64,), "patches"),
+                                jax.random.bernoulli(rbg, 0.5, (64,)))
+  assert "random_bits" in str(jax.make_jaxpr(
+      lambda k: layers.bernoulli(k, 0.5, (64,), "patches"))(rbg))
+
+
+@pytest.mark.parametrize("broadcast_dims", [(), (1, 2)])
+def test_dropout_layer_masks_exactly_like_flax_dropout(broadcast_dims):
+  """The same name, so the same 'dropout' key, and the same mask bit for bit."""
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(4, 6, 6, 8)), jnp.float32)
+
+  def net(dropout):
+    class Net(nn.Module):
+      @nn.compact
+      def __call__(self, x):
+        x = nn.Dense(8)(x)
+        return dropout(0.4, broadcast_dims=broadcast_dims)(x, deterministic=False)
+    return Net()
+
+  variables = net(nn.Dropout).init(jax.random.PRNGKey(0), x)
+  rngs = {"dropout": jax.random.PRNGKey(11)}
+  want = net(nn.Dropout).apply(variables, x, rngs=rngs)
+  for impl in ("patches", "lax"):
+    got = net(functools.partial(layers.Dropout, impl=impl)).apply(variables, x, rngs=rngs)
+    np.testing.assert_array_equal(got, want)
+  assert (want == 0).any() and (want != 0).any()
+  deterministic = layers.Dropout(0.4, impl="patches").apply({}, x, deterministic=True)
+  np.testing.assert_array_equal(deterministic, x)

@@ -94,11 +94,11 @@ class MnistCNN(nn.Module):
     x = nn.relu(layers.max_pool(conv(10)(x), (2, 2), impl=self.conv_impl))
     x = conv(20)(x)
     # Whole feature maps are dropped (PyTorch Dropout2d).
-    x = nn.Dropout(self.dropout, broadcast_dims=(1, 2))(
+    x = layers.Dropout(self.dropout, broadcast_dims=(1, 2), impl=self.conv_impl)(
         x, deterministic=not train)
     x = nn.relu(layers.max_pool(x, (2, 2), impl=self.conv_impl))
     x = nn.relu(layers.Dense(50, init_style=self.init_style, impl=self.conv_impl)(_flatten(x)))
-    x = nn.Dropout(self.dropout)(x, deterministic=not train)
+    x = layers.Dropout(self.dropout, impl=self.conv_impl)(x, deterministic=not train)
     return layers.Dense(self.num_classes, init_style=self.init_style, impl=self.conv_impl)(x)
 
 
@@ -152,8 +152,8 @@ class PflCNN(nn.Module):
     x = nn.relu(conv(32)(x))
     x = nn.relu(layers.max_pool(conv(64)(x), (2, 2), impl=self.conv_impl))
     if self.conv_dropout:
-      x = nn.Dropout(self.conv_dropout)(x, deterministic=not train)
+      x = layers.Dropout(self.conv_dropout, impl=self.conv_impl)(x, deterministic=not train)
     x = nn.relu(layers.Dense(128, init_style=self.init_style, impl=self.conv_impl)(_flatten(x)))
     if self.dropout:
-      x = nn.Dropout(self.dropout)(x, deterministic=not train)
+      x = layers.Dropout(self.dropout, impl=self.conv_impl)(x, deterministic=not train)
     return layers.Dense(self.num_classes, init_style=self.init_style, impl=self.conv_impl)(x)

@@ -618,3 +618,87 @@ class Dense(nn.Module):
     if self.use_bias:
       y = y + self.param("bias", bias_init, (self.features,))
     return y
+
+
+# ---- dropout ------------------------------------------------------------------------------
+
+# Threefry-2x32's rotations and key-schedule constant (Salmon et al. 2011), as JAX's
+# `jax._src.random.threefry2x32` uses them: 5 groups of 4 rounds, a key injection after each.
+_THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+_THREEFRY_PARITY = 0x1BD11BDA
+
+
+def _threefry2x32(k1: Array, k2: Array, x1: Array, x2: Array) -> tuple[Array, Array]:
+  """Threefry-2x32 of the counters (x1, x2) under the key (k1, k2), all uint32, unrolled."""
+  ks = (k1, k2, k1 ^ k2 ^ jnp.uint32(_THREEFRY_PARITY))
+  x1, x2 = x1 + ks[0], x2 + ks[1]
+  for group in range(5):
+    for rotation in _THREEFRY_ROTATIONS[group % 2]:
+      x1 = x1 + x2
+      x2 = x1 ^ ((x2 << jnp.uint32(rotation)) | (x2 >> jnp.uint32(32 - rotation)))
+    x1 = x1 + ks[(group + 1) % 3]
+    x2 = x2 + ks[(group + 2) % 3] + jnp.uint32(group + 1)
+  return x1, x2
+
+
+def _unrolled_bits_apply(key: Array, shape: tuple[int, ...]) -> bool:
+  """Whether `_uniform_bits` gives JAX's own bits for `key` and `shape`: a Threefry key,
+  JAX's partitionable bit layout, fewer than 2^32 values, float32 uniforms (no x64)."""
+  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+    impl = str(jax.random.key_impl(key))
+  else:
+    impl = jax.config.jax_default_prng_impl if key.shape == (2,) else ""
+  return ("threefry2x32" in impl and jax.config.jax_threefry_partitionable
+          and not jax.config.jax_enable_x64 and math.prod(shape) < 2 ** 32)
+
+
+def _uniform_bits(key: Array, shape: tuple[int, ...]) -> Array:
+  """`jax.random.bits(key, shape)` (uint32) for a Threefry key, computed unrolled: value i is
+  the XOR of the two words of Threefry-2x32 of the counter (0, i), i the row-major index."""
+  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+    key = jax.random.key_data(key)
+  index = lax.iota(jnp.uint32, math.prod(shape)).reshape(shape)
+  hi, lo = _threefry2x32(key[0], key[1], jnp.zeros_like(index), index)
+  return hi ^ lo
+
+
+def bernoulli(key: Array, p: float, shape: Sequence[int], impl: str = "lax") -> Array:
+  """`jax.random.bernoulli(key, p, shape)`, the same values, faster on XLA:CPU off "lax".
+
+  Why: JAX lowers Threefry on CPU as a rolled loop of 5 iterations (to keep compile times
+  down), which writes and reads its two uint32 state arrays on every iteration; XLA fuses
+  the unrolled rounds into one elementwise kernel instead. One WRN-28-10 dropout mask
+  [32, 32, 32, 160] took 36 ms rolled and 1.9 ms unrolled on the Zen 5 box; the rolled
+  masks were 3.5 % of its training step (docs/performance.md, eighteenth session). Under
+  the "lax" plan, and wherever the unrolled bits would not be JAX's (see
+  `_unrolled_bits_apply`), this is `jax.random.bernoulli` itself: the loop the engine is
+  measured against keeps plain JAX.
+  """
+  shape = tuple(shape)
+  if resolve_conv_impl(impl) == "lax" or not _unrolled_bits_apply(key, shape):
+    return jax.random.bernoulli(key, p, shape)
+  # jax.random.uniform's float32 in [0, 1): 23 random mantissa bits under exponent 0, less 1.
+  one_to_two = lax.bitcast_convert_type(
+      (_uniform_bits(key, shape) >> jnp.uint32(9)) | jnp.uint32(0x3F800000), jnp.float32)
+  return one_to_two - jnp.float32(1.0) < jnp.float32(p)
+
+
+class Dropout(nn.Dropout):
+  """`flax.linen.Dropout` whose mask comes from `bernoulli` under the model's plan `impl`:
+  the same mask bit for bit (the same name, so the same 'dropout' key), faster on CPU."""
+  impl: str = "lax"
+
+  @nn.compact
+  def __call__(self, inputs: Array, deterministic: bool | None = None,
+               rng: Array | None = None) -> Array:
+    deterministic = nn.merge_param("deterministic", self.deterministic, deterministic)
+    if self.rate == 0.0 or deterministic:
+      return inputs
+    if self.rate == 1.0:  # flax's guard against NaN gradients
+      return jnp.zeros_like(inputs)
+    keep_prob = 1.0 - self.rate
+    if rng is None:
+      rng = self.make_rng(self.rng_collection)
+    shape = [1 if d in self.broadcast_dims else n for d, n in enumerate(inputs.shape)]
+    mask = jnp.broadcast_to(bernoulli(rng, keep_prob, shape, self.impl), inputs.shape)
+    return lax.select(mask, inputs / keep_prob, jnp.zeros_like(inputs))

@@ -45,7 +45,7 @@ class _PostActBlock(nn.Module):
     s = (self.strides, self.strides)
     y = nn.relu(self.norm()(conv(self.width, (3, 3), s)(x)))
     if self.dropout:
-      y = nn.Dropout(self.dropout)(y, deterministic=not train)
+      y = layers.Dropout(self.dropout, impl=self.conv_impl)(y, deterministic=not train)
     y = conv(self.width, (3, 3))(y)
     y = self.norm(scale_init=nn.initializers.zeros)(y)
     if self.project:
@@ -103,7 +103,7 @@ class _PreActBlock(nn.Module):
     y = conv(self.width, (3, 3), s)(o)
     y = nn.relu(self.norm()(y))
     if self.dropout:
-      y = nn.Dropout(self.dropout)(y, deterministic=not train)
+      y = layers.Dropout(self.dropout, impl=self.conv_impl)(y, deterministic=not train)
     y = conv(self.width, (3, 3))(y)
     if x.shape[-1] != self.width or self.strides != 1:
       x = conv(self.width, (1, 1), s)(o)
