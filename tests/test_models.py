@@ -746,10 +746,16 @@ def test_unrolled_threefry_gives_the_published_answers(key, counter, expected):
   assert [int(w[0]) for w in out] == list(expected)
 
 
+@pytest.fixture
+def unrolled_from_any_size(monkeypatch):
+  monkeypatch.setattr(layers, "_UNROLLED_BITS_MIN_SIZE", 1)
+
+
 @pytest.mark.parametrize("shape", [(), (5,), (3, 7, 1, 2), (4, 32, 32, 16)])
 @pytest.mark.parametrize("key", [jax.random.PRNGKey(0), jax.random.PRNGKey(2**31 + 5),
                                  jax.random.key(7)], ids=["raw0", "raw_big", "typed"])
-def test_bernoulli_under_the_cpu_plan_gives_jaxs_values_without_its_rolled_loop(shape, key):
+def test_bernoulli_under_the_cpu_plan_gives_jaxs_values_without_its_rolled_loop(
+    shape, key, unrolled_from_any_size):
   for p in (0.7, 0.5, 0.01):
     fast = layers.bernoulli(key, p, shape, "patches")
     assert fast.dtype == jnp.bool_ and fast.shape == shape
@@ -765,7 +771,7 @@ def test_bernoulli_under_the_cpu_plan_gives_jaxs_values_without_its_rolled_loop(
   assert "random_bits" in jaxpr("lax")
 
 
-def test_bernoulli_falls_back_to_jax_where_its_bits_differ():
+def test_bernoulli_falls_back_to_jax_where_its_bits_differ(unrolled_from_any_size):
   rbg = jax.random.key(3, impl="rbg")
   np.testing.assert_array_equal(layers.bernoulli(rbg, 0.5, (64,), "patches"),
                                 jax.random.bernoulli(rbg, 0.5, (64,)))
@@ -773,8 +779,18 @@ def test_bernoulli_falls_back_to_jax_where_its_bits_differ():
       lambda k: layers.bernoulli(k, 0.5, (64,), "patches"))(rbg))
 
 
+def test_bernoulli_computes_its_own_bits_only_for_large_masks():
+  uses_jax = lambda shape: "random_bits" in str(jax.make_jaxpr(
+      lambda k: layers.bernoulli(k, 0.5, shape, "patches"))(jax.random.PRNGKey(0)))
+  assert uses_jax((32, 50))  # mnist_cnn's dense mask: measured slower unrolled
+  assert not uses_jax((32, 32, 32, 32))  # 1M values: faster unrolled
+  np.testing.assert_array_equal(layers.bernoulli(jax.random.PRNGKey(4), 0.7, (32, 32, 32, 32),
+                                                 "patches"),
+                                jax.random.bernoulli(jax.random.PRNGKey(4), 0.7, (32, 32, 32, 32)))
+
+
 @pytest.mark.parametrize("broadcast_dims", [(), (1, 2)])
-def test_dropout_layer_masks_exactly_like_flax_dropout(broadcast_dims):
+def test_dropout_layer_masks_exactly_like_flax_dropout(broadcast_dims, unrolled_from_any_size):
   """The same name, so the same 'dropout' key, and the same mask bit for bit."""
   x = jnp.asarray(np.random.default_rng(0).normal(size=(4, 6, 6, 8)), jnp.float32)
 

@@ -641,15 +641,27 @@ def _threefry2x32(k1: Array, k2: Array, x1: Array, x2: Array) -> tuple[Array, Ar
   return x1, x2
 
 
+# `bernoulli` computes the bits itself from this many values. Measured in the whole engine
+# on the Zen 5 box, A/B in one process, the same parameters bit for bit (docs/performance.md,
+# eighteenth session): wrn28_10 (masks of 1.3M to 5.2M values) 1.02x; pfl_cnn (295k) 0.98x
+# to 1.02x, noise; mnist_cnn (640 and 1,600) 0.85x, where XLA:CPU fused the unrolled rounds
+# into the masks' consumers. Alone, one mask took 35 ms rolled and 4.6 ms unrolled at 5.2M
+# values (the rolled loop's state leaves the cache), 1.7 and 0.8 ms at 1M, 0.47 and 0.28 ms
+# at 295k.
+_UNROLLED_BITS_MIN_SIZE = 1 << 20
+
+
 def _unrolled_bits_apply(key: Array, shape: tuple[int, ...]) -> bool:
-  """Whether `_uniform_bits` gives JAX's own bits for `key` and `shape`: a Threefry key,
-  JAX's partitionable bit layout, fewer than 2^32 values, float32 uniforms (no x64)."""
+  """Whether `bernoulli` computes the bits itself: `_uniform_bits` gives JAX's own bits for
+  `key` and `shape` (a Threefry key, JAX's partitionable bit layout, fewer than 2^32
+  values, float32 uniforms: no x64), and the mask is large enough to gain from it."""
   if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
     impl = str(jax.random.key_impl(key))
   else:
     impl = jax.config.jax_default_prng_impl if key.shape == (2,) else ""
   return ("threefry2x32" in impl and jax.config.jax_threefry_partitionable
-          and not jax.config.jax_enable_x64 and math.prod(shape) < 2 ** 32)
+          and not jax.config.jax_enable_x64
+          and _UNROLLED_BITS_MIN_SIZE <= math.prod(shape) < 2 ** 32)
 
 
 def _uniform_bits(key: Array, shape: tuple[int, ...]) -> Array:
@@ -670,9 +682,9 @@ def bernoulli(key: Array, p: float, shape: Sequence[int], impl: str = "lax") -> 
   the unrolled rounds into one elementwise kernel instead. One WRN-28-10 dropout mask
   [32, 32, 32, 160] took 36 ms rolled and 1.9 ms unrolled on the Zen 5 box; the rolled
   masks were 3.5 % of its training step (docs/performance.md, eighteenth session). Under
-  the "lax" plan, and wherever the unrolled bits would not be JAX's (see
-  `_unrolled_bits_apply`), this is `jax.random.bernoulli` itself: the loop the engine is
-  measured against keeps plain JAX.
+  the "lax" plan, for masks under `_UNROLLED_BITS_MIN_SIZE` values, and wherever the
+  unrolled bits would not be JAX's (see `_unrolled_bits_apply`), this is
+  `jax.random.bernoulli` itself: the loop the engine is measured against keeps plain JAX.
   """
   shape = tuple(shape)
   if resolve_conv_impl(impl) == "lax" or not _unrolled_bits_apply(key, shape):
