@@ -1,4 +1,4 @@
-"""Layers shared by the model zoo: convolution and pooling with a CPU plan.
+"""Layers shared by the model zoo: convolution, pooling and dropout with a CPU plan.
 
 Why this module exists (architecture.md section 4, "the conv-in-loop trap"): on
 XLA:CPU a `lax.conv` inside a rolled `lax.scan` trains 15-20x slower than in
@@ -34,6 +34,9 @@ Max pooling follows the plan: `reduce_window` with "lax"; otherwise reshape + ma
 a max over strided slices) with its own gradient for non-overlapping windows
 (`_block_max_pool`), which gained 1.7x (the reshape) and 1.1x (the gradient) on the
 FedAT CNN in the engine on CPU.
+
+Dropout follows it too: off "lax", a large mask's bits come from an unrolled Threefry
+(`bernoulli`), the same bits as `jax.random.bernoulli`, whose CPU lowering is a rolled loop.
 """
 
 from __future__ import annotations
