@@ -646,11 +646,11 @@ def _threefry2x32(k1: Array, k2: Array, x1: Array, x2: Array) -> tuple[Array, Ar
 
 # `bernoulli` computes the bits itself from this many values. Measured in the whole engine
 # on the Zen 5 box, A/B in one process, the same parameters bit for bit (docs/performance.md,
-# eighteenth session): wrn28_10 (masks of 1.3M to 5.2M values) 1.02x; pfl_cnn (295k) 0.98x
-# to 1.02x, noise; mnist_cnn (640 and 1,600) 0.85x, where XLA:CPU fused the unrolled rounds
-# into the masks' consumers. Alone, one mask took 35 ms rolled and 4.6 ms unrolled at 5.2M
-# values (the rolled loop's state leaves the cache), 1.7 and 0.8 ms at 1M, 0.47 and 0.28 ms
-# at 295k.
+# eighteenth session): wrn28_10 (masks of 1.3M to 5.2M values) 1.01x and 1.02x; pfl_cnn
+# (295k) 0.98x, noise; mnist_cnn (640 and 1,600) 0.83x to 0.88x, not profiled (in pfl_cnn's compiled
+# step XLA:CPU had fused the unrolled rounds into the masks' consumers). Alone, one mask
+# took 35 ms rolled and 4.6 ms unrolled at 5.2M values (the rolled loop's state leaves the
+# cache), 1.7 and 0.8 ms at 1M, 0.47 and 0.28 ms at 295k.
 _UNROLLED_BITS_MIN_SIZE = 1 << 20
 
 
@@ -658,12 +658,13 @@ def _unrolled_bits_apply(key: Array, shape: tuple[int, ...]) -> bool:
   """Whether `bernoulli` computes the bits itself: `_uniform_bits` gives JAX's own bits for
   `key` and `shape` (a Threefry key, JAX's partitionable bit layout, fewer than 2^32
   values, float32 uniforms: no x64), and the mask is large enough to gain from it."""
+  # getattr: a JAX that renames these options gets JAX's own sampler, never other bits.
   if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
     impl = str(jax.random.key_impl(key))
   else:
-    impl = jax.config.jax_default_prng_impl if key.shape == (2,) else ""
-  return ("threefry2x32" in impl and jax.config.jax_threefry_partitionable
-          and not jax.config.jax_enable_x64
+    impl = getattr(jax.config, "jax_default_prng_impl", "") if key.shape == (2,) else ""
+  return ("threefry2x32" in impl and getattr(jax.config, "jax_threefry_partitionable", False)
+          and not getattr(jax.config, "jax_enable_x64", True)
           and _UNROLLED_BITS_MIN_SIZE <= math.prod(shape) < 2 ** 32)
 
 
