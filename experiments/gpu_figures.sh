@@ -6,7 +6,7 @@
 #      and the engine with its plan (auto: patches since the first H200 run, lax before)
 #      against the lax and im2col convolution plans and against the scan client map, side
 #      by side in one process;
-#   3. the same on ResNet20;
+#   3. the same on ResNet20, less the client-map comparison;
 #   4. the pfl-research CIFAR-10 workload end to end through the CLI (1,500 rounds).
 #
 #   bash experiments/gpu_figures.sh [OUT_DIR]     # from the repository root

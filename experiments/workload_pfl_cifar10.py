@@ -46,6 +46,7 @@ def peak_flops(matmul_size: int = 2048, repeats: int = 5) -> float:
   microseconds on a GPU is not timed alone."""
   from experiments import benchmark  # pylint: disable=g-import-not-at-top
   run, flops = benchmark.matmul_plan(matmul_size)
+  benchmark.time_calls(run)  # compiles: the estimate below must time the matmul alone
   calls = benchmark.rounds_per_sample(benchmark.time_calls(run), benchmark.MIN_SAMPLE_S)
   return flops / min(benchmark.time_calls(run, calls) for _ in range(repeats))
 
