@@ -9,7 +9,8 @@ the kernel (and to the input, past the first layer, as in training) plus an SGD 
 rolled `lax.scan` of --steps batches (the engine's shape; the figures in
 docs/performance.md used --steps=3 --repeats=10), for each plan of
 `fedjax_lama.models.layers`: im2col, channel_major, row_shift (stride 1 along H only),
-standard_layout, and lax (the conv-in-loop trap); and the same step with lax convolutions
+winograd (F(4x4, 3x3); 3x3 stride-1 layers only), standard_layout, and lax (the
+conv-in-loop trap); and the same step with lax convolutions
 jitted ONCE outside any loop, the per-step loop's shape ("lax_outside"). Prints milliseconds
 per step, the plan `conv_patches` picks for the layer, and each plan's largest gradient
 difference from lax relative to its largest entry. The per-layer rules in `layers.conv_patches`
@@ -32,11 +33,12 @@ FLAGS = flags.FLAGS
 # --batch (examples per step), --steps (steps of the timed scan) and --repeats (timed calls of
 # each plan after one warm-up; the best counts) are experiments.benchmark's flags.
 flags.DEFINE_list("models", ["leaf_cnn"], "Models whose convolution layers are timed.")
-flags.DEFINE_list("plans", ["im2col", "channel_major", "row_shift", "standard_layout", "lax"],
-                  "Plans timed inside the scan.")
+flags.DEFINE_list("plans", ["im2col", "channel_major", "row_shift", "winograd",
+                            "standard_layout", "lax"], "Plans timed inside the scan.")
 
 _DIRECT = {"im2col": layers.im2col_conv, "channel_major": layers.channel_major_conv,
-           "row_shift": layers.row_shift_conv, "standard_layout": layers.standard_layout_conv,
+           "row_shift": layers.row_shift_conv, "winograd": layers.winograd_conv,
+           "standard_layout": layers.standard_layout_conv,
            "lax": lambda x, k, s, p: layers.conv(x, k, s, p, impl="lax")}
 
 
@@ -109,8 +111,9 @@ def time_layer(in_shape, kernel_shape, strides, padding, first: bool, batch: int
   reference = jax.jit(lambda p, x: grads(_DIRECT["lax"], p, x))(params, xs[0])
   scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree_util.tree_leaves(reference))
   for name in plans:
-    if name == "row_shift" and strides[0] != 1:
-      continue
+    if (name == "row_shift" and strides[0] != 1) or (
+        name == "winograd" and (kernel_shape[:2] != (3, 3) or tuple(strides) != (1, 1))):
+      continue  # The plan cannot compute this layer.
     conv = _DIRECT[name]
     scanned = jax.jit(lambda p, x, conv=conv: jax.lax.scan(
         lambda q, xb: (sgd(q, grads(conv, q, xb)), None), p, x)[0])

@@ -7,7 +7,9 @@
 #      against the lax and im2col convolution plans and against the scan client map, side
 #      by side in one process;
 #   3. the same on ResNet20, less the client-map comparison;
-#   4. the pfl-research CIFAR-10 workload end to end through the CLI (1,500 rounds).
+#   4. WRN-28-10 at 8 x 5 x 32 against the "winograd" plan (Winograd's F(4x4, 3x3) on every
+#      3x3 stride-1 layer: the patches plan takes it on CPU only, until it is measured here);
+#   5. the pfl-research CIFAR-10 workload end to end through the CLI (1,500 rounds).
 #
 #   bash experiments/gpu_figures.sh [OUT_DIR]     # from the repository root
 #
@@ -21,6 +23,7 @@ export PYTHONUNBUFFERED=1
 py="${PYTHON:-python3}"
 t_fedat="${GPU_FIGURES_FEDAT_S:-120}"
 t_resnet="${GPU_FIGURES_RESNET_S:-150}"
+t_wrn="${GPU_FIGURES_WRN_S:-200}"
 t_workload="${GPU_FIGURES_WORKLOAD_S:-250}"
 rounds="${GPU_FIGURES_ROUNDS:-1500}"
 clients="${GPU_FIGURES_CLIENTS:-32}"
@@ -59,6 +62,9 @@ step bench_fedat_cnn "$t_fedat" "$py" -m experiments.benchmark --model=fedat_cnn
 step bench_resnet20 "$t_resnet" "$py" -m experiments.benchmark --model=resnet20 \
   --clients="$clients" --steps="$steps" --batch=32 --repeats=3 --matmul_size="$matmul" \
   --compare_conv_impls=lax,patches,im2col
+step bench_wrn28_10 "$t_wrn" "$py" -m experiments.benchmark --model=wrn28_10 --clients=8 \
+  --steps=5 --batch=32 --repeats=2 --central= --matmul_size="$matmul" \
+  --compare_conv_impls=winograd
 workdir="$(mktemp -d)"
 step workload_pfl "$t_workload" "$py" -m experiments.workload_pfl_cifar10 \
   --rounds="$rounds" --peak_matmul_size="$matmul" --workdir="$workdir"

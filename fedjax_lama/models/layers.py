@@ -24,7 +24,11 @@ the same function to float32 rounding:
   gradient convolutions JAX emits, not in the forward one) is kept to be
   measured (experiments/conv_layers.py); the rule picked it on the EPYC box
   and no longer does (see the comment above `_ROW_SHIFT_MIN_HEIGHT`).
+  On CPU it takes `winograd_conv` (Winograd's F(4x4, 3x3): 4x fewer matmul FLOPs,
+  values within a few float32 roundings) for wide 3x3 stride-1 layers on large maps.
 * "im2col": `im2col_conv` for every layer (to measure "patches" against).
+* "winograd": `winograd_conv` for every 3x3 stride-1 layer, "patches" for the others, on
+  every platform (to measure it where the rule does not take it, on GPUs for one).
 * "patches_xla": `lax.conv_general_dilated_patches` + matmul (its backward is
   a convolution again) and "shifted_sum": a sum over kernel offsets of
   slice @ kernel[i, j]. Both exist to be measured (experiments/conv_plans.py);
@@ -57,7 +61,7 @@ Padding = Union[str, Sequence[tuple[int, int]]]
 
 # Accepted by `Conv.conv_impl` / `conv` / `max_pool` (and "auto"). "lax" and
 # "patches" are the supported plans; the others exist to be measured.
-CONV_IMPLS = ("lax", "patches", "im2col", "patches_xla", "shifted_sum")
+CONV_IMPLS = ("lax", "patches", "im2col", "winograd", "patches_xla", "shifted_sum")
 INIT_STYLES = ("keras", "torch", "torchvision", "flax")
 _DN = ("NHWC", "HWIO", "NHWC")
 
@@ -243,6 +247,166 @@ def channel_major_conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
   return jnp.transpose((k @ patches).reshape(cout, n, ho, wo), (1, 2, 3, 0))
 
 
+# Winograd's minimal filtering F(m x m, 3 x 3) (Lavin and Gray, "Fast Algorithms for
+# Convolutional Neural Networks", CVPR 2016): B^T (input tiles), G (kernel) and A^T (output
+# tiles) for output tiles of m x m. m = 4 uses the interpolation points 0, +-1, +-2 and
+# infinity, the matrices of the paper's section 4.2 and of cuDNN's and oneDNN's F(4x4, 3x3).
+_WINOGRAD_TRANSFORMS = {
+    2: (((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1)),
+        ((1, 0, 0), (1 / 2, 1 / 2, 1 / 2), (1 / 2, -1 / 2, 1 / 2), (0, 0, 1)),
+        ((1, 1, 1, 0), (0, 1, -1, -1))),
+    4: (((4, 0, -5, 0, 1, 0), (0, -4, -4, 1, 1, 0), (0, 4, -4, -1, 1, 0),
+         (0, -2, -1, 2, 1, 0), (0, 2, -1, -2, 1, 0), (0, 4, 0, -5, 0, 1)),
+        ((1 / 4, 0, 0), (-1 / 6, -1 / 6, -1 / 6), (-1 / 6, 1 / 6, -1 / 6),
+         (1 / 24, 1 / 12, 1 / 6), (1 / 24, -1 / 12, 1 / 6), (0, 0, 1)),
+        ((1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0), (0, 1, -1, 8, -8, 1))),
+}
+
+
+def _combination(coefficients: Sequence[float], arrays: Sequence[Array]) -> Array:
+  """sum_i coefficients[i] * arrays[i], skipping zeros (the transforms are sparse)."""
+  terms = [a if c == 1 else -a if c == -1 else a * c
+           for c, a in zip(coefficients, arrays) if c != 0]
+  return functools.reduce(lambda u, v: u + v, terms)
+
+
+def _column(matrix, j: int) -> tuple:
+  return tuple(row[j] for row in matrix)
+
+
+def _tile_overlap_sum(parts: Sequence[Array], m: int, axis: int) -> Array:
+  """The transpose of cutting overlapping tiles along `axis`: parts[b] holds offset b of every
+  tile (tiles every m positions, b < m + 2); returns [..., tiles + 1, m, ...], where offset b
+  of tile t lands on position m * (t + b // m) + b % m."""
+  phases = []
+  for r in range(m):
+    terms = []
+    for b in range(r, len(parts), m):
+      widths = [(0, 0)] * parts[b].ndim
+      widths[axis] = (b // m, 1 - b // m)
+      terms.append(jnp.pad(parts[b], widths))
+    phases.append(functools.reduce(lambda u, v: u + v, terms))
+  return jnp.stack(phases, axis=axis + 1)
+
+
+def _winograd_tiles_fwd_impl(xp: Array, m: int) -> Array:
+  """B^T d B of every (m + 2) x (m + 2) input tile (tiles every m positions).
+
+  xp [n, m * (th + 1), m * (tw + 1), c] -> [m + 2, m + 2, n, th, tw, c]. The rows are
+  transformed first (each row offset a is a slice of xp viewed as [n, th + 1, m, ...]), then
+  the columns: two passes of at most 4 terms each, no gather."""
+  bt, a = _WINOGRAD_TRANSFORMS[m][0], m + 2
+  n, hp, wp, c = xp.shape
+  th, tw = hp // m - 1, wp // m - 1
+  x6 = xp.reshape(n, th + 1, m, wp, c)
+  rows = [x6[:, b // m:b // m + th, b % m] for b in range(a)]
+  tiles = []
+  for xi in range(a):
+    t6 = _combination(bt[xi], rows).reshape(n, th, tw + 1, m, c)
+    cols = [t6[:, :, b // m:b // m + tw, b % m] for b in range(a)]
+    tiles.append(jnp.stack([_combination(bt[nu], cols) for nu in range(a)]))
+  return jnp.stack(tiles)
+
+
+def _winograd_tiles_transpose(dv: Array, m: int) -> Array:
+  """The transpose of `_winograd_tiles_fwd_impl`, written out: B dV B^T summed back over
+  the overlapping tiles."""
+  bt, a = _WINOGRAD_TRANSFORMS[m][0], m + 2
+  _, _, n, th, tw, c = dv.shape
+  drows = []
+  for xi in range(a):
+    cols = [_combination(_column(bt, b), [dv[xi, nu] for nu in range(a)]) for b in range(a)]
+    drows.append(_tile_overlap_sum(cols, m, 2).reshape(n, th, m * (tw + 1), c))
+  rows = [_combination(_column(bt, b), drows) for b in range(a)]
+  return _tile_overlap_sum(rows, m, 1).reshape(n, m * (th + 1), m * (tw + 1), c)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _winograd_tiles(xp: Array, m: int) -> Array:
+  """`_winograd_tiles_fwd_impl` with its transpose as the gradient.
+
+  Why a custom VJP: autodiff's transpose of the tile slices is one zero-padded copy per
+  (tile row, tile column) offset, summed: XLA:CPU fused the (m + 2)^2 pads into one
+  kernel that tests every pad for every element (F(4x4, 3x3)'s output-side transpose,
+  built the same way, took 530 ms a step on WRN-28-10's 32x32x160 layer against 13 ms for
+  its matmul). Written out, each output element sums at most 2 shifted terms per pass."""
+  return _winograd_tiles_fwd_impl(xp, m)
+
+
+_winograd_tiles.defvjp(lambda xp, m: (_winograd_tiles_fwd_impl(xp, m), None),
+                       lambda m, _, dv: (_winograd_tiles_transpose(dv, m),))
+
+
+def _winograd_untile_fwd_impl(mt: Array, m: int) -> Array:
+  """A^T M A of every tile: [m + 2, m + 2, n, th, tw, f] -> [n, m * th, m * tw, f]."""
+  at, a = _WINOGRAD_TRANSFORMS[m][2], m + 2
+  _, _, n, th, tw, f = mt.shape
+  rows = [_combination(at[i], [mt[xi] for xi in range(a)]) for i in range(m)]
+  y = jnp.stack([jnp.stack([_combination(at[j], [r[nu] for nu in range(a)]) for j in range(m)],
+                           axis=3) for r in rows], axis=2)
+  return y.reshape(n, m * th, m * tw, f)
+
+
+def _winograd_untile_transpose(dy: Array, m: int) -> Array:
+  at, a = _WINOGRAD_TRANSFORMS[m][2], m + 2
+  n, h, w, f = dy.shape
+  d6 = dy.reshape(n, h // m, m, w // m, m, f)
+  drows = [[_combination(_column(at, nu), [d6[:, :, i, :, j] for j in range(m)])
+            for nu in range(a)] for i in range(m)]
+  return jnp.stack([jnp.stack([_combination(_column(at, xi), [drows[i][nu] for i in range(m)])
+                               for nu in range(a)]) for xi in range(a)])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _winograd_untile(mt: Array, m: int) -> Array:
+  """`_winograd_untile_fwd_impl` with its transpose as the gradient (see `_winograd_tiles`)."""
+  return _winograd_untile_fwd_impl(mt, m)
+
+
+_winograd_untile.defvjp(lambda mt, m: (_winograd_untile_fwd_impl(mt, m), None),
+                        lambda m, _, dy: (_winograd_untile_transpose(dy, m),))
+
+
+def winograd_conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
+                  padding: Padding = "SAME", tile: int = 4) -> Array:
+  """A 3x3 stride-1 convolution by Winograd's minimal filtering F(tile x tile, 3 x 3).
+
+  The input is cut into overlapping (tile + 2)^2 tiles every `tile` positions and
+  transformed (B^T d B), the kernel too (G g G^T); then (tile + 2)^2 independent matmuls
+  [tiles, cin] x [cin, cout] and the output transform A^T M A. F(4x4, 3x3) needs 36
+  multiplications per 16 outputs and input channel where im2col needs 144: 4x fewer matmul
+  FLOPs, for element-wise transforms over arrays 2.25x the input and output. On XLA:CPU
+  it trained WRN-28-10's 32x32x160 layer 2.1x faster than the row shift
+  (docs/performance.md, nineteenth session); on narrow or small maps the transforms cost
+  more than the FLOPs saved (`_WINOGRAD_*` below).
+
+  The price is precision: float32 rounding amplified by the transforms' coefficients (up to
+  8). Against a float64 convolution, outputs and both gradients were off by 4e-6 to 8e-6 of
+  their largest value with F(4x4, 3x3), against 3e-7 to 1.1e-6 for F(2x2, 3x3), im2col,
+  the row shift and lax itself in float32 (docs/performance.md, nineteenth session).
+  """
+  kh, kw, cin, cout = kernel.shape
+  if (kh, kw) != (3, 3) or tuple(strides) != (1, 1):
+    raise ValueError(f"winograd_conv needs a 3x3 kernel and stride 1; got {kernel.shape[:2]} "
+                     f"and {tuple(strides)}")
+  if tile not in _WINOGRAD_TRANSFORMS:
+    raise ValueError(f"tile={tile} is not accepted; use one of {sorted(_WINOGRAD_TRANSFORMS)}")
+  _, g, _ = _WINOGRAD_TRANSFORMS[tile]
+  a = tile + 2
+  (top, bottom), (left, right) = _pads(x.shape[1:3], (3, 3), strides, padding)
+  n, h, w, _ = x.shape
+  ho, wo = h + top + bottom - 2, w + left + right - 2
+  th, tw = -(-ho // tile), -(-wo // tile)
+  # Zeros past the last tile's overlap make the padded map a whole number of tiles + 1.
+  xp = jnp.pad(x, ((0, 0), (top, tile * (th + 1) - h - top), (left, tile * (tw + 1) - w - left),
+                   (0, 0)))
+  v = _winograd_tiles(xp, tile).reshape(a * a, n * th * tw, cin)
+  gm = jnp.asarray(g, kernel.dtype)
+  u = jnp.einsum("ai,ijcf,bj->abcf", gm, kernel, gm).reshape(a * a, cin, cout)
+  mt = jnp.einsum("tkc,tcf->tkf", v, u).reshape(a, a, n, th, tw, cout)
+  return _winograd_untile(mt, tile)[:, :ho, :wo]
+
+
 def _forward_conv(x: Array, kernel: Array, strides, pads, lhs_dilation=(1, 1),
                   rhs_dilation=(1, 1)) -> Array:
   return lax.conv_general_dilated(x, kernel, tuple(strides), pads, lhs_dilation=lhs_dilation,
@@ -364,18 +528,48 @@ _ROW_SHIFT_MIN_CIN = 8
 _FOLD_BIAS_MAX_K = 128
 _FOLD_BIAS_MIN_WIDE_K = 1024
 
+# Where `winograd_conv` (F(4x4, 3x3)) beats the row shift and im2col: 3x3 stride-1 layers with
+# outputs of at least 16 x 16, at least 32 input and 64 output channels, on CPU. Timed layer
+# by layer on the Zen 5 box (`experiments.conv_layers`, one SGD step in a scan, ms a step;
+# docs/performance.md, nineteenth session): WRN-28-10's 160 -> 160 at 32x32 75 against the
+# row shift's 156, 320 -> 320 at 16x16 73 against 145, ResNet-9's 64 -> 64 at 32x32 22
+# against 37, 128 -> 128 at 16x16 16 against 25, pfl_cnn's 32 -> 64 at 28x28 8.9 against
+# 12.4; it lost at 8x8 (640 -> 640: 133 against im2col's 114; 256 -> 256: 23 against 21),
+# at 13x13 (FedAT's CNN, 4.1 against 3.3) and with 16 or 32 channels (ResNet20's 32x32x16: 3.3
+# against 2.0). In the whole engine (A/B in one process): WRN-28-10 1.50x, ResNet-9 1.17x,
+# pfl_cnn 1.13x. GPUs keep the plan measured there until this one is measured there too.
+_WINOGRAD_MIN_SIZE = 16
+_WINOGRAD_MIN_CIN = 32
+_WINOGRAD_MIN_COUT = 64
+_WINOGRAD_PLATFORMS = ("cpu",)
+
+
+def _winograd_applies(kernel_shape: Sequence[int], strides: Sequence[int]) -> bool:
+  return tuple(kernel_shape[:2]) == (3, 3) and tuple(strides) == (1, 1)
+
+
+def _winograd_pays(kernel_shape: Sequence[int], strides: Sequence[int], out: Sequence[int],
+                   platform: str) -> bool:
+  _, _, cin, cout = kernel_shape
+  return (platform in _WINOGRAD_PLATFORMS and _winograd_applies(kernel_shape, strides)
+          and min(out) >= _WINOGRAD_MIN_SIZE and cin >= _WINOGRAD_MIN_CIN
+          and cout >= _WINOGRAD_MIN_COUT)
+
 
 def conv_patches(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
-                 padding: Padding = "SAME", bias: Array | None = None) -> Array:
+                 padding: Padding = "SAME", bias: Array | None = None,
+                 platform: str | None = None) -> Array:
   """The "patches" plan, the CPU plan: slices + matmuls, or convolutions off the trap.
 
-  Picks per layer (measured on XLA:CPU; see `_CHANNEL_MAJOR_MAX_CIN`,
+  Picks per layer (measured on XLA:CPU; see `_CHANNEL_MAJOR_MAX_CIN`, `_WINOGRAD_*`,
   `_ROW_SHIFT_*` and experiments/conv_plans.py):
   `channel_major_conv` for an image's few input channels into few output
-  channels; `row_shift_conv` for stride 1 along H, a tall output and several
+  channels; on CPU, `winograd_conv` for wide 3x3 stride-1 layers on maps of at least
+  16 x 16; `row_shift_conv` for stride 1 along H, a tall output and several
   input channels; otherwise `im2col_conv` (which makes a 1x1 convolution one
   matmul on a strided slice). `standard_layout_conv` is not picked (see the
-  comment on it above `_ROW_SHIFT_MIN_HEIGHT`).
+  comment on it above `_ROW_SHIFT_MIN_HEIGHT`). `platform` (default: JAX's default
+  backend when traced) decides whether the CPU-only picks apply.
   """
   kh, kw, cin, cout = kernel.shape
   pads = _pads(x.shape[1:3], kernel.shape[:2], strides, padding)
@@ -383,6 +577,9 @@ def conv_patches(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
   if cin <= _CHANNEL_MAJOR_MAX_CIN and cout <= _CHANNEL_MAJOR_MAX_COUT and kh * kw > 1:
     return add_bias(channel_major_conv(x, kernel, strides, pads))
   ho = (x.shape[1] + sum(pads[0]) - kh) // strides[0] + 1
+  wo = (x.shape[2] + sum(pads[1]) - kw) // strides[1] + 1
+  if _winograd_pays(kernel.shape, strides, (ho, wo), platform or jax.default_backend()):
+    return add_bias(winograd_conv(x, kernel, strides, pads))
   if kh > 1 and strides[0] == 1 and ho >= _ROW_SHIFT_MIN_HEIGHT and cin >= _ROW_SHIFT_MIN_CIN:
     return add_bias(row_shift_conv(x, kernel, strides, pads))
   return im2col_conv(x, kernel, strides, pads, bias)
@@ -424,6 +621,11 @@ def conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
     return conv_patches(x, kernel, strides, padding, bias)
   if impl == "im2col":
     return im2col_conv(x, kernel, strides, padding, bias)
+  if impl == "winograd":
+    if not _winograd_applies(kernel.shape, strides):
+      return conv_patches(x, kernel, strides, padding, bias)
+    y = winograd_conv(x, kernel, strides, padding)
+    return y if bias is None else y + bias
   if impl == "lax":
     pads = _pads(x.shape[1:3], kernel.shape[:2], strides, padding)
     y = lax.conv_general_dilated(x, kernel, strides, pads, dimension_numbers=_DN)
