@@ -9,7 +9,7 @@ the kernel (and to the input, past the first layer, as in training) plus an SGD 
 rolled `lax.scan` of --steps batches (the engine's shape; the figures in
 docs/performance.md used --steps=3 --repeats=10), for each plan of
 `fedjax_lama.models.layers`: im2col, channel_major, row_shift (stride 1 along H only),
-winograd (F(4x4, 3x3); 3x3 stride-1 layers only), standard_layout, and lax (the
+winograd (F(4x4, 3x3) and F(2x2, 5x5); stride-1 layers only), standard_layout, and lax (the
 conv-in-loop trap); and the same step with lax convolutions
 jitted ONCE outside any loop, the per-step loop's shape ("lax_outside"). Prints milliseconds
 per step, the plan `conv_patches` picks for the layer, and each plan's largest gradient
@@ -112,7 +112,7 @@ def time_layer(in_shape, kernel_shape, strides, padding, first: bool, batch: int
   scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree_util.tree_leaves(reference))
   for name in plans:
     if (name == "row_shift" and strides[0] != 1) or (
-        name == "winograd" and (kernel_shape[:2] != (3, 3) or tuple(strides) != (1, 1))):
+        name == "winograd" and not layers.winograd_applies(kernel_shape, strides)):
       continue  # The plan cannot compute this layer.
     conv = _DIRECT[name]
     scanned = jax.jit(lambda p, x, conv=conv: jax.lax.scan(

@@ -245,7 +245,7 @@ CONV_CASES = [
     ((21, 20), 32, 64, (3, 3), (1, 1), ((0, 1), (2, 1))),
 ]
 _ROW_SHIFT_CASES = [c for c in CONV_CASES if c[4][0] == 1]
-_WINOGRAD_CASES = [c for c in CONV_CASES if c[3] == (3, 3) and c[4] == (1, 1)]
+_WINOGRAD_CASES = [c for c in CONV_CASES if c[3] in ((3, 3), (5, 5)) and c[4] == (1, 1)]
 
 
 def _conv_case_args(case):
@@ -314,7 +314,7 @@ _FAST_CONV_CASES = [c for c in CONV_CASES if c[3][0] < 5 or c[5] == "VALID"]
     pytest.param("standard_layout", CONV_CASES, marks=pytest.mark.slow),
     ("row_shift", [c for c in _ROW_SHIFT_CASES if c in _FAST_CONV_CASES]),
     pytest.param("row_shift", _ROW_SHIFT_CASES, marks=pytest.mark.slow),
-    # Winograd on every 3x3 stride-1 case, "patches" on the others.
+    # Winograd on every 3x3 and 5x5 stride-1 case, "patches" on the others.
     ("winograd", _FAST_CONV_CASES),
     ("winograd2", [c for c in _WINOGRAD_CASES if c in _FAST_CONV_CASES]),
     # The benchmark-only plans, on the cheaper cases (compile time).
@@ -659,16 +659,18 @@ def test_row_shift_conv_rejects_stride_along_h():
     (32, (3, 3), 64, "winograd", 16, "cpu"), (128, (3, 3), 256, "winograd", 32, "cpu"),
     (32, (3, 3), 64, "row_shift", 16, "gpu"), (128, (3, 3), 256, "row_shift", 16, "gpu"),
     (16, (3, 3), 64, "row_shift", 16, "cpu"), (32, (3, 3), 32, "row_shift", 16, "cpu"),
-    (32, (5, 5), 64, "row_shift", 16, "cpu"), (32, (1, 1), 64, "im2col", 16, "cpu"),
+    (32, (5, 5), 64, "winograd", 10, "cpu"), (32, (5, 5), 64, "row_shift", 16, "gpu"),
+    (16, (5, 5), 64, "row_shift", 16, "cpu"), (32, (5, 5), 64, "im2col", 8, "cpu"),
+    (32, (7, 7), 64, "row_shift", 16, "cpu"), (32, (1, 1), 64, "im2col", 16, "cpu"),
     (32, (3, 3), 64, "im2col", 14, "cpu"), (64, (3, 3), 64, "im2col", 8, "cpu")])
 def test_patches_routes_layers_by_measured_rule(cin, window, cout, expected, size, platform,
                                                 monkeypatch):
   """The "patches" plan's per-layer pick (layers.conv_patches) on a size x size map, SAME:
   channel-major patches for an image's 1 to 3 channels into at most 10; on CPU Winograd's
   F(4x4, 3x3) for 3x3 stride-1 layers with outputs of at least 16 x 16, 32 input and 64
-  output channels; row shifts for stride 1 along H on maps of at least 16 rows with several
-  input channels; im2col otherwise; never the standard layout (measured slower on the
-  project's Xeon box, docs/performance.md)."""
+  output channels, F(2x2, 5x5) for 5x5 ones from 10 x 10; row shifts for stride 1 along H
+  on maps of at least 16 rows with several input channels; im2col otherwise; never the
+  standard layout (measured slower on the project's Xeon box, docs/performance.md)."""
   called = []
   for name in ("channel_major", "im2col", "row_shift", "standard_layout", "winograd"):
     real = getattr(layers, f"{name}_conv")
@@ -697,27 +699,28 @@ def _numpy_conv(x, w, pads):
              for i in range(kh) for j in range(kw))
 
 
-@pytest.mark.parametrize("tile", sorted(layers._WINOGRAD_TRANSFORMS))
-def test_winograd_transforms_compute_a_1d_correlation(tile):
+@pytest.mark.parametrize("tile,size", sorted(layers._WINOGRAD_TRANSFORMS))
+def test_winograd_transforms_compute_a_1d_correlation(tile, size):
   """Known answer for the tables themselves (Lavin and Gray 2016, eq. 7):
-  A^T [(G g) * (B^T d)] is the valid correlation of m + 2 inputs d with 3 taps g."""
-  bt, g, at = (np.asarray(t, np.float64) for t in layers._WINOGRAD_TRANSFORMS[tile])
+  A^T [(G g) * (B^T d)] is the valid correlation of m + r - 1 inputs d with r taps g."""
+  bt, g, at = (np.asarray(t, np.float64) for t in layers._WINOGRAD_TRANSFORMS[tile, size])
   rng = np.random.default_rng(tile)
   for _ in range(5):
-    d, taps = rng.normal(size=tile + 2), rng.normal(size=3)
-    expected = [d[i:i + 3] @ taps for i in range(tile)]
+    d, taps = rng.normal(size=tile + size - 1), rng.normal(size=size)
+    expected = [d[i:i + size] @ taps for i in range(tile)]
     np.testing.assert_allclose(at @ ((g @ taps) * (bt @ d)), expected, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("tile,rtol", [(2, 2e-6), (4, 2e-5)])
-@pytest.mark.parametrize("hw,pads", [((8, 8), ((1, 1), (1, 1))), ((7, 9), ((0, 0), (0, 0))),
-                                     ((5, 6), ((0, 1), (2, 1))), ((1, 1), ((1, 1), (1, 1)))])
-def test_winograd_conv_equals_a_numpy_convolution(tile, rtol, hw, pads):
+@pytest.mark.parametrize("tile,size,rtol", [(2, 3, 2e-6), (4, 3, 2e-5), (2, 5, 2e-5)])
+@pytest.mark.parametrize("hw,pads", [((8, 8), "SAME"), ((7, 9), ((0, 0), (0, 0))),
+                                     ((5, 6), ((0, 1), (2, 1))), ((1, 1), "SAME")])
+def test_winograd_conv_equals_a_numpy_convolution(tile, size, rtol, hw, pads):
   """Forward against a float64 numpy convolution (maps that are not whole tiles, one pixel,
   asymmetric padding); gradients against the lax plan's."""
   rng = np.random.default_rng(hw[0])
+  pads = [(size // 2, size // 2)] * 2 if pads == "SAME" else pads
   x = jnp.asarray(rng.normal(size=(2,) + hw + (5,)), jnp.float32)
-  w = jnp.asarray(rng.normal(size=(3, 3, 5, 7)) / np.sqrt(45), jnp.float32)
+  w = jnp.asarray(rng.normal(size=(size, size, 5, 7)) / np.sqrt(5 * size ** 2), jnp.float32)
   y = layers.winograd_conv(x, w, (1, 1), pads, tile)
   expected = _numpy_conv(x, w, pads)
   scale = np.abs(expected).max()
@@ -743,12 +746,11 @@ def test_winograd_conv_under_vmap_equals_each_client_alone():
 
 
 def test_winograd_conv_rejects_what_it_cannot_compute():
-  with pytest.raises(ValueError, match="3x3 kernel and stride 1"):
-    layers.winograd_conv(jnp.zeros((1, 8, 8, 2)), jnp.zeros((5, 5, 2, 2)))
-  with pytest.raises(ValueError, match="3x3 kernel and stride 1"):
-    layers.winograd_conv(jnp.zeros((1, 8, 8, 2)), jnp.zeros((3, 3, 2, 2)), (2, 2))
-  with pytest.raises(ValueError, match="tile=3"):
-    layers.winograd_conv(jnp.zeros((1, 8, 8, 2)), jnp.zeros((3, 3, 2, 2)), tile=3)
+  for kernel, strides, tile in [((7, 7), (1, 1), None), ((3, 3), (2, 2), None),
+                                ((3, 3), (1, 1), 3), ((5, 5), (1, 1), 4), ((3, 5), (1, 1), 2)]:
+    with pytest.raises(ValueError, match=r"stride 1 and a \(tile, kernel size\) of \(2, 3\)"):
+      layers.winograd_conv(jnp.zeros((1, 8, 8, 2)), jnp.zeros(kernel + (2, 2)), strides,
+                           tile=tile)
 
 
 def test_standard_layout_conv_under_vmap_equals_lax_and_uses_no_convolution():

@@ -24,11 +24,12 @@ the same function to float32 rounding:
   gradient convolutions JAX emits, not in the forward one) is kept to be
   measured (experiments/conv_layers.py); the rule picked it on the EPYC box
   and no longer does (see the comment above `_ROW_SHIFT_MIN_HEIGHT`).
-  On CPU it takes `winograd_conv` (Winograd's F(4x4, 3x3): 4x fewer matmul FLOPs,
-  values within a few float32 roundings) for wide 3x3 stride-1 layers on large maps.
+  On CPU it takes `winograd_conv` (Winograd's F(4x4, 3x3) and F(2x2, 5x5): 4x and 2.8x
+  fewer matmul FLOPs, values within a few float32 roundings) for wide 3x3 and 5x5 stride-1
+  layers on large enough maps.
 * "im2col": `im2col_conv` for every layer (to measure "patches" against).
-* "winograd": `winograd_conv` for every 3x3 stride-1 layer, "patches" for the others, on
-  every platform (to measure it where the rule does not take it, on GPUs for one).
+* "winograd": `winograd_conv` for every 3x3 and 5x5 stride-1 layer, "patches" for the
+  others, on every platform (to measure it where the rule does not take it, on GPUs for one).
 * "patches_xla": `lax.conv_general_dilated_patches` + matmul (its backward is
   a convolution again) and "shifted_sum": a sum over kernel offsets of
   slice @ kernel[i, j]. Both exist to be measured (experiments/conv_plans.py);
@@ -247,19 +248,28 @@ def channel_major_conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
   return jnp.transpose((k @ patches).reshape(cout, n, ho, wo), (1, 2, 3, 0))
 
 
-# Winograd's minimal filtering F(m x m, 3 x 3) (Lavin and Gray, "Fast Algorithms for
-# Convolutional Neural Networks", CVPR 2016): B^T (input tiles), G (kernel) and A^T (output
-# tiles) for output tiles of m x m. m = 4 uses the interpolation points 0, +-1, +-2 and
-# infinity, the matrices of the paper's section 4.2 and of cuDNN's and oneDNN's F(4x4, 3x3).
+# Winograd's minimal filtering F(m x m, r x r) (Lavin and Gray, "Fast Algorithms for
+# Convolutional Neural Networks", CVPR 2016), keyed by (m, r): B^T (input tiles of
+# a = m + r - 1), G (kernel) and A^T (output tiles of m x m), from the interpolation points
+# 0, 1, -1 (a = 4) or 0, +-1, +-2 (a = 6) and infinity. F(4x4, 3x3) is the paper's section
+# 4.2 table, also cuDNN's and oneDNN's. Every table is checked against a direct 1-D
+# correlation (tests/test_models.py).
 _WINOGRAD_TRANSFORMS = {
-    2: (((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1)),
-        ((1, 0, 0), (1 / 2, 1 / 2, 1 / 2), (1 / 2, -1 / 2, 1 / 2), (0, 0, 1)),
-        ((1, 1, 1, 0), (0, 1, -1, -1))),
-    4: (((4, 0, -5, 0, 1, 0), (0, -4, -4, 1, 1, 0), (0, 4, -4, -1, 1, 0),
-         (0, -2, -1, 2, 1, 0), (0, 2, -1, -2, 1, 0), (0, 4, 0, -5, 0, 1)),
-        ((1 / 4, 0, 0), (-1 / 6, -1 / 6, -1 / 6), (-1 / 6, 1 / 6, -1 / 6),
-         (1 / 24, 1 / 12, 1 / 6), (1 / 24, -1 / 12, 1 / 6), (0, 0, 1)),
-        ((1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0), (0, 1, -1, 8, -8, 1))),
+    (2, 3): (((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1)),
+             ((1, 0, 0), (1 / 2, 1 / 2, 1 / 2), (1 / 2, -1 / 2, 1 / 2), (0, 0, 1)),
+             ((1, 1, 1, 0), (0, 1, -1, -1))),
+    (4, 3): (((4, 0, -5, 0, 1, 0), (0, -4, -4, 1, 1, 0), (0, 4, -4, -1, 1, 0),
+              (0, -2, -1, 2, 1, 0), (0, 2, -1, -2, 1, 0), (0, 4, 0, -5, 0, 1)),
+             ((1 / 4, 0, 0), (-1 / 6, -1 / 6, -1 / 6), (-1 / 6, 1 / 6, -1 / 6),
+              (1 / 24, 1 / 12, 1 / 6), (1 / 24, -1 / 12, 1 / 6), (0, 0, 1)),
+             ((1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0),
+              (0, 1, -1, 8, -8, 1))),
+    (2, 5): (((4, 0, -5, 0, 1, 0), (0, -4, -4, 1, 1, 0), (0, 4, -4, -1, 1, 0),
+              (0, -2, -1, 2, 1, 0), (0, 2, -1, -2, 1, 0), (0, 4, 0, -5, 0, 1)),
+             ((1 / 4, 0, 0, 0, 0), (-1 / 6, -1 / 6, -1 / 6, -1 / 6, -1 / 6),
+              (-1 / 6, 1 / 6, -1 / 6, 1 / 6, -1 / 6), (1 / 24, 1 / 12, 1 / 6, 1 / 3, 2 / 3),
+              (1 / 24, -1 / 12, 1 / 6, -1 / 3, 2 / 3), (0, 0, 0, 0, 1)),
+             ((1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 1))),
 }
 
 
@@ -274,81 +284,86 @@ def _column(matrix, j: int) -> tuple:
   return tuple(row[j] for row in matrix)
 
 
-def _tile_overlap_sum(parts: Sequence[Array], m: int, axis: int) -> Array:
+def _tile_spans(m: int, r: int) -> int:
+  """How many tile strides past the last tile its overlap reaches: ceil((r - 1) / m)."""
+  return -(-(r - 1) // m)
+
+
+def _tile_overlap_sum(parts: Sequence[Array], m: int, spans: int, axis: int) -> Array:
   """The transpose of cutting overlapping tiles along `axis`: parts[b] holds offset b of every
-  tile (tiles every m positions, b < m + 2); returns [..., tiles + 1, m, ...], where offset b
-  of tile t lands on position m * (t + b // m) + b % m."""
+  tile (tiles every m positions); returns [..., tiles + spans, m, ...], where offset b of tile
+  t lands on position m * (t + b // m) + b % m."""
   phases = []
-  for r in range(m):
+  for phase in range(m):
     terms = []
-    for b in range(r, len(parts), m):
+    for b in range(phase, len(parts), m):
       widths = [(0, 0)] * parts[b].ndim
-      widths[axis] = (b // m, 1 - b // m)
+      widths[axis] = (b // m, spans - b // m)
       terms.append(jnp.pad(parts[b], widths))
     phases.append(functools.reduce(lambda u, v: u + v, terms))
   return jnp.stack(phases, axis=axis + 1)
 
 
-def _winograd_tiles_fwd_impl(xp: Array, m: int) -> Array:
-  """B^T d B of every (m + 2) x (m + 2) input tile (tiles every m positions).
+def _winograd_tiles_fwd_impl(xp: Array, m: int, r: int) -> Array:
+  """B^T d B of every a x a input tile (a = m + r - 1, tiles every m positions).
 
-  xp [n, m * (th + 1), m * (tw + 1), c] -> [m + 2, m + 2, n, th, tw, c]. The rows are
-  transformed first (each row offset a is a slice of xp viewed as [n, th + 1, m, ...]), then
-  the columns: two passes of at most 4 terms each, no gather."""
-  bt, a = _WINOGRAD_TRANSFORMS[m][0], m + 2
+  xp [n, m * (th + s), m * (tw + s), c] -> [a, a, n, th, tw, c], s = `_tile_spans(m, r)`.
+  The rows are transformed first (each row offset b is a slice of xp viewed as
+  [n, th + s, m, ...]), then the columns: two passes of at most a terms each, no gather."""
+  bt, a, s = _WINOGRAD_TRANSFORMS[m, r][0], m + r - 1, _tile_spans(m, r)
   n, hp, wp, c = xp.shape
-  th, tw = hp // m - 1, wp // m - 1
-  x6 = xp.reshape(n, th + 1, m, wp, c)
+  th, tw = hp // m - s, wp // m - s
+  x6 = xp.reshape(n, th + s, m, wp, c)
   rows = [x6[:, b // m:b // m + th, b % m] for b in range(a)]
   tiles = []
   for xi in range(a):
-    t6 = _combination(bt[xi], rows).reshape(n, th, tw + 1, m, c)
+    t6 = _combination(bt[xi], rows).reshape(n, th, tw + s, m, c)
     cols = [t6[:, :, b // m:b // m + tw, b % m] for b in range(a)]
     tiles.append(jnp.stack([_combination(bt[nu], cols) for nu in range(a)]))
   return jnp.stack(tiles)
 
 
-def _winograd_tiles_transpose(dv: Array, m: int) -> Array:
+def _winograd_tiles_transpose(dv: Array, m: int, r: int) -> Array:
   """The transpose of `_winograd_tiles_fwd_impl`, written out: B dV B^T summed back over
   the overlapping tiles."""
-  bt, a = _WINOGRAD_TRANSFORMS[m][0], m + 2
+  bt, a, s = _WINOGRAD_TRANSFORMS[m, r][0], m + r - 1, _tile_spans(m, r)
   _, _, n, th, tw, c = dv.shape
   drows = []
   for xi in range(a):
     cols = [_combination(_column(bt, b), [dv[xi, nu] for nu in range(a)]) for b in range(a)]
-    drows.append(_tile_overlap_sum(cols, m, 2).reshape(n, th, m * (tw + 1), c))
+    drows.append(_tile_overlap_sum(cols, m, s, 2).reshape(n, th, m * (tw + s), c))
   rows = [_combination(_column(bt, b), drows) for b in range(a)]
-  return _tile_overlap_sum(rows, m, 1).reshape(n, m * (th + 1), m * (tw + 1), c)
+  return _tile_overlap_sum(rows, m, s, 1).reshape(n, m * (th + s), m * (tw + s), c)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _winograd_tiles(xp: Array, m: int) -> Array:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _winograd_tiles(xp: Array, m: int, r: int) -> Array:
   """`_winograd_tiles_fwd_impl` with its transpose as the gradient.
 
   Why a custom VJP: autodiff's transpose of the tile slices is one zero-padded copy per
-  (tile row, tile column) offset, summed: XLA:CPU fused the (m + 2)^2 pads into one
-  kernel that tests every pad for every element (F(4x4, 3x3)'s output-side transpose,
-  built the same way, took 530 ms a step on WRN-28-10's 32x32x160 layer against 13 ms for
-  its matmul). Written out, each output element sums at most 2 shifted terms per pass."""
-  return _winograd_tiles_fwd_impl(xp, m)
+  (tile row, tile column) offset, summed: XLA:CPU fused the a^2 pads into one kernel that
+  tests every pad for every element (F(4x4, 3x3)'s output-side transpose, built the same
+  way, took 530 ms a step on WRN-28-10's 32x32x160 layer against 13 ms for its matmul).
+  Written out, each output element sums at most `_tile_spans` + 1 shifted terms a pass."""
+  return _winograd_tiles_fwd_impl(xp, m, r)
 
 
-_winograd_tiles.defvjp(lambda xp, m: (_winograd_tiles_fwd_impl(xp, m), None),
-                       lambda m, _, dv: (_winograd_tiles_transpose(dv, m),))
+_winograd_tiles.defvjp(lambda xp, m, r: (_winograd_tiles_fwd_impl(xp, m, r), None),
+                       lambda m, r, _, dv: (_winograd_tiles_transpose(dv, m, r),))
 
 
-def _winograd_untile_fwd_impl(mt: Array, m: int) -> Array:
-  """A^T M A of every tile: [m + 2, m + 2, n, th, tw, f] -> [n, m * th, m * tw, f]."""
-  at, a = _WINOGRAD_TRANSFORMS[m][2], m + 2
+def _winograd_untile_fwd_impl(mt: Array, m: int, r: int) -> Array:
+  """A^T M A of every tile: [a, a, n, th, tw, f] -> [n, m * th, m * tw, f]."""
+  at, a = _WINOGRAD_TRANSFORMS[m, r][2], m + r - 1
   _, _, n, th, tw, f = mt.shape
   rows = [_combination(at[i], [mt[xi] for xi in range(a)]) for i in range(m)]
-  y = jnp.stack([jnp.stack([_combination(at[j], [r[nu] for nu in range(a)]) for j in range(m)],
-                           axis=3) for r in rows], axis=2)
+  y = jnp.stack([jnp.stack([_combination(at[j], [row[nu] for nu in range(a)]) for j in range(m)],
+                           axis=3) for row in rows], axis=2)
   return y.reshape(n, m * th, m * tw, f)
 
 
-def _winograd_untile_transpose(dy: Array, m: int) -> Array:
-  at, a = _WINOGRAD_TRANSFORMS[m][2], m + 2
+def _winograd_untile_transpose(dy: Array, m: int, r: int) -> Array:
+  at, a = _WINOGRAD_TRANSFORMS[m, r][2], m + r - 1
   n, h, w, f = dy.shape
   d6 = dy.reshape(n, h // m, m, w // m, m, f)
   drows = [[_combination(_column(at, nu), [d6[:, :, i, :, j] for j in range(m)])
@@ -357,28 +372,33 @@ def _winograd_untile_transpose(dy: Array, m: int) -> Array:
                                for nu in range(a)]) for xi in range(a)])
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _winograd_untile(mt: Array, m: int) -> Array:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _winograd_untile(mt: Array, m: int, r: int) -> Array:
   """`_winograd_untile_fwd_impl` with its transpose as the gradient (see `_winograd_tiles`)."""
-  return _winograd_untile_fwd_impl(mt, m)
+  return _winograd_untile_fwd_impl(mt, m, r)
 
 
-_winograd_untile.defvjp(lambda mt, m: (_winograd_untile_fwd_impl(mt, m), None),
-                        lambda m, _, dy: (_winograd_untile_transpose(dy, m),))
+_winograd_untile.defvjp(lambda mt, m, r: (_winograd_untile_fwd_impl(mt, m, r), None),
+                        lambda m, r, _, dy: (_winograd_untile_transpose(dy, m, r),))
+
+
+def _winograd_default_tile(kernel_size: int) -> int:
+  return 4 if kernel_size == 3 else 2
 
 
 def winograd_conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
-                  padding: Padding = "SAME", tile: int = 4) -> Array:
-  """A 3x3 stride-1 convolution by Winograd's minimal filtering F(tile x tile, 3 x 3).
+                  padding: Padding = "SAME", tile: int | None = None) -> Array:
+  """A stride-1 r x r convolution by Winograd's minimal filtering F(tile x tile, r x r).
 
-  The input is cut into overlapping (tile + 2)^2 tiles every `tile` positions and
-  transformed (B^T d B), the kernel too (G g G^T); then (tile + 2)^2 independent matmuls
-  [tiles, cin] x [cin, cout] and the output transform A^T M A. F(4x4, 3x3) needs 36
+  The input is cut into overlapping a x a tiles (a = tile + r - 1) every `tile` positions
+  and transformed (B^T d B), the kernel too (G g G^T); then a^2 independent matmuls
+  [tiles, cin] x [cin, cout] and the output transform A^T M A. The default tile is 4 for
+  3x3 kernels and 2 for 5x5 (the tables in `_WINOGRAD_TRANSFORMS`). F(4x4, 3x3) needs 36
   multiplications per 16 outputs and input channel where im2col needs 144: 4x fewer matmul
   FLOPs, for element-wise transforms over arrays 2.25x the input and output. On XLA:CPU
   it trained WRN-28-10's 32x32x160 layer 2.1x faster than the row shift
   (docs/performance.md, nineteenth session); on narrow or small maps the transforms cost
-  more than the FLOPs saved (`_WINOGRAD_*` below).
+  more than the FLOPs saved (`_WINOGRAD_RULES` below).
 
   The price is precision: float32 rounding amplified by the transforms' coefficients (up to
   8). Against a float64 convolution, outputs and both gradients were off by 4e-6 to 8e-6 of
@@ -386,25 +406,26 @@ def winograd_conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
   the row shift and lax itself in float32 (docs/performance.md, nineteenth session).
   """
   kh, kw, cin, cout = kernel.shape
-  if (kh, kw) != (3, 3) or tuple(strides) != (1, 1):
-    raise ValueError(f"winograd_conv needs a 3x3 kernel and stride 1; got {kernel.shape[:2]} "
-                     f"and {tuple(strides)}")
-  if tile not in _WINOGRAD_TRANSFORMS:
-    raise ValueError(f"tile={tile} is not accepted; use one of {sorted(_WINOGRAD_TRANSFORMS)}")
-  _, g, _ = _WINOGRAD_TRANSFORMS[tile]
-  a = tile + 2
-  (top, bottom), (left, right) = _pads(x.shape[1:3], (3, 3), strides, padding)
+  tile = _winograd_default_tile(kh) if tile is None else tile
+  if kh != kw or (tile, kh) not in _WINOGRAD_TRANSFORMS or tuple(strides) != (1, 1):
+    raise ValueError(
+        f"winograd_conv needs stride 1 and a (tile, kernel size) of "
+        f"{', '.join(map(str, _WINOGRAD_TRANSFORMS))}; got tile={tile}, kernel "
+        f"{kernel.shape[:2]}, strides {tuple(strides)}")
+  _, g, _ = _WINOGRAD_TRANSFORMS[tile, kh]
+  a, spans = tile + kh - 1, _tile_spans(tile, kh)
+  (top, bottom), (left, right) = _pads(x.shape[1:3], (kh, kw), strides, padding)
   n, h, w, _ = x.shape
-  ho, wo = h + top + bottom - 2, w + left + right - 2
+  ho, wo = h + top + bottom - kh + 1, w + left + right - kw + 1
   th, tw = -(-ho // tile), -(-wo // tile)
-  # Zeros past the last tile's overlap make the padded map a whole number of tiles + 1.
-  xp = jnp.pad(x, ((0, 0), (top, tile * (th + 1) - h - top), (left, tile * (tw + 1) - w - left),
-                   (0, 0)))
-  v = _winograd_tiles(xp, tile).reshape(a * a, n * th * tw, cin)
+  # Zeros past the last tile's overlap make the padded map a whole number of tile strides.
+  xp = jnp.pad(x, ((0, 0), (top, tile * (th + spans) - h - top),
+                   (left, tile * (tw + spans) - w - left), (0, 0)))
+  v = _winograd_tiles(xp, tile, kh).reshape(a * a, n * th * tw, cin)
   gm = jnp.asarray(g, kernel.dtype)
   u = jnp.einsum("ai,ijcf,bj->abcf", gm, kernel, gm).reshape(a * a, cin, cout)
   mt = jnp.einsum("tkc,tcf->tkf", v, u).reshape(a, a, n, th, tw, cout)
-  return _winograd_untile(mt, tile)[:, :ho, :wo]
+  return _winograd_untile(mt, tile, kh)[:, :ho, :wo]
 
 
 def _forward_conv(x: Array, kernel: Array, strides, pads, lhs_dilation=(1, 1),
@@ -528,32 +549,39 @@ _ROW_SHIFT_MIN_CIN = 8
 _FOLD_BIAS_MAX_K = 128
 _FOLD_BIAS_MIN_WIDE_K = 1024
 
-# Where `winograd_conv` (F(4x4, 3x3)) beats the row shift and im2col: 3x3 stride-1 layers with
-# outputs of at least 16 x 16, at least 32 input and 64 output channels, on CPU. Timed layer
-# by layer on the Zen 5 box (`experiments.conv_layers`, one SGD step in a scan, ms a step;
-# docs/performance.md, nineteenth session): WRN-28-10's 160 -> 160 at 32x32 75 against the
-# row shift's 156, 320 -> 320 at 16x16 73 against 145, ResNet-9's 64 -> 64 at 32x32 22
-# against 37, 128 -> 128 at 16x16 16 against 25, pfl_cnn's 32 -> 64 at 28x28 8.9 against
-# 12.4; it lost at 8x8 (640 -> 640: 133 against im2col's 114; 256 -> 256: 23 against 21),
+# Where `winograd_conv` beats the row shift and im2col, on CPU: stride-1 layers with at least
+# 32 input and 64 output channels, 3x3 (F(4x4, 3x3)) with outputs of at least 16 x 16, 5x5
+# (F(2x2, 5x5)) with outputs of at least 10 x 10. Timed layer by layer on the Zen 5 box
+# (`experiments.conv_layers`, one SGD step in a scan, ms a step; docs/performance.md,
+# nineteenth session): WRN-28-10's 160 -> 160 at 32x32 75 against the row shift's 156,
+# 320 -> 320 at 16x16 73 against 145, ResNet-9's 64 -> 64 at 32x32 22 against 37, 128 -> 128
+# at 16x16 16 against 25, pfl_cnn's 32 -> 64 at 28x28 8.9 against 12.4, fedspeed_lenet's 5x5
+# 64 -> 64 at 10x10 7.2 against im2col's 13.6, leaf_cnn's 5x5 32 -> 64 at 14x14 9.4 against
+# 12.2. 3x3 lost at 8x8 (640 -> 640: 133 against im2col's 114; 256 -> 256: 23 against 21),
 # at 13x13 (FedAT's CNN, 4.1 against 3.3) and with 16 or 32 channels (ResNet20's 32x32x16: 3.3
-# against 2.0). In the whole engine (A/B in one process): WRN-28-10 1.50x, ResNet-9 1.17x,
-# pfl_cnn 1.13x. GPUs keep the plan measured there until this one is measured there too.
-_WINOGRAD_MIN_SIZE = 16
-_WINOGRAD_MIN_CIN = 32
-_WINOGRAD_MIN_COUT = 64
+# against 2.0). In the whole engine (A/B in one process): WRN-28-10 1.44x to 1.50x, ResNet-9
+# 1.17x, pfl_cnn 1.13x, leaf_cnn 1.37x, fedspeed_lenet 1.80x. GPUs keep the plan measured
+# there until this one is measured there too.
+_WINOGRAD_RULES = {3: (16, 32, 64), 5: (10, 32, 64)}  # kernel size: min output, cin, cout
 _WINOGRAD_PLATFORMS = ("cpu",)
 
 
-def _winograd_applies(kernel_shape: Sequence[int], strides: Sequence[int]) -> bool:
-  return tuple(kernel_shape[:2]) == (3, 3) and tuple(strides) == (1, 1)
+def winograd_applies(kernel_shape: Sequence[int], strides: Sequence[int]) -> bool:
+  """Whether `winograd_conv` (default tile) can compute a layer: stride 1, a square kernel
+  with a table in `_WINOGRAD_TRANSFORMS` (3x3 and 5x5)."""
+  kh, kw = kernel_shape[:2]
+  return (kh == kw and (_winograd_default_tile(kh), kh) in _WINOGRAD_TRANSFORMS
+          and tuple(strides) == (1, 1))
 
 
 def _winograd_pays(kernel_shape: Sequence[int], strides: Sequence[int], out: Sequence[int],
                    platform: str) -> bool:
-  _, _, cin, cout = kernel_shape
-  return (platform in _WINOGRAD_PLATFORMS and _winograd_applies(kernel_shape, strides)
-          and min(out) >= _WINOGRAD_MIN_SIZE and cin >= _WINOGRAD_MIN_CIN
-          and cout >= _WINOGRAD_MIN_COUT)
+  kh, kw, cin, cout = kernel_shape
+  if platform not in _WINOGRAD_PLATFORMS or kh != kw or kh not in _WINOGRAD_RULES:
+    return False
+  min_out, min_cin, min_cout = _WINOGRAD_RULES[kh]
+  return (winograd_applies(kernel_shape, strides) and min(out) >= min_out and cin >= min_cin
+          and cout >= min_cout)
 
 
 def conv_patches(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
@@ -561,12 +589,12 @@ def conv_patches(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
                  platform: str | None = None) -> Array:
   """The "patches" plan, the CPU plan: slices + matmuls, or convolutions off the trap.
 
-  Picks per layer (measured on XLA:CPU; see `_CHANNEL_MAJOR_MAX_CIN`, `_WINOGRAD_*`,
+  Picks per layer (measured on XLA:CPU; see `_CHANNEL_MAJOR_MAX_CIN`, `_WINOGRAD_RULES`,
   `_ROW_SHIFT_*` and experiments/conv_plans.py):
   `channel_major_conv` for an image's few input channels into few output
-  channels; on CPU, `winograd_conv` for wide 3x3 stride-1 layers on maps of at least
-  16 x 16; `row_shift_conv` for stride 1 along H, a tall output and several
-  input channels; otherwise `im2col_conv` (which makes a 1x1 convolution one
+  channels; on CPU, `winograd_conv` for wide 3x3 and 5x5 stride-1 layers on large
+  enough maps (`_WINOGRAD_RULES`); `row_shift_conv` for stride 1 along H, a tall output
+  and several input channels; otherwise `im2col_conv` (which makes a 1x1 convolution one
   matmul on a strided slice). `standard_layout_conv` is not picked (see the
   comment on it above `_ROW_SHIFT_MIN_HEIGHT`). `platform` (default: JAX's default
   backend when traced) decides whether the CPU-only picks apply.
@@ -622,7 +650,7 @@ def conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
   if impl == "im2col":
     return im2col_conv(x, kernel, strides, padding, bias)
   if impl == "winograd":
-    if not _winograd_applies(kernel.shape, strides):
+    if not winograd_applies(kernel.shape, strides):
       return conv_patches(x, kernel, strides, padding, bias)
     y = winograd_conv(x, kernel, strides, padding)
     return y if bias is None else y + bias
