@@ -9,7 +9,7 @@ features swapped, input gradient with an I/O-swapped kernel) and any grouped
 convolution (what `vmap` over per-client kernels makes) are what fall off the
 fast path. `Conv` therefore has several implementations
 ("plans") that share one parameter tree (`kernel` in HWIO, `bias`) and compute
-the same function to float32 rounding:
+the same function to float32 rounding (Winograd: about 10x that, `winograd_conv`):
 
 * "lax": `lax.conv_general_dilated`; the plan for TPU (not measured there).
 * "patches": the CPU and GPU plan, picked per layer by measured rules
@@ -25,8 +25,8 @@ the same function to float32 rounding:
   measured (experiments/conv_layers.py); the rule picked it on the EPYC box
   and no longer does (see the comment above `_ROW_SHIFT_MIN_HEIGHT`).
   On CPU it takes `winograd_conv` (Winograd's F(4x4, 3x3) and F(2x2, 5x5): 4x and 2.8x
-  fewer matmul FLOPs, values within a few float32 roundings) for wide 3x3 and 5x5 stride-1
-  layers on large enough maps.
+  fewer matmul FLOPs, about 10x the rounding of a direct convolution) for wide 3x3 and
+  5x5 stride-1 layers on large enough maps.
 * "im2col": `im2col_conv` for every layer (to measure "patches" against).
 * "winograd": `winograd_conv` for every 3x3 and 5x5 stride-1 layer, "patches" for the
   others, on every platform (to measure it where the rule does not take it, on GPUs for one).
@@ -402,8 +402,9 @@ def winograd_conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
 
   The price is precision: float32 rounding amplified by the transforms' coefficients (up to
   8). Against a float64 convolution, outputs and both gradients were off by 4e-6 to 8e-6 of
-  their largest value with F(4x4, 3x3), against 3e-7 to 1.1e-6 for F(2x2, 3x3), im2col,
-  the row shift and lax itself in float32 (docs/performance.md, nineteenth session).
+  their largest value with F(4x4, 3x3) and 3e-6 to 1e-5 with F(2x2, 5x5), against 3e-7 to
+  1.1e-6 for F(2x2, 3x3), im2col, the row shift and lax itself in float32
+  (docs/performance.md, nineteenth session).
   """
   kh, kw, cin, cout = kernel.shape
   tile = _winograd_default_tile(kh) if tile is None else tile
