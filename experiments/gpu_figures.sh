@@ -7,8 +7,9 @@
 #      against the lax and im2col convolution plans and against the scan client map, side
 #      by side in one process;
 #   3. the same on ResNet20, less the client-map comparison;
-#   4. WRN-28-10 at 8 x 5 x 32 against the "winograd" plan (Winograd's F(4x4, 3x3) on every
-#      3x3 stride-1 layer: the patches plan takes it on CPU only, until it is measured here);
+#   4. WRN-28-10 at 8 x 5 x 32 against the "winograd" plan (Winograd's minimal filtering on
+#      every 3x3 and 5x5 stride-1 layer: the patches plan takes it on CPU only, until it is
+#      measured here);
 #   5. the pfl-research CIFAR-10 workload end to end through the CLI (1,500 rounds).
 #
 #   bash experiments/gpu_figures.sh [OUT_DIR]     # from the repository root

@@ -560,9 +560,9 @@ _FOLD_BIAS_MIN_WIDE_K = 1024
 # 64 -> 64 at 10x10 7.2 against im2col's 13.6, leaf_cnn's 5x5 32 -> 64 at 14x14 9.4 against
 # 12.2. 3x3 lost at 8x8 (640 -> 640: 133 against im2col's 114; 256 -> 256: 23 against 21),
 # at 13x13 (FedAT's CNN, 4.1 against 3.3) and with 16 or 32 channels (ResNet20's 32x32x16: 3.3
-# against 2.0). In the whole engine (A/B in one process): WRN-28-10 1.44x to 1.50x, ResNet-9
-# 1.17x, pfl_cnn 1.13x, leaf_cnn 1.37x, fedspeed_lenet 1.80x. GPUs keep the plan measured
-# there until this one is measured there too.
+# against 2.0). In the whole engine (A/B in one process): WRN-28-10 1.44x to 1.49x, ResNet-9
+# 1.17x, pfl_cnn 1.12x to 1.50x, leaf_cnn 1.34x to 1.38x, fedspeed_lenet 1.75x to 1.80x.
+# GPUs keep the plan measured there until this one is measured there too.
 _WINOGRAD_RULES = {3: (16, 32, 64), 5: (10, 32, 64)}  # kernel size: min output, cin, cout
 _WINOGRAD_PLATFORMS = ("cpu",)
 
