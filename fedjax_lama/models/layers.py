@@ -254,18 +254,19 @@ def channel_major_conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
 # 0, 1, -1 (a = 4) or 0, +-1, +-2 (a = 6) and infinity. F(4x4, 3x3) is the paper's section
 # 4.2 table, also cuDNN's and oneDNN's. Every table is checked against a direct 1-D
 # correlation (tests/test_models.py).
+# B^T for 6-point tiles (points 0, +-1, +-2, infinity), shared by F(4x4, 3x3) and F(2x2, 5x5).
+_WINOGRAD_B6_T = ((4, 0, -5, 0, 1, 0), (0, -4, -4, 1, 1, 0), (0, 4, -4, -1, 1, 0),
+                  (0, -2, -1, 2, 1, 0), (0, 2, -1, -2, 1, 0), (0, 4, 0, -5, 0, 1))
 _WINOGRAD_TRANSFORMS = {
     (2, 3): (((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1)),
              ((1, 0, 0), (1 / 2, 1 / 2, 1 / 2), (1 / 2, -1 / 2, 1 / 2), (0, 0, 1)),
              ((1, 1, 1, 0), (0, 1, -1, -1))),
-    (4, 3): (((4, 0, -5, 0, 1, 0), (0, -4, -4, 1, 1, 0), (0, 4, -4, -1, 1, 0),
-              (0, -2, -1, 2, 1, 0), (0, 2, -1, -2, 1, 0), (0, 4, 0, -5, 0, 1)),
+    (4, 3): (_WINOGRAD_B6_T,
              ((1 / 4, 0, 0), (-1 / 6, -1 / 6, -1 / 6), (-1 / 6, 1 / 6, -1 / 6),
               (1 / 24, 1 / 12, 1 / 6), (1 / 24, -1 / 12, 1 / 6), (0, 0, 1)),
              ((1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0),
               (0, 1, -1, 8, -8, 1))),
-    (2, 5): (((4, 0, -5, 0, 1, 0), (0, -4, -4, 1, 1, 0), (0, 4, -4, -1, 1, 0),
-              (0, -2, -1, 2, 1, 0), (0, 2, -1, -2, 1, 0), (0, 4, 0, -5, 0, 1)),
+    (2, 5): (_WINOGRAD_B6_T,
              ((1 / 4, 0, 0, 0, 0), (-1 / 6, -1 / 6, -1 / 6, -1 / 6, -1 / 6),
               (-1 / 6, 1 / 6, -1 / 6, 1 / 6, -1 / 6), (1 / 24, 1 / 12, 1 / 6, 1 / 3, 2 / 3),
               (1 / 24, -1 / 12, 1 / 6, -1 / 3, 2 / 3), (0, 0, 0, 0, 1)),
@@ -577,12 +578,12 @@ def winograd_applies(kernel_shape: Sequence[int], strides: Sequence[int]) -> boo
 
 def _winograd_pays(kernel_shape: Sequence[int], strides: Sequence[int], out: Sequence[int],
                    platform: str) -> bool:
-  kh, kw, cin, cout = kernel_shape
-  if platform not in _WINOGRAD_PLATFORMS or kh != kw or kh not in _WINOGRAD_RULES:
+  kh, _, cin, cout = kernel_shape
+  if (platform not in _WINOGRAD_PLATFORMS or kh not in _WINOGRAD_RULES
+      or not winograd_applies(kernel_shape, strides)):
     return False
   min_out, min_cin, min_cout = _WINOGRAD_RULES[kh]
-  return (winograd_applies(kernel_shape, strides) and min(out) >= min_out and cin >= min_cin
-          and cout >= min_cout)
+  return min(out) >= min_out and cin >= min_cin and cout >= min_cout
 
 
 def conv_patches(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
@@ -646,16 +647,13 @@ def conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
   per-channel `bias` if one is given (which a plan may fold into its matmul)."""
   strides = tuple(strides)
   impl = resolve_conv_impl(impl)
-  if impl == "patches":
+  if impl == "patches" or (impl == "winograd" and not winograd_applies(kernel.shape, strides)):
     return conv_patches(x, kernel, strides, padding, bias)
   if impl == "im2col":
     return im2col_conv(x, kernel, strides, padding, bias)
   if impl == "winograd":
-    if not winograd_applies(kernel.shape, strides):
-      return conv_patches(x, kernel, strides, padding, bias)
     y = winograd_conv(x, kernel, strides, padding)
-    return y if bias is None else y + bias
-  if impl == "lax":
+  elif impl == "lax":
     pads = _pads(x.shape[1:3], kernel.shape[:2], strides, padding)
     y = lax.conv_general_dilated(x, kernel, strides, pads, dimension_numbers=_DN)
   elif impl == "patches_xla":
