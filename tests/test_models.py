@@ -721,13 +721,15 @@ def test_winograd_conv_equals_a_numpy_convolution(tile, size, rtol, hw, pads):
   pads = [(size // 2, size // 2)] * 2 if pads == "SAME" else pads
   x = jnp.asarray(rng.normal(size=(2,) + hw + (5,)), jnp.float32)
   w = jnp.asarray(rng.normal(size=(size, size, 5, 7)) / np.sqrt(5 * size ** 2), jnp.float32)
-  y = layers.winograd_conv(x, w, (1, 1), pads, tile)
+  winograd = lambda x, w: layers.winograd_conv(x, w, (1, 1), pads, tile)
+  # Jitted: one compilation costs less than dispatching the transforms' many ops eagerly.
+  y = jax.jit(winograd)(x, w)
   expected = _numpy_conv(x, w, pads)
   scale = np.abs(expected).max()
   np.testing.assert_allclose(y, expected, rtol=0, atol=rtol * scale)
-  loss = lambda conv: lambda x, w: jnp.sum(jnp.sin(conv(x, w)))
-  got = jax.grad(loss(lambda x, w: layers.winograd_conv(x, w, (1, 1), pads, tile)), (0, 1))(x, w)
-  ref = jax.grad(loss(lambda x, w: layers.conv(x, w, (1, 1), pads, impl="lax")), (0, 1))(x, w)
+  grads = lambda conv: jax.jit(jax.grad(lambda x, w: jnp.sum(jnp.sin(conv(x, w))), (0, 1)))
+  got = grads(winograd)(x, w)
+  ref = grads(lambda x, w: layers.conv(x, w, (1, 1), pads, impl="lax"))(x, w)
   for a, b in zip(got, ref):
     np.testing.assert_allclose(a, b, rtol=0, atol=rtol * float(jnp.abs(b).max()))
 
@@ -738,9 +740,10 @@ def test_winograd_conv_under_vmap_equals_each_client_alone():
   x = jnp.asarray(rng.normal(size=(3, 2, 9, 8, 4)), jnp.float32)
   w = jnp.asarray(rng.normal(size=(3, 3, 3, 4, 6)) / 6, jnp.float32)
   loss = lambda x, w: jnp.sum(jnp.sin(layers.winograd_conv(x, w)))
-  batched = jax.jit(jax.vmap(jax.value_and_grad(loss, (0, 1))))(x, w)
+  one_client = jax.value_and_grad(loss, (0, 1))
+  batched = jax.jit(jax.vmap(one_client))(x, w)
   for c in range(3):
-    alone = jax.value_and_grad(loss, (0, 1))(x[c], w[c])
+    alone = jax.jit(one_client)(x[c], w[c])
     for a, b in zip(jax.tree_util.tree_leaves(batched), jax.tree_util.tree_leaves(alone)):
       np.testing.assert_allclose(a[c], b, rtol=1e-5, atol=1e-5)
 
