@@ -203,15 +203,21 @@ def test_cli_splits_the_cpu_and_trains_as_one_device(tmp_path):
       f"                checkpoint_every=2, data_dir={shared_data_dir_or_skip()!r}))\n"
       "  return c\n")
   overrides = [f"--config={config}"]
+  # Both runs at once: most of each is start-up (imports, MNIST, compiling), one core's work.
+  # (Logs go to files: a full pipe would stall the run not yet waited for.)
+  logs = {devices: tmp_path / f"cpu{devices}.log" for devices in (1, 2)}
+  procs = {}
+  for devices, log in logs.items():
+    with log.open("w") as stderr:
+      procs[devices] = subprocess.Popen(
+          [sys.executable, "-m", "experiments.main", f"--cpu_devices={devices}",
+           f"--workdir={tmp_path / f'cpu{devices}'}", *overrides], cwd=REPO,
+          stdout=subprocess.DEVNULL, stderr=stderr,
+          env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=""))
   runs = {}
-  for devices in (1, 2):
-    workdir = tmp_path / f"cpu{devices}"
-    out = subprocess.run(
-        [sys.executable, "-m", "experiments.main", f"--cpu_devices={devices}",
-         f"--workdir={workdir}", *overrides], cwd=REPO, capture_output=True, text=True,
-        timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=""))
-    assert out.returncode == 0, out.stderr[-3000:]
-    runs[devices] = json.loads((workdir / "summary.json").read_text())
+  for devices, proc in procs.items():
+    assert proc.wait(timeout=600) == 0, logs[devices].read_text()[-3000:]
+    runs[devices] = json.loads((tmp_path / f"cpu{devices}" / "summary.json").read_text())
   assert runs[1]["client_devices"] == 1
   assert runs[2]["client_devices"] == 2
   np.testing.assert_allclose(runs[2]["final_test_loss"], runs[1]["final_test_loss"], rtol=1e-4)
