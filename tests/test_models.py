@@ -203,7 +203,9 @@ def _loss_and_grads(model, variables, x, train):
     ("pfl_cnn", True),  # Winograd's F(4x4, 3x3) on its 28x28 32 -> 64 layer.
     pytest.param("resnet9", False, marks=pytest.mark.slow),
     pytest.param("resnet18_gn", False, marks=pytest.mark.slow),
-    pytest.param("fedspeed_lenet", False, marks=pytest.mark.slow)])
+    pytest.param("fedspeed_lenet", False, marks=pytest.mark.slow),
+    ("mlp", True),  # `dense_dot`'s small-kernel gradient on CPU.
+    ("mnist_mlp", True)])
 def test_patches_matches_lax_outputs_and_gradients(name, with_grads):
   x = _sample(name, batch=3)
   ref_model = models.get(name, 10, conv_impl="lax")
@@ -779,11 +781,17 @@ def test_standard_layout_conv_under_vmap_equals_lax_and_uses_no_convolution():
   assert single.count("conv_general_dilated") == 3  # forward, input and kernel gradients
 
 
-def test_wide_kernel_dot_equals_a_numpy_reference_with_gradients_and_under_vmap(monkeypatch):
-  """`dense_dot`'s CPU layout for a large kernel on few rows: the values of x @ W and the
-  gradients dy W^T and x^T dy, written here in numpy, alone and per client under vmap. The
-  threshold is lowered so a small kernel takes that path."""
-  monkeypatch.setattr(layers, "_DENSE_T_MIN_KERNEL", 1)
+@pytest.mark.parametrize("layout", ["_wide_kernel_dot", "_small_kernel_dot"])
+def test_dense_layouts_equal_a_numpy_reference_with_gradients_and_under_vmap(layout,
+                                                                            monkeypatch):
+  """`dense_dot`'s CPU layouts (a large kernel on few rows; a small kernel's gradient): the
+  values of x @ W and the gradients dy W^T and x^T dy, written here in numpy, alone and per
+  client under vmap. The wide layout's threshold is lowered so a small kernel takes it."""
+  if layout == "_wide_kernel_dot":
+    monkeypatch.setattr(layers, "_DENSE_T_MIN_KERNEL", 1)
+  called = []
+  real = getattr(layers, layout)
+  monkeypatch.setattr(layers, layout, lambda *a: called.append(1) or real(*a))
   rng = np.random.default_rng(0)
   x = rng.normal(size=(3, 2, 5, 7)).astype(np.float32)  # clients, batch..., in
   w = rng.normal(size=(3, 7, 4)).astype(np.float32)
@@ -794,7 +802,7 @@ def test_wide_kernel_dot_equals_a_numpy_reference_with_gradients_and_under_vmap(
     return (y, *vjp(dy))
 
   program = str(jax.make_jaxpr(value_and_grads)(x[0], w[0], dy[0]))
-  assert "optimization_barrier" in program  # the layout, not jnp.dot
+  assert called and "optimization_barrier" in program  # the layout, not jnp.dot
   for got in (value_and_grads(x[0], w[0], dy[0]),
               [g[0] for g in jax.jit(jax.vmap(value_and_grads))(x, w, dy)]):
     y, gx, gw = got
@@ -817,6 +825,23 @@ def test_dense_dot_routes_by_measured_rule(impl, rows, kernel_in, expected, monk
                      jax.ShapeDtypeStruct((rows, kernel_in), jnp.float32),
                      jax.ShapeDtypeStruct((kernel_in, 2048), jnp.float32))
   assert y.shape == (rows, 2048)
+  assert bool(called) == expected
+
+
+@pytest.mark.parametrize("impl,kernel_in,platform,expected", [
+    ("patches", 128, "cpu", True), ("patches", 129, "cpu", False),
+    ("patches", 128, "gpu", False), ("lax", 128, "cpu", False)])
+def test_dense_dot_takes_the_small_kernel_gradient_by_measured_rule(impl, kernel_in, platform,
+                                                                    expected, monkeypatch):
+  """`_small_kernel_dot` only under the patches plan on CPU, for a kernel of at most
+  16,384 elements (here 128 x 128; docs/performance.md)."""
+  called = []
+  real = layers._small_kernel_dot
+  monkeypatch.setattr(layers, "_small_kernel_dot", lambda *a: called.append(1) or real(*a))
+  y = jax.eval_shape(lambda x, w: layers.dense_dot(x, w, impl, platform),
+                     jax.ShapeDtypeStruct((4, 32, kernel_in), jnp.float32),
+                     jax.ShapeDtypeStruct((kernel_in, 128), jnp.float32))
+  assert y.shape == (4, 32, 128)
   assert bool(called) == expected
 
 

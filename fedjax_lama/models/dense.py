@@ -23,15 +23,17 @@ class MLP(nn.Module):
   hidden_sizes: tuple[int, ...] = (128,)
   dropout: float = 0.0
   init_style: str = "keras"
+  conv_impl: str = "lax"  # the plan its dense layers follow (`layers.dense_dot`)
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
     x = x.reshape((x.shape[0], -1))
+    dense = lambda width: layers.Dense(width, init_style=self.init_style, impl=self.conv_impl)
     for width in self.hidden_sizes:
-      x = nn.relu(layers.Dense(width, init_style=self.init_style)(x))
+      x = nn.relu(dense(width)(x))
       if self.dropout:
         x = nn.Dropout(self.dropout)(x, deterministic=not train)
-    return layers.Dense(self.num_classes, init_style=self.init_style)(x)
+    return dense(self.num_classes)(x)
 
 
 class LogReg(nn.Module):

@@ -790,21 +790,61 @@ class Conv(nn.Module):
 # 1.04x except 784 x 200 (1.20x, but 0.90x to 0.93x for mnist_mlp in the whole engine).
 _DENSE_T_MIN_KERNEL = 1 << 22
 _DENSE_T_MAX_ROWS = 32
+# ... and on CPU it computes the gradient of a kernel of at most this many elements as
+# (dy^T x)^T (`_small_kernel_dot`). Measured in the whole engine on the Zen 5 box, 8 x 5 x 32,
+# A/B in one process (docs/performance.md, "Twentieth session"): the 8x8 `mlp` (kernels of
+# 8,192 and 1,280 elements) 1.09x and 1.10x; mnist_mlp (its 200 x 10 layer) 1.03x,
+# fedat_cnn 1.01x, cifar_lenet 1.00x, mnist_cnn 0.98x; with every kernel up to 65,536
+# elements, cifar_lenet lost 0.95x and fedat_cnn 0.97x, and mnist_mlp's 784 x 200 kernel 0.76x.
+_DENSE_SMALL_MAX_KERNEL = 1 << 14
+_DENSE_SMALL_PLATFORMS = ("cpu",)
 
 
-def dense_dot(x: Array, kernel: Array, impl: str = "lax") -> Array:
+def dense_dot(x: Array, kernel: Array, impl: str = "lax", platform: str | None = None) -> Array:
   """x @ kernel over x's last axis, laid out for XLA:CPU where that measured faster.
 
-  Under the "patches" plan (the CPU plan, `resolve_conv_impl`), a kernel of at least
+  Under the "patches" plan (`resolve_conv_impl`), a kernel of at least
   `_DENSE_T_MIN_KERNEL` elements applied to at most `_DENSE_T_MAX_ROWS` rows goes through
-  `_wide_kernel_dot`; everything else is `jnp.dot`.
+  `_wide_kernel_dot`, and on CPU (`platform`, default JAX's default backend when traced) a
+  kernel of at most `_DENSE_SMALL_MAX_KERNEL` elements through `_small_kernel_dot`;
+  everything else is `jnp.dot`.
   """
   rows = math.prod(x.shape[:-1])
-  if (resolve_conv_impl(impl) == "patches" and kernel.size >= _DENSE_T_MIN_KERNEL
-      and rows <= _DENSE_T_MAX_ROWS):
-    return _wide_kernel_dot(x.reshape(rows, x.shape[-1]), kernel).reshape(
-        *x.shape[:-1], kernel.shape[1])
+  flat = lambda: x.reshape(rows, x.shape[-1])
+  unflat = lambda y: y.reshape(*x.shape[:-1], kernel.shape[1])
+  if resolve_conv_impl(impl) == "patches":
+    if kernel.size >= _DENSE_T_MIN_KERNEL and rows <= _DENSE_T_MAX_ROWS:
+      return unflat(_wide_kernel_dot(flat(), kernel))
+    if (kernel.size <= _DENSE_SMALL_MAX_KERNEL
+        and (platform or jax.default_backend()) in _DENSE_SMALL_PLATFORMS):
+      return unflat(_small_kernel_dot(flat(), kernel))
   return jnp.dot(x, kernel)
+
+
+@jax.custom_vjp
+def _small_kernel_dot(x: Array, kernel: Array) -> Array:
+  """x [rows, in] @ kernel [in, out], the kernel's gradient computed as (dy^T x)^T.
+
+  Why: autodiff's x^T dy contracts the row axis of both operands, a product XLA:CPU hands
+  to Eigen; for the engine's clients mapped together (the 8x8 `mlp`: [8, 32, 64] and
+  [8, 32, 128]) those batched Eigen products were the largest kind of operation in a round's
+  trace (0.28 of 0.87 ms). With dy^T materialised behind an optimization barrier, the
+  product is a plain [out, rows] x [rows, in] one. The same values up to float32 rounding.
+  """
+  return x @ kernel
+
+
+def _small_kernel_dot_fwd(x: Array, kernel: Array):
+  return x @ kernel, (x, kernel)
+
+
+def _small_kernel_dot_bwd(residuals, dy: Array):
+  x, kernel = residuals
+  dkernel = lax.optimization_barrier(lax.optimization_barrier(dy.T) @ x).T
+  return dy @ kernel.T, dkernel
+
+
+_small_kernel_dot.defvjp(_small_kernel_dot_fwd, _small_kernel_dot_bwd)
 
 
 @jax.custom_vjp

@@ -3,7 +3,8 @@
 `get(name, num_classes, **options)` returns an unbound `flax.linen.Module`
 whose `__call__(x, train=False)` returns logits. Every model accepts the option
 `conv_impl` ("auto", "lax", "patches", ...; see `layers.resolve_conv_impl`) so
-the engine can pass it uniformly; models without convolutions ignore it.
+the engine can pass it uniformly: the plan of the convolutions and dense layers (the MLPs
+follow it in `layers.dense_dot`); logreg and lstm_lm ignore it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from fedjax_lama.models import resnet
 class _Entry:
   """A model family: builder, accepted options with defaults, a summary.
 
-  `build(num_classes, **options)` also takes `conv_impl` when `conv` is true.
+  `build(num_classes, **options)` also takes `conv_impl` (the layers' plan) when `conv` is
+  true.
   """
   build: Callable[..., nn.Module]
   defaults: dict[str, Any]
@@ -90,10 +92,10 @@ _MODELS: dict[str, _Entry] = {
         {"variant": "tf_tutorial", "init_style": "torch"},
         "Fed-LAMB CIFAR CNN (4.5.3), fedat_cnn layout; 122,570"),
     "mnist_mlp": _Entry(
-        lambda num_classes, dropout, init_style: dense.MLP(
-            num_classes, (200,), dropout, init_style),
+        lambda num_classes, dropout, init_style, conv_impl: dense.MLP(
+            num_classes, (200,), dropout, init_style, conv_impl),
         {"dropout": 0.5, "init_style": "torch"},
-        "Fed-LAMB MNIST MLP 784-200-10 (4.5.3); 159,010", conv=False),
+        "Fed-LAMB MNIST MLP 784-200-10 (4.5.3); 159,010"),
     "mnist_cnn": _Entry(
         lambda num_classes, dropout, init_style, conv_impl: cnn.MnistCNN(
             num_classes, dropout, init_style, conv_impl),
@@ -133,10 +135,10 @@ _MODELS: dict[str, _Entry] = {
         "FedAT Reddit LSTM LM (3.6.4); 2,701,840 (10,000 classes)",
         conv=False),
     "mlp": _Entry(
-        lambda num_classes, hidden_sizes, dropout, init_style: dense.MLP(
-            num_classes, tuple(hidden_sizes), dropout, init_style),
+        lambda num_classes, hidden_sizes, dropout, init_style, conv_impl: dense.MLP(
+            num_classes, tuple(hidden_sizes), dropout, init_style, conv_impl),
         {"hidden_sizes": (128,), "dropout": 0.0, "init_style": "keras"},
-        "small MLP (e.g. the built-in 8x8 digits)", conv=False),
+        "small MLP (e.g. the built-in 8x8 digits)"),
 }
 
 def names() -> list[str]:
