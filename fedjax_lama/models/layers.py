@@ -793,9 +793,10 @@ _DENSE_T_MAX_ROWS = 32
 # ... and on CPU it computes the gradient of a kernel of at most this many elements as
 # (dy^T x)^T (`_small_kernel_dot`). Measured in the whole engine on the Zen 5 box, 8 x 5 x 32,
 # A/B in one process (docs/performance.md, "Twentieth session"): the 8x8 `mlp` (kernels of
-# 8,192 and 1,280 elements) 1.09x and 1.10x; mnist_mlp (its 200 x 10 layer) 1.03x,
-# fedat_cnn 1.01x, cifar_lenet 1.00x, mnist_cnn 0.98x; with every kernel up to 65,536
-# elements, cifar_lenet lost 0.95x and fedat_cnn 0.97x, and mnist_mlp's 784 x 200 kernel 0.76x.
+# 8,192 and 1,280 elements) 1.09x, 1.04x to 1.10x through experiments.benchmark; mnist_mlp
+# (its 200 x 10 layer) 1.03x, fedat_cnn 1.01x, cifar_lenet 1.00x, mnist_cnn 0.98x. With every
+# kernel up to 65,536 elements cifar_lenet ran 0.95x and fedat_cnn 0.97x; with mnist_mlp's
+# 784 x 200 kernel too, mnist_mlp 0.76x.
 _DENSE_SMALL_MAX_KERNEL = 1 << 14
 _DENSE_SMALL_PLATFORMS = ("cpu",)
 
