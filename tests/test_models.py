@@ -329,6 +329,36 @@ def test_conv_plans_equal_lax_conv(impl, cases, lax_conv_reference):
   _assert_conv_plan_matches_lax(impl, cases, lax_conv_reference)
 
 
+@pytest.mark.parametrize("window,ones", [((3, 3), False), ((5, 5), True), ((2, 3), False)])
+def test_stride1_patches_gradient_is_a_numpy_col2im(window, ones):
+  """im2col's stride-1 patches and their written-out gradient: each patch channel (i, j, c)
+  of output pixel (h, w) is x[h + i, w + j, c], so dx[h', w', c] sums the cotangent over
+  every (h, w, i, j) with h + i = h', w + j = w' (numpy loops here); the ones column of a
+  folded bias gets no gradient. Under vmap too, and without autodiff's pads."""
+  kh, kw = window
+  rng = np.random.default_rng(kh)
+  x = rng.normal(size=(2, 3, 7, 6, 4)).astype(np.float32)  # clients, batch, h, w, cin
+  ho, wo = 7 - kh + 1, 6 - kw + 1
+  dp = rng.normal(size=(2, 3, ho, wo, kh * kw * 4 + ones)).astype(np.float32)
+  patches, vjp = jax.vjp(lambda x: layers._stride1_patches(x, window, ones), x[0])
+  for i in range(kh):
+    for j in range(kw):
+      np.testing.assert_array_equal(patches[..., (i * kw + j) * 4:(i * kw + j + 1) * 4],
+                                    x[0][:, i:i + ho, j:j + wo])
+  if ones:
+    np.testing.assert_array_equal(patches[..., -1], 1.0)
+  expected = np.zeros_like(x)
+  for i in range(kh):
+    for j in range(kw):
+      expected[:, :, i:i + ho, j:j + wo] += dp[..., (i * kw + j) * 4:(i * kw + j + 1) * 4]
+  np.testing.assert_allclose(vjp(dp[0])[0], expected[0], rtol=1e-6, atol=1e-6)
+  batched = jax.jit(jax.vmap(lambda x, dp: jax.vjp(
+      lambda x: layers._stride1_patches(x, window, ones), x)[1](dp)[0]))(x, dp)
+  np.testing.assert_allclose(batched, expected, rtol=1e-6, atol=1e-6)
+  backward = str(jax.make_jaxpr(vjp)(dp[0]))
+  assert "scatter-add" in backward and " pad[" not in backward  # in place, no pads
+
+
 @pytest.mark.parametrize("window,strides,padding", [
     ((2, 2), (2, 2), "VALID"), ((3, 3), (2, 2), ((1, 1), (1, 1))),
     ((3, 3), (1, 1), "SAME"), ((2, 2), (2, 2), "SAME")])
