@@ -190,9 +190,9 @@ def _stride1_patches(x: Array, window: tuple[int, int], ones: bool) -> Array:
   operations at 8 x 5 x 32). Here there is no pad: kh*kw scatter-adds of ho x wo blocks at
   static offsets, which XLA:CPU compiles to in-place dynamic-update-slices.
   Measured in the whole engine, A/B in one process (docs/performance.md, "Twentieth
-  session"): FedAT's CNN 1.12x (8 x 5 x 32) and 1.13x (32 x 10 x 32), cifar_lenet 1.04x,
-  mnist_cnn 1.03x, pfl_cnn 1.02x, resnet20 1.01x, resnet9 1.00x. The values are the same
-  up to the order of float32 additions.
+  session"): FedAT's CNN 1.12x (8 x 5 x 32) and 1.11x to 1.13x (32 x 10 x 32), cifar_lenet
+  1.04x, mnist_cnn 1.03x, pfl_cnn 1.02x, resnet20 and wrn28_10 1.01x, resnet9 1.00x. The
+  values are the same up to the order of float32 additions.
   """
   kh, kw = window
   out = (x.shape[1] - kh + 1, x.shape[2] - kw + 1)
