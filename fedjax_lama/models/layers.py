@@ -205,7 +205,7 @@ def _stride1_patches_fwd(x: Array, window: tuple[int, int], ones: bool):
 
 def _stride1_patches_bwd(window: tuple[int, int], ones: bool, _, dpatches: Array):
   (kh, kw), (n, ho, wo, width) = window, dpatches.shape
-  cin = (width - ones) // (kh * kw)
+  cin = (width - int(ones)) // (kh * kw)
   dx = jnp.zeros((n, ho + kh - 1, wo + kw - 1, cin), dpatches.dtype)
   for i in range(kh):
     for j in range(kw):
