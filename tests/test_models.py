@@ -359,6 +359,16 @@ def test_stride1_patches_gradient_is_a_numpy_col2im(window, ones):
   assert "scatter-add" in backward and " pad[" not in backward  # in place, no pads
 
 
+@pytest.mark.parametrize("strides,platform,written_out", [
+    ((1, 1), "cpu", True), ((1, 1), "gpu", False), ((2, 2), "cpu", False)])
+def test_im2col_takes_the_written_out_gradient_on_cpu_at_stride_1(strides, platform,
+                                                                  written_out):
+  """`_stride1_patches` only at stride 1 on CPU; a GPU keeps autodiff's gradient."""
+  program = str(jax.make_jaxpr(jax.grad(lambda x: jnp.sum(layers.im2col_conv(
+      x, jnp.ones((3, 3, 4, 2)), strides, "SAME", platform=platform))))(jnp.ones((1, 8, 8, 4))))
+  assert ("scatter-add" in program) == written_out
+
+
 @pytest.mark.parametrize("window,strides,padding", [
     ((2, 2), (2, 2), "VALID"), ((3, 3), (2, 2), ((1, 1), (1, 1))),
     ((3, 3), (1, 1), "SAME"), ((2, 2), (2, 2), "SAME")])

@@ -141,14 +141,16 @@ def _window_slices(x: Array, window: Sequence[int], strides: Sequence[int],
 
 
 def im2col_conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
-                padding: Padding = "SAME", bias: Array | None = None) -> Array:
+                padding: Padding = "SAME", bias: Array | None = None,
+                platform: str | None = None) -> Array:
   """NHWC x HWIO convolution as full im2col from static slices + one matmul.
 
   The patch channels are ordered (kh, kw, cin), the row-major flattening of
   an HWIO kernel, so the kernel needs no transpose. A `bias` is folded into the
   matmul (a ones column in the patches, the bias as the kernel's last row) for
   the patch widths where that measured faster (`_FOLD_BIAS_MAX_K`), and added
-  after it otherwise.
+  after it otherwise. At stride 1 on CPU (`platform`, default JAX's default backend when
+  traced; `_STRIDE1_PATCHES_PLATFORMS`) the patches' gradient is `_stride1_patches`'.
   """
   kh, kw, cin, cout = kernel.shape
   pads = _pads(x.shape[1:3], (kh, kw), strides, padding)
@@ -160,12 +162,18 @@ def im2col_conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
   ones = bias is not None and not _FOLD_BIAS_MAX_K < kh * kw * cin < _FOLD_BIAS_MIN_WIDE_K
   if ones:
     k, bias = jnp.concatenate([k, bias[None].astype(k.dtype)]), None
-  if tuple(strides) == (1, 1) and kh * kw > 1:
+  if (tuple(strides) == (1, 1) and kh * kw > 1
+      and (platform or jax.default_backend()) in _STRIDE1_PATCHES_PLATFORMS):
     patches = _stride1_patches(x, (kh, kw), ones)
   else:
     patches = _patch_columns(x, (kh, kw), strides, (ho, wo), ones)
   y = jnp.dot(patches.reshape(n * ho * wo, k.shape[0]), k).reshape(n, ho, wo, cout)
   return y if bias is None else y + bias
+
+
+# Where `im2col_conv` takes `_stride1_patches`: measured on CPU only; GPUs keep the gradient
+# of the patches plan measured there until it is measured on one.
+_STRIDE1_PATCHES_PLATFORMS = ("cpu",)
 
 
 def _patch_columns(x: Array, window: tuple[int, int], strides: Sequence[int],
@@ -663,7 +671,7 @@ def conv_patches(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
     return add_bias(winograd_conv(x, kernel, strides, pads))
   if kh > 1 and strides[0] == 1 and ho >= _ROW_SHIFT_MIN_HEIGHT and cin >= _ROW_SHIFT_MIN_CIN:
     return add_bias(row_shift_conv(x, kernel, strides, pads))
-  return im2col_conv(x, kernel, strides, pads, bias)
+  return im2col_conv(x, kernel, strides, pads, bias, platform)
 
 
 def conv_shifted_sum(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
