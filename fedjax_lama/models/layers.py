@@ -124,6 +124,12 @@ def initializers(style: str, fan_in: int) -> tuple[Initializer, Initializer]:
       f"{', '.join(INIT_STYLES)}")
 
 
+def _platform_in(platforms: Sequence[str], platform: str | None) -> bool:
+  """Whether `platform` (default: JAX's default backend, read when traced) is one of
+  `platforms`, those where a measured pick of the patches plan applies."""
+  return (platform or jax.default_backend()) in platforms
+
+
 def _pads(spatial: Sequence[int], window: Sequence[int],
           strides: Sequence[int], padding: Padding) -> list[tuple[int, int]]:
   if isinstance(padding, str):
@@ -163,7 +169,7 @@ def im2col_conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
   if ones:
     k, bias = jnp.concatenate([k, bias[None].astype(k.dtype)]), None
   if (tuple(strides) == (1, 1) and kh * kw > 1
-      and (platform or jax.default_backend()) in _STRIDE1_PATCHES_PLATFORMS):
+      and _platform_in(_STRIDE1_PATCHES_PLATFORMS, platform)):
     patches = _stride1_patches(x, (kh, kw), ones)
   else:
     patches = _patch_columns(x, (kh, kw), strides, (ho, wo), ones)
@@ -636,9 +642,9 @@ def winograd_applies(kernel_shape: Sequence[int], strides: Sequence[int]) -> boo
 
 
 def _winograd_pays(kernel_shape: Sequence[int], strides: Sequence[int], out: Sequence[int],
-                   platform: str) -> bool:
+                   platform: str | None) -> bool:
   kh, _, cin, cout = kernel_shape
-  if (platform not in _WINOGRAD_PLATFORMS or kh not in _WINOGRAD_RULES
+  if (not _platform_in(_WINOGRAD_PLATFORMS, platform) or kh not in _WINOGRAD_RULES
       or not winograd_applies(kernel_shape, strides)):
     return False
   min_out, min_cin, min_cout = _WINOGRAD_RULES[kh]
@@ -667,7 +673,7 @@ def conv_patches(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
     return add_bias(channel_major_conv(x, kernel, strides, pads))
   ho = (x.shape[1] + sum(pads[0]) - kh) // strides[0] + 1
   wo = (x.shape[2] + sum(pads[1]) - kw) // strides[1] + 1
-  if _winograd_pays(kernel.shape, strides, (ho, wo), platform or jax.default_backend()):
+  if _winograd_pays(kernel.shape, strides, (ho, wo), platform):
     return add_bias(winograd_conv(x, kernel, strides, pads))
   if kh > 1 and strides[0] == 1 and ho >= _ROW_SHIFT_MIN_HEIGHT and cin >= _ROW_SHIFT_MIN_CIN:
     return add_bias(row_shift_conv(x, kernel, strides, pads))
@@ -876,7 +882,7 @@ def dense_dot(x: Array, kernel: Array, impl: str = "lax", platform: str | None =
     if kernel.size >= _DENSE_T_MIN_KERNEL and rows <= _DENSE_T_MAX_ROWS:
       return unflat(_wide_kernel_dot(flat(), kernel))
     if (kernel.size <= _DENSE_SMALL_MAX_KERNEL
-        and (platform or jax.default_backend()) in _DENSE_SMALL_PLATFORMS):
+        and _platform_in(_DENSE_SMALL_PLATFORMS, platform)):
       return unflat(_small_kernel_dot(flat(), kernel))
   return jnp.dot(x, kernel)
 
