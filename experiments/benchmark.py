@@ -43,6 +43,7 @@ from one run, never absolute times across runs).
 import json
 import math
 import os
+import platform
 import sys
 import time
 from typing import Any, NamedTuple
@@ -170,6 +171,19 @@ def matmul_plan(n: int = 2048):
   b = jax.random.normal(kb, (n, n), jnp.float32)
   dot = jax.jit(jnp.dot)
   return (lambda: dot(a, b)), 2.0 * n ** 3
+
+
+def host_cpu() -> str:
+  """The host's processor as the OS names it ("AMD EPYC", "Intel(R) Xeon(R) ..."): on a
+  CPU platform jax's device_kind is only "cpu". Linux's /proc/cpuinfo, else `platform`."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine() or "unknown"
 
 
 def _load() -> list:
@@ -436,7 +450,7 @@ def run(model_name="fedat_cnn", clients=32, steps=10, batch=32, repeats=3, conv_
   result = {
       "model": model_name, "clients": clients, "steps": steps, "batch": batch,
       "platform": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
-      "jax": jax.__version__, "engine_conv_impl": engine_impl, "engine_client_map": engine_map,
+      "host_cpu": host_cpu(), "host_cpu_count": os.cpu_count(), "jax": jax.__version__, "engine_conv_impl": engine_impl, "engine_client_map": engine_map,
       "engine_devices": plans["engine"].mesh.size, "cpu_devices": len(jax.devices("cpu")),
       "engine_samples_per_s": sps["engine"],
       "flops_per_sample": flops_per_sample, "engine_flops_per_s": engine_flops,

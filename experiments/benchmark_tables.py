@@ -71,7 +71,8 @@ def models_table(rows: list[dict], command: str) -> str:
       f"    {command}",
       "",
       f"Machine: {rows[0]['device_kind']} ({rows[0]['platform']}), jax {rows[0]['jax']}; "
-      f"{os.cpu_count()} CPU cores, shared with other jobs: 1-minute load average "
+      f"host {rows[0].get('host_cpu', '?')}, {rows[0].get('host_cpu_count', os.cpu_count())} "
+      "CPU cores, shared with other jobs: 1-minute load average "
       f"{min(loads):.1f} to {max(loads):.1f} during the run (a load above 2 means the plans "
       "got less than the whole machine, the matmul peak included). Random inputs shaped as "
       "each model's dataset (CIFAR 32x32x3 unless the model is for 28x28x1; `mlp` 8x8x1). "

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from typing import Any, Callable
@@ -48,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from experiments import benchmark
 from fedjax_lama import models
 
 # (model, clients, steps, conv plans run as vmap_scan). For fedat_cnn
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
     suite.append((m, args.clients or c, args.steps or k, impls or i))
 
   print(f"jax {jax.__version__} on {jax.default_backend()} "
-        f"({jax.devices()[0].device_kind}), {platform.processor() or '?'}; "
+        f"({jax.devices()[0].device_kind}), {benchmark.host_cpu()}; "
         f"resolve_conv_impl('auto') = {models.resolve_conv_impl('auto')}")
   results = [run_config(m, c, k, args.batch, args.lr, i, unrolls, chunks,
                         args.repeats, args.with_lax_scan, args.all_loops)

@@ -44,8 +44,10 @@ def test_json_has_the_mfu_figures(tiny_runs, impl):
   r = json.loads(json.dumps(tiny_runs[impl]))  # the JSON line round-trips
   for key in ("flops_per_sample", "engine_flops_per_s", "peak_flops_per_s", "mfu",
               "engine_samples_per_s", "loop_samples_per_s", "ratio", "central_samples_per_s",
-              "engine_vs_central", "load_avg_before", "load_avg_after"):
+              "engine_vs_central", "load_avg_before", "load_avg_after", "host_cpu",
+              "host_cpu_count"):
     assert key in r, key
+  assert r["host_cpu"] and r["host_cpu_count"] >= 1  # device_kind alone reads "cpu" on CPU
   assert not any("ceiling" in key for key in r)  # renamed: the centralized step is no limit
   assert r["engine_conv_impl"] == impl
   assert r["flops_per_sample"] > 0 and r["peak_flops_per_s"] > 0
@@ -210,6 +212,11 @@ def test_models_table_reports_the_loops_mfu_and_the_ceiling_it_sets():
   assert text.splitlines()[0].endswith("every image model, GPU")
   assert "Machine: NVIDIA H200 (gpu)" in text
   assert "the FLOP/s of a 8192^3 float32 matmul" in text and "2048^3" not in text
+  # The host's processor and cores come from the rows (rows of older JSON lack them).
+  assert "; host ?, " in text
+  text = benchmark_tables.models_table([dict(split, host_cpu="AMD EPYC", host_cpu_count=16)],
+                                       "cmd")
+  assert "jax " + jax.__version__ + "; host AMD EPYC, 16 CPU cores, shared" in text
 
 
 def test_rounds_per_sample_reaches_the_minimum_sample_time():
