@@ -4,13 +4,16 @@
 #      default precision (what the engine computes at) and at "highest" (true fp32);
 #   2. the benchmark on FedAT's CNN at 32 clients x 10 steps x batch 32: mfu, engine/loop,
 #      and the engine with its plan (auto: patches since the first H200 run, lax before)
-#      against the lax and im2col convolution plans and against the scan client map, side
-#      by side in one process;
+#      against the lax and im2col convolution plans, against "patches_cpu" and against the
+#      scan client map, side by side in one process;
 #   3. the same on ResNet20, less the client-map comparison;
 #   4. WRN-28-10 at 8 x 5 x 32 against the "winograd" plan (Winograd's minimal filtering on
-#      every 3x3 and 5x5 stride-1 layer: the patches plan takes it on CPU only, until it is
-#      measured here);
-#   5. the pfl-research CIFAR-10 workload end to end through the CLI (1,500 rounds).
+#      every 3x3 and 5x5 stride-1 layer) and "patches_cpu";
+#   5. the 8x8 mlp at 8 x 5 x 32 against "patches_cpu" (its small kernels' gradient);
+#   6. the pfl-research CIFAR-10 workload end to end through the CLI (1,500 rounds).
+# "patches_cpu" is the patches plan with the picks it takes on CPU only (Winograd layers,
+# im2col's written-out stride-1 gradient, small dense kernels' gradient: layers.py) taken
+# here too: engine_vs_engine_patches_cpu above 1 means they do not pay on this GPU.
 #
 #   bash experiments/gpu_figures.sh [OUT_DIR]     # from the repository root
 #
@@ -25,6 +28,7 @@ py="${PYTHON:-python3}"
 t_fedat="${GPU_FIGURES_FEDAT_S:-120}"
 t_resnet="${GPU_FIGURES_RESNET_S:-150}"
 t_wrn="${GPU_FIGURES_WRN_S:-200}"
+t_mlp="${GPU_FIGURES_MLP_S:-60}"
 t_workload="${GPU_FIGURES_WORKLOAD_S:-250}"
 rounds="${GPU_FIGURES_ROUNDS:-1500}"
 clients="${GPU_FIGURES_CLIENTS:-32}"
@@ -59,13 +63,15 @@ cat "$out/machine.log"
 
 step bench_fedat_cnn "$t_fedat" "$py" -m experiments.benchmark --model=fedat_cnn \
   --clients="$clients" --steps="$steps" --batch=32 --repeats=5 --matmul_size="$matmul" \
-  --compare_conv_impls=lax,patches,im2col --compare_client_maps
+  --compare_conv_impls=lax,patches,im2col,patches_cpu --compare_client_maps
 step bench_resnet20 "$t_resnet" "$py" -m experiments.benchmark --model=resnet20 \
   --clients="$clients" --steps="$steps" --batch=32 --repeats=3 --matmul_size="$matmul" \
-  --compare_conv_impls=lax,patches,im2col
+  --compare_conv_impls=lax,patches,im2col,patches_cpu
 step bench_wrn28_10 "$t_wrn" "$py" -m experiments.benchmark --model=wrn28_10 --clients=8 \
   --steps=5 --batch=32 --repeats=2 --central= --matmul_size="$matmul" \
-  --compare_conv_impls=winograd
+  --compare_conv_impls=winograd,patches_cpu
+step bench_mlp "$t_mlp" "$py" -m experiments.benchmark --model=mlp --clients=8 --steps=5 \
+  --batch=32 --repeats=5 --matmul_size="$matmul" --compare_conv_impls=patches_cpu
 workdir="$(mktemp -d)"
 step workload_pfl "$t_workload" "$py" -m experiments.workload_pfl_cifar10 \
   --rounds="$rounds" --peak_matmul_size="$matmul" --workdir="$workdir"

@@ -732,6 +732,43 @@ def test_patches_on_the_default_backend_takes_winograd_only_on_cpu(monkeypatch):
   assert bool(called) == (jax.default_backend() == "cpu")
 
 
+@pytest.mark.parametrize("impl,backend,takes_picks", [
+    ("patches", "gpu", False), ("patches_cpu", "gpu", True), ("patches", "cpu", True),
+    ("patches_cpu", "cpu", True), ("lax", "cpu", False)])
+def test_patches_cpu_takes_the_cpu_only_picks_on_every_platform(impl, backend, takes_picks,
+                                                                 monkeypatch):
+  """The "patches_cpu" measurement plan takes each CPU-only pick of "patches" (a Winograd
+  layer, im2col's written-out stride-1 gradient, a small kernel's gradient) by its CPU rule
+  on any backend, so one A/B on a GPU measures them there; "patches" on a GPU takes none."""
+  monkeypatch.setattr(jax, "default_backend", lambda: backend)
+  called = []
+  for name in ("winograd_conv", "_stride1_patches", "_small_kernel_dot"):
+    real = getattr(layers, name)
+    monkeypatch.setattr(layers, name, lambda *a, _n=name, _f=real: called.append(_n) or _f(*a))
+  conv = lambda shape, cout: jax.eval_shape(
+      lambda x: layers.conv(x, jnp.zeros((3, 3, shape[-1], cout)), impl=impl), jnp.zeros(shape))
+  conv((1, 16, 16, 32), 64)  # wide enough for Winograd on CPU
+  conv((1, 8, 8, 4), 8)  # im2col at stride 1
+  jax.eval_shape(lambda x: layers.dense_dot(x, jnp.zeros((32, 10)), impl), jnp.zeros((4, 32)))
+  assert called == (["winograd_conv", "_stride1_patches", "_small_kernel_dot"]
+                    if takes_picks else [])
+
+
+@pytest.mark.parametrize("name", ["fedat_cnn", "pfl_cnn", "mlp"])
+def test_patches_cpu_on_cpu_is_the_patches_plan(name, monkeypatch):
+  """On CPU "patches_cpu" traces to the very program of "patches" (a whole model's
+  gradient), so its A/B against "patches" elsewhere isolates the CPU-only picks."""
+  monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+  programs = []
+  for impl in ("patches", "patches_cpu"):
+    model = models.get(name, 10, conv_impl=impl)
+    x = _sample(name)
+    params = model.init(jax.random.PRNGKey(0), x)
+    programs.append(str(jax.make_jaxpr(jax.grad(
+        lambda p: jnp.sum(model.apply(p, x))))(params)))
+  assert programs[0] == programs[1]
+
+
 def _numpy_conv(x, w, pads):
   """Direct NHWC x HWIO cross-correlation, stride 1, in float64."""
   x = np.pad(np.asarray(x, np.float64), ((0, 0), *pads, (0, 0)))

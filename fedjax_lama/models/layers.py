@@ -30,6 +30,9 @@ the same function to float32 rounding (Winograd: about 10x that, `winograd_conv`
 * "im2col": `im2col_conv` for every layer (to measure "patches" against).
 * "winograd": `winograd_conv` for every 3x3 and 5x5 stride-1 layer, "patches" for the
   others, on every platform (to measure it where the rule does not take it, on GPUs for one).
+* "patches_cpu": "patches" with its CPU-only picks (Winograd layers, im2col's written-out
+  stride-1 gradient, the small dense kernels' gradient) taken on every platform, each by
+  its CPU rule: to measure on a GPU, in one A/B, whether they pay there.
 * "patches_xla": `lax.conv_general_dilated_patches` + matmul (its backward is
   a convolution again) and "shifted_sum": a sum over kernel offsets of
   slice @ kernel[i, j]. Both exist to be measured (experiments/conv_plans.py);
@@ -62,7 +65,8 @@ Padding = Union[str, Sequence[tuple[int, int]]]
 
 # Accepted by `Conv.conv_impl` / `conv` / `max_pool` (and "auto"). "lax" and
 # "patches" are the supported plans; the others exist to be measured.
-CONV_IMPLS = ("lax", "patches", "im2col", "winograd", "patches_xla", "shifted_sum")
+CONV_IMPLS = ("lax", "patches", "im2col", "winograd", "patches_cpu", "patches_xla",
+              "shifted_sum")
 INIT_STYLES = ("keras", "torch", "torchvision", "flax")
 _DN = ("NHWC", "HWIO", "NHWC")
 
@@ -122,6 +126,12 @@ def initializers(style: str, fan_in: int) -> tuple[Initializer, Initializer]:
   raise ValueError(
       f"init_style={style!r} is not accepted; use one of "
       f"{', '.join(INIT_STYLES)}")
+
+
+def _picks_platform(impl: str, platform: str | None = None) -> str | None:
+  """The platform whose picks a patches plan takes: "cpu" under "patches_cpu", else
+  `platform` (None: JAX's default backend when traced)."""
+  return "cpu" if impl == "patches_cpu" else platform
 
 
 def _platform_in(platforms: Sequence[str], platform: str | None) -> bool:
@@ -712,8 +722,9 @@ def conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
   per-channel `bias` if one is given (which a plan may fold into its matmul)."""
   strides = tuple(strides)
   impl = resolve_conv_impl(impl)
-  if impl == "patches" or (impl == "winograd" and not winograd_applies(kernel.shape, strides)):
-    return conv_patches(x, kernel, strides, padding, bias)
+  if (impl in ("patches", "patches_cpu")
+      or (impl == "winograd" and not winograd_applies(kernel.shape, strides))):
+    return conv_patches(x, kernel, strides, padding, bias, _picks_platform(impl))
   if impl == "im2col":
     return im2col_conv(x, kernel, strides, padding, bias)
   if impl == "winograd":
@@ -871,18 +882,19 @@ def dense_dot(x: Array, kernel: Array, impl: str = "lax", platform: str | None =
 
   Under the "patches" plan (`resolve_conv_impl`), a kernel of at least
   `_DENSE_T_MIN_KERNEL` elements applied to at most `_DENSE_T_MAX_ROWS` rows goes through
-  `_wide_kernel_dot`, and on CPU (`platform`, default JAX's default backend when traced) a
-  kernel of at most `_DENSE_SMALL_MAX_KERNEL` elements through `_small_kernel_dot`;
-  everything else is `jnp.dot`.
+  `_wide_kernel_dot`, and on CPU (`platform`, default JAX's default backend when traced;
+  every platform under "patches_cpu") a kernel of at most `_DENSE_SMALL_MAX_KERNEL`
+  elements through `_small_kernel_dot`; everything else is `jnp.dot`.
   """
   rows = math.prod(x.shape[:-1])
   flat = lambda: x.reshape(rows, x.shape[-1])
   unflat = lambda y: y.reshape(*x.shape[:-1], kernel.shape[1])
-  if resolve_conv_impl(impl) == "patches":
+  impl = resolve_conv_impl(impl)
+  if impl in ("patches", "patches_cpu"):
     if kernel.size >= _DENSE_T_MIN_KERNEL and rows <= _DENSE_T_MAX_ROWS:
       return unflat(_wide_kernel_dot(flat(), kernel))
     if (kernel.size <= _DENSE_SMALL_MAX_KERNEL
-        and _platform_in(_DENSE_SMALL_PLATFORMS, platform)):
+        and _platform_in(_DENSE_SMALL_PLATFORMS, _picks_platform(impl, platform))):
       return unflat(_small_kernel_dot(flat(), kernel))
   return jnp.dot(x, kernel)
 
