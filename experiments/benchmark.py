@@ -450,7 +450,8 @@ def run(model_name="fedat_cnn", clients=32, steps=10, batch=32, repeats=3, conv_
   result = {
       "model": model_name, "clients": clients, "steps": steps, "batch": batch,
       "platform": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
-      "host_cpu": host_cpu(), "host_cpu_count": os.cpu_count(), "jax": jax.__version__, "engine_conv_impl": engine_impl, "engine_client_map": engine_map,
+      "host_cpu": host_cpu(), "host_cpu_count": os.cpu_count(), "jax": jax.__version__,
+      "engine_conv_impl": engine_impl, "engine_client_map": engine_map,
       "engine_devices": plans["engine"].mesh.size, "cpu_devices": len(jax.devices("cpu")),
       "engine_samples_per_s": sps["engine"],
       "flops_per_sample": flops_per_sample, "engine_flops_per_s": engine_flops,
