@@ -67,6 +67,9 @@ Padding = Union[str, Sequence[tuple[int, int]]]
 # "patches" are the supported plans; the others exist to be measured.
 CONV_IMPLS = ("lax", "patches", "im2col", "winograd", "patches_cpu", "patches_xla",
               "shifted_sum")
+# The plans that compute a layer as "patches" does ("patches_cpu": with the CPU-only picks
+# taken on every platform, `_picks_platform`).
+_PATCHES_PLANS = ("patches", "patches_cpu")
 INIT_STYLES = ("keras", "torch", "torchvision", "flax")
 _DN = ("NHWC", "HWIO", "NHWC")
 
@@ -722,7 +725,7 @@ def conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
   per-channel `bias` if one is given (which a plan may fold into its matmul)."""
   strides = tuple(strides)
   impl = resolve_conv_impl(impl)
-  if (impl in ("patches", "patches_cpu")
+  if (impl in _PATCHES_PLANS
       or (impl == "winograd" and not winograd_applies(kernel.shape, strides))):
     return conv_patches(x, kernel, strides, padding, bias, _picks_platform(impl))
   if impl == "im2col":
@@ -890,7 +893,7 @@ def dense_dot(x: Array, kernel: Array, impl: str = "lax", platform: str | None =
   flat = lambda: x.reshape(rows, x.shape[-1])
   unflat = lambda y: y.reshape(*x.shape[:-1], kernel.shape[1])
   impl = resolve_conv_impl(impl)
-  if impl in ("patches", "patches_cpu"):
+  if impl in _PATCHES_PLANS:
     if kernel.size >= _DENSE_T_MIN_KERNEL and rows <= _DENSE_T_MAX_ROWS:
       return unflat(_wide_kernel_dot(flat(), kernel))
     if (kernel.size <= _DENSE_SMALL_MAX_KERNEL
