@@ -8,7 +8,7 @@ no download), so the run measures the simulator's speed, not CIFAR-10 accuracy. 
 learning rates are a plain choice, not pfl-research's tuned ones.
 
   python -m experiments.main --config=configs/workload_pfl_cifar10.py --workdir=/tmp/pfl
-  python -m experiments.workload_pfl_cifar10 [--rounds=100]   # wall time, samples/s, MFU
+  python -m benchmarks.workload_pfl_cifar10 [--rounds=100]   # wall time, samples/s, MFU
 
 Settings (after the file name): "pfl_cnn" (default) or "fedat_cnn" (FedAT's smaller CNN).
 """

@@ -20,7 +20,8 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from experiments import baselines_study, logs
+from experiments import baselines_study
+from fedjax_lama.cli import logs
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", "configs/baselines_fmnist_cnn.py", "Base config.")

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import benchmark
+from benchmarks import benchmark
 from fedjax_lama.models import layers
 
 FLAGS = flags.FLAGS

@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from experiments import benchmark
+from benchmarks import benchmark
 from fedjax_lama import models
 
 # (model, clients, steps, conv plans run as vmap_scan). For fedat_cnn

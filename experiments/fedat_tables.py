@@ -39,7 +39,7 @@ from ml_collections import config_flags
 import numpy as np
 
 from configs import fedat_fmnist
-from experiments import logs
+from fedjax_lama.cli import logs
 
 LABELS = {"fedat": "FedAT", "fedavg": "FedAvg", "fedprox": "FedProx", "tifl": "TiFL",
           "fedasync": "FedAsync", "asofed": "ASO-Fed"}
@@ -153,7 +153,7 @@ def run_one(config, workdir: str) -> dict:
 
 def measures(records: list, target: Optional[float]) -> dict:
   """The 3.5 measures of one run, from its metrics records."""
-  from fedjax_lama.simulation import clock_run, metrics  # pylint: disable=g-import-not-at-top
+  from fedjax_lama.simulation import clock_run, robustness_metrics as metrics  # pylint: disable=g-import-not-at-top
   out = metrics.summarize(clock_run.ticks_from_records(records), target)
   uploads = records[-1]["uploads"]
   out["bytes_per_upload"] = records[-1]["bytes_up"] / uploads if uploads else None

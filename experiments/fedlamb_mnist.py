@@ -30,7 +30,8 @@ from typing import Optional, Sequence
 from absl import app, flags
 import numpy as np
 
-from experiments import logs, reproduce, studies, sweep
+from experiments import reproduce, studies, sweep
+from fedjax_lama.cli import logs
 
 FLAGS = flags.FLAGS
 PANELS = ("f2-mnist-mlp-noniid-e1", "f2-mnist-mlp-noniid-e5", "mnist-mlp-iid-e1",

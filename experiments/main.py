@@ -24,7 +24,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from experiments import cpu_devices, logs
+from fedjax_lama.cli import cpu_devices, logs
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", "configs/default.py", "Experiment config file.",

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from absl import app, flags
 
-from experiments import logs
+from fedjax_lama.cli import logs
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("paper", None, "fedlama | fedspeed | fedat | fedlamb")

@@ -27,7 +27,7 @@ from fedjax_lama.algorithms import common
 from fedjax_lama.engine.algorithm import Algorithm
 from fedjax_lama.errors import ConfigError
 from fedjax_lama.fedlama import options as fedlama_options
-from fedjax_lama.simulation import config as sim_config
+from fedjax_lama.simulation import system_config as sim_config
 from fedjax_lama.simulation import run_options
 
 SPECS = algorithms.SPECS

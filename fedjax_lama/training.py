@@ -28,7 +28,7 @@ from fedjax_lama.engine import evaluate as evaluation
 from fedjax_lama.engine import local
 from fedjax_lama.engine import sharding
 from fedjax_lama.fedlama.schedule import FedLamaProgram
-from fedjax_lama.programs.common import LrSchedule, RunOptions
+from fedjax_lama.programs.round_program import LrSchedule, RunOptions
 from fedjax_lama.programs.sync import SyncProgram
 
 logger = logging.getLogger("fedjax_lama")
@@ -202,7 +202,7 @@ def partition_spec(config) -> federation.PartitionSpec:
 
 
 def run_options(config, fed) -> RunOptions:
-  """The typed options every round program takes (programs/common.py)."""
+  """The typed options every round program takes (programs/round_program.py)."""
   return RunOptions(
       seed=config.seed, rounds=config.rounds, local_steps=config.local_steps,
       local_epochs=config.local_epochs, batch_size=config.batch_size, weighting=config.weighting,

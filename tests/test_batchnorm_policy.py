@@ -17,7 +17,7 @@ import pytest
 
 from fedjax_lama import algorithms, federation, training
 from fedjax_lama import config as config_lib
-from fedjax_lama.fedlama import layers
+from fedjax_lama.fedlama import layer_units as layers
 from fedjax_lama.data import Dataset
 from fedjax_lama.engine import local, round as round_lib, sharding
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_lama.fedlama import layers
+from fedjax_lama.fedlama import layer_units as layers
 from fedjax_lama.fedlama import layer_sync
 
 NUM_CLIENTS = 5

@@ -9,7 +9,7 @@ import pytest
 
 from fedjax_lama import config as config_lib
 from fedjax_lama import training
-from fedjax_lama.programs.common import LrSchedule
+from fedjax_lama.programs.round_program import LrSchedule
 from tests.test_training import _metrics, tiny_config
 
 REPO = pathlib.Path(__file__).resolve().parent.parent

@@ -28,7 +28,7 @@ from fedjax_lama import federation, training
 from fedjax_lama.algorithms import common
 from fedjax_lama.engine import sharding
 from fedjax_lama.engine.algorithm import displacement
-from fedjax_lama.programs import common as programs_common
+from fedjax_lama.programs import round_program as programs_common
 from fedjax_lama.programs.sync import SyncProgram
 from fedjax_lama.tree import tree_zeros_like
 

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from fedjax_lama.simulation import metrics
+from fedjax_lama.simulation import robustness_metrics as metrics
 
 
 def test_accuracy_stats_pooled_and_population_variance():

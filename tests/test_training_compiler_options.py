@@ -14,7 +14,7 @@ import pytest
 from fedjax_lama import models, training
 from fedjax_lama.engine import local, sharding
 from fedjax_lama.programs.vectorized import VectorizedSyncProgram
-from experiments import benchmark
+from benchmarks import benchmark
 from tests import test_fedat_engine as clock_helpers
 from tests import test_sharding as helpers
 

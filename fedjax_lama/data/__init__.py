@@ -19,7 +19,7 @@ from fedjax_lama.data.datasets import SOURCES
 from fedjax_lama.data.datasets import split_validation
 from fedjax_lama.data.datasets import Validation
 from fedjax_lama.data.datasets import WriterClients
-from fedjax_lama.data.errors import DataError
+from fedjax_lama.data.data_errors import DataError
 from fedjax_lama.data.femnist_h5 import read_femnist_h5
 from fedjax_lama.data.femnist_h5 import read_femnist_h5_file
 from fedjax_lama.data.leaf import LeafSplit

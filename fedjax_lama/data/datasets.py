@@ -25,7 +25,7 @@ from fedjax_lama.data import seeding
 from fedjax_lama.data import sentiment140
 from fedjax_lama.data import tfds_loader
 from fedjax_lama.data import tinyimagenet
-from fedjax_lama.data.errors import DataError
+from fedjax_lama.data.data_errors import DataError
 
 DATA_DIR_ENV = 'FEDJAX_LAMA_DATA_DIR'
 DATASET_NAMES = ('digits', 'mnist', 'fashion_mnist', 'cifar10', 'cifar100',

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from fedjax_lama.data import leaf
-from fedjax_lama.data.errors import DataError
+from fedjax_lama.data.data_errors import DataError
 
 TRAIN_FILE = 'fed_emnist_train.h5'
 TEST_FILE = 'fed_emnist_test.h5'

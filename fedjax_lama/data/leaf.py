@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from fedjax_lama.data.errors import DataError
+from fedjax_lama.data.data_errors import DataError
 from fedjax_lama.data import readers
 
 LEAF_SPLITS = ('train', 'test')

@@ -37,7 +37,7 @@ import numpy as np
 
 from fedjax_lama.data import leaf
 from fedjax_lama.data import readers
-from fedjax_lama.data.errors import DataError
+from fedjax_lama.data.data_errors import DataError
 
 # LEAF's ALL_LETTERS (leaf/models/utils/language_utils.py).
 SHAKESPEARE_CHARS = ('\n !"&\'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ'

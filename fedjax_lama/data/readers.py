@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from fedjax_lama.data.errors import DataError
+from fedjax_lama.data.data_errors import DataError
 
 _GZIP_MAGIC = b'\x1f\x8b'
 _CHUNK = 1 << 22

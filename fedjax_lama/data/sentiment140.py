@@ -37,7 +37,7 @@ import re
 
 import numpy as np
 
-from fedjax_lama.data.errors import DataError
+from fedjax_lama.data.data_errors import DataError
 
 TRAIN_FILE = 'training.1600000.processed.noemoticon.csv'
 TEST_FILE = 'testdata.manual.2009.06.14.csv'

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from fedjax_lama.data.errors import DataError
+from fedjax_lama.data.data_errors import DataError
 
 # Supported names -> the feature that holds the class label.
 _TFDS_DATASETS = {

@@ -23,7 +23,7 @@ import os
 
 import numpy as np
 
-from fedjax_lama.data.errors import DataError
+from fedjax_lama.data.data_errors import DataError
 
 IMAGE_SIZE = 64
 WNIDS_FILE = 'wnids.txt'

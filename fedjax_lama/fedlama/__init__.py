@@ -2,8 +2,8 @@
 aggregation primitive, the options and the schedule program (algorithms.md 1)."""
 from fedjax_lama.fedlama.layer_sync import layer_discrepancy
 from fedjax_lama.fedlama.layer_sync import layer_masked_mean
-from fedjax_lama.fedlama.layers import layer_spec
-from fedjax_lama.fedlama.layers import LayerSpec
+from fedjax_lama.fedlama.layer_units import layer_spec
+from fedjax_lama.fedlama.layer_units import LayerSpec
 from fedjax_lama.fedlama.options import FedLamaOptions
 from fedjax_lama.fedlama.options import NAME
 from fedjax_lama.fedlama.selection import base_multipliers

@@ -34,9 +34,9 @@ from fedjax_lama import compression, rng
 from fedjax_lama.engine import client_store, evaluate, local, reduce, round as round_lib, sharding
 from fedjax_lama.engine.algorithm import Algorithm, ClientContext, ClientInfo, LocalState, ServerState
 from fedjax_lama.errors import ConfigError
-from fedjax_lama.fedlama import layer_sync, layers, selection as sel
+from fedjax_lama.fedlama import layer_sync, layer_units as layers, selection as sel
 from fedjax_lama.fedlama.options import FedLamaOptions
-from fedjax_lama.programs.common import ProgramBase, RoundOutput, RunOptions, pack, with_steps
+from fedjax_lama.programs.round_program import ProgramBase, RoundOutput, RunOptions, pack, with_steps
 from fedjax_lama.tree import broadcast_clients
 
 

@@ -1,1 +1,1 @@
-"""Round programs: how the training loop drives the engine (see programs/common.py)."""
+"""Round programs: how the training loop drives the engine (see programs/round_program.py)."""

@@ -24,7 +24,7 @@ import numpy as np
 from fedjax_lama import compression
 from fedjax_lama.engine import client_store, evaluate, local, round as round_lib, sharding
 from fedjax_lama.engine.algorithm import Algorithm
-from fedjax_lama.programs.common import (ProgramBase, RoundOutput, RunOptions, pack,
+from fedjax_lama.programs.round_program import (ProgramBase, RoundOutput, RunOptions, pack,
                                          steps_per_round)
 
 

@@ -9,7 +9,7 @@ server state and per-client rows. Every run computes exactly what its sequential
 (to float rounding: XLA may batch the arithmetic differently), and writes the same files.
 
 The learning rate enters as a traced scale of a schedule built with rate 1 (every schedule of
-programs/common.py is linear in its base rate), the seed as a traced key root.
+programs/round_program.py is linear in its base rate), the seed as a traced key root.
 """
 import dataclasses
 from typing import Optional, Sequence
@@ -21,7 +21,7 @@ import numpy as np
 from fedjax_lama import compression
 from fedjax_lama.engine import evaluate, local, round as round_lib
 from fedjax_lama.engine.algorithm import Algorithm
-from fedjax_lama.programs.common import RoundOutput, RunOptions, pack, steps_per_round
+from fedjax_lama.programs.round_program import RoundOutput, RunOptions, pack, steps_per_round
 
 
 def _stack(trees):

@@ -36,7 +36,7 @@ The JAX side, imported on its own (this package's __init__ does not load it):
                  exact resume); training.train_and_evaluate dispatches to it
 """
 from fedjax_lama.simulation.codecs import PolylineCodec, RawCodec
-from fedjax_lama.simulation.config import (ASOFedConfig, ComputeModel, FedAsyncConfig,
+from fedjax_lama.simulation.system_config import (ASOFedConfig, ComputeModel, FedAsyncConfig,
                                            FedATConfig, FedAvgConfig, FedProxConfig,
                                            NetworkModel, SystemConfig, TiFLConfig)
 from fedjax_lama.simulation.interfaces import (Codec, Evaluator, ModelAlgebra, Trainer, TrainJob,
@@ -44,7 +44,7 @@ from fedjax_lama.simulation.interfaces import (Codec, Evaluator, ModelAlgebra, T
 from fedjax_lama.simulation.loop import Simulator, tick_times
 from fedjax_lama.simulation.methods import (ASOFed, FedAsync, FedAT, FedAvg, FedProx, METHODS,
                                             TiFL, cross_tier_fractions, cross_tier_weights)
-from fedjax_lama.simulation.metrics import summarize
+from fedjax_lama.simulation.robustness_metrics import summarize
 from fedjax_lama.simulation.pytree import NumpyAlgebra
 from fedjax_lama.simulation.streams import Stream
 

@@ -219,7 +219,7 @@ def tick_record(tick: dict, previous: Optional[dict], position: int, num_paramet
 
 
 def ticks_from_records(records: list) -> list:
-  """The tick view `simulation.metrics.summarize` reads, from metrics.jsonl records."""
+  """The tick view `simulation.robustness_metrics.summarize` reads, from metrics.jsonl records."""
   return [{"virtual_time": r["virtual_time"], "accuracy": r["test_accuracy"],
            "client_accuracy_var": r["client_test_accuracy_var"], "bytes_up": r["bytes_up"],
            "bytes_down": r["bytes_down"]} for r in records]

@@ -14,7 +14,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from fedjax_lama.simulation import streams
-from fedjax_lama.simulation.config import ComputeModel, NetworkModel, SystemConfig
+from fedjax_lama.simulation.system_config import ComputeModel, NetworkModel, SystemConfig
 from fedjax_lama.simulation.streams import Stream
 
 Draw = Callable[[], float]

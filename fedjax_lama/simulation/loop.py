@@ -27,9 +27,9 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
-from fedjax_lama.simulation import metrics as metrics_lib
+from fedjax_lama.simulation import robustness_metrics as metrics_lib
 from fedjax_lama.simulation.codecs import RawCodec
-from fedjax_lama.simulation.config import SystemConfig
+from fedjax_lama.simulation.system_config import SystemConfig
 from fedjax_lama.simulation.events import (DIRECTIONS, DOWN, MESSAGE_KINDS, MODEL, UP, EventClass,
                                            EventQueue, JobEvent)
 from fedjax_lama.simulation.interfaces import (Codec, Evaluator, ModelAlgebra, PyTree, Trainer,

@@ -9,7 +9,7 @@ this module pulls in neither JAX nor a config library.
 import dataclasses
 from typing import Any, Optional
 
-from fedjax_lama.simulation.config import (ASOFedConfig, FedAsyncConfig, FedATConfig,
+from fedjax_lama.simulation.system_config import (ASOFedConfig, FedAsyncConfig, FedATConfig,
                                            FedAvgConfig, FedProxConfig, SystemConfig,
                                            TiFLConfig)
 

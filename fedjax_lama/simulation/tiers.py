@@ -11,7 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from fedjax_lama.simulation import streams
-from fedjax_lama.simulation.config import SystemConfig
+from fedjax_lama.simulation.system_config import SystemConfig
 from fedjax_lama.simulation.latency import LatencyModel, job_steps
 from fedjax_lama.simulation.streams import Stream
 

@@ -12,7 +12,7 @@ feature-representation step are simplified away.
 """
 import numpy as np
 
-from fedjax_lama.simulation.config import ASOFedConfig
+from fedjax_lama.simulation.system_config import ASOFedConfig
 from fedjax_lama.simulation.interfaces import PyTree
 from fedjax_lama.simulation.methods.base import Arrival, Method
 

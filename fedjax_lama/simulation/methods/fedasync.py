@@ -9,7 +9,7 @@ algorithms.md 3.4.5 resolves it: every client is dispatched with w0 at time 0;
 on each delivered arrival the server mixes, bumps its version counter and
 re-dispatches that client (the only idle one) with the new model.
 """
-from fedjax_lama.simulation.config import STALENESS_FUNCTIONS, FedAsyncConfig
+from fedjax_lama.simulation.system_config import STALENESS_FUNCTIONS, FedAsyncConfig
 from fedjax_lama.simulation.interfaces import PyTree
 from fedjax_lama.simulation.methods.base import Arrival, Method
 

@@ -17,7 +17,7 @@ Eq. 3-5, Sec. 4.1-4.3; as resolved in algorithms.md 3.2.
 from fractions import Fraction
 from typing import Optional, Sequence
 
-from fedjax_lama.simulation.config import CROSS_TIER_SETS, CROSS_TIER_WEIGHTS, FedATConfig
+from fedjax_lama.simulation.system_config import CROSS_TIER_SETS, CROSS_TIER_WEIGHTS, FedATConfig
 from fedjax_lama.simulation.interfaces import PyTree
 from fedjax_lama.simulation.methods.base import (Arrival, Method, SyncRound, sample_weighted_mean,
                                                  start_sync_round)

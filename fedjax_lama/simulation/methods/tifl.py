@@ -22,10 +22,10 @@ from fractions import Fraction
 from typing import Optional, Sequence
 
 from fedjax_lama.simulation import streams
-from fedjax_lama.simulation.config import TIFL_PROB_RULES, TiFLConfig
+from fedjax_lama.simulation.system_config import TIFL_PROB_RULES, TiFLConfig
 from fedjax_lama.simulation.events import ACCURACY_PROBE, DOWN, UP
 from fedjax_lama.simulation.methods.base import start_sync_round
-from fedjax_lama.simulation.methods.fedavg import SynchronousMethod
+from fedjax_lama.simulation.methods.sync_fedavg import SynchronousMethod
 from fedjax_lama.simulation.streams import Stream
 
 PROBE_UPLOAD_BYTES = 8  # correct count and test count as int32

@@ -2,15 +2,15 @@ r"""Engine vs per-step loop vs the hardware's limit (MFU) over a grid; client-st
 
 COMMANDS (from the repository root):
 
-  python -m experiments.benchmark_suite --models_table     # experiments/results/models_cpu.md
-  python -m experiments.benchmark_suite --quick            # a few minutes on a 2-core CPU
-  python -m experiments.benchmark_suite --out=suite.json   # the full grid (hours on CPU)
-  python -m experiments.benchmark_suite --models=resnet20 --clients_grid=32 --steps_grid=5,20 \
+  python -m benchmarks.benchmark_suite --models_table     # benchmarks/results/models_cpu.md
+  python -m benchmarks.benchmark_suite --quick            # a few minutes on a 2-core CPU
+  python -m benchmarks.benchmark_suite --out=suite.json   # the full grid (hours on CPU)
+  python -m benchmarks.benchmark_suite --models=resnet20 --clients_grid=32 --steps_grid=5,20 \
       --conv_impl=lax
-  python -m experiments.benchmark_suite --memory           # peak RSS, 1,000 clients' rows
+  python -m benchmarks.benchmark_suite --memory           # peak RSS, 1,000 clients' rows
 
 Throughput (architecture.md 4, docs/performance.md): for every (model, clients, steps) of
-the grid, `experiments.benchmark.run` times, side by side in one process and interleaved,
+the grid, `benchmarks.benchmark.run` times, side by side in one process and interleaved,
 the engine's round (one jitted call of every client's local scan + server mean, convolution
 plan `models.resolve_conv_impl(--conv_impl)`, client map `engine.local.CLIENT_MAP`), the
 per-client Python loop of a jitted SGD step (FedJAX's default backend), the centralized
@@ -21,12 +21,12 @@ measured peak FLOP/s; n = --matmul_size, 2048, which a GPU runs in microseconds:
 there). It prints a markdown table of samples/s with engine/loop, MFU and
 engine/central, and one JSON line (also written to --out).
 
---models_table regenerates experiments/results/models_cpu.md (--table_out): every image
+--models_table regenerates benchmarks/results/models_cpu.md (--table_out): every image
 model of the zoo at 8 clients x 5 steps x batch 32, 3 interleaved repeats, the engine's other
 client map timed beside it, and the machine's load average around each row. WRN-28-10 (36.5M
 parameters) runs one timed round of the engine and the loop and no other plan
 (`benchmark_grid.TABLE_ROW_OPTIONS`): that row alone takes about 16 min on a 2-core CPU, the
-table about 30. The grids and their runner are in experiments/benchmark_grid.py.
+table about 30. The grids and their runner are in benchmarks/benchmark_grid.py.
 
 Memory (--memory): per-client persistent state of `--memory_clients` clients of
 `--memory_row` parameters' shape (ResNet20's 272,762 float32 each, 1.09 GB for
@@ -37,7 +37,7 @@ before the store exists, the store's bytes and the bytes that live on device.
 
 Absolute numbers from a shared machine are noise; compare the ratios, measured
 in one run. On a GPU, name the GPU (device_kind is in the JSON), e.g.
-  python -m experiments.benchmark_suite --models_table --matmul_size=8192 --table_out=gpu.md
+  python -m benchmarks.benchmark_suite --models_table --matmul_size=8192 --table_out=gpu.md
 """
 import json
 import os
@@ -51,15 +51,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import benchmark, cpu_devices
-from experiments.benchmark_grid import TABLE_MODELS, TABLE_ROW_OPTIONS, TABLE_SIZE, throughput
-from experiments.benchmark_tables import markdown, models_table
+from benchmarks import benchmark
+from fedjax_lama.cli import cpu_devices
+from benchmarks.benchmark_grid import TABLE_MODELS, TABLE_ROW_OPTIONS, TABLE_SIZE, throughput
+from benchmarks.benchmark_tables import markdown, models_table
 from fedjax_lama import models
 from fedjax_lama.data import sample_clients
 from fedjax_lama.engine import client_store, sharding
 
 FLAGS = flags.FLAGS
-# --batch, --repeats, --conv_impl and --unroll are experiments.benchmark's flags.
+# --batch, --repeats, --conv_impl and --unroll are benchmarks.benchmark's flags.
 flags.DEFINE_bool("quick", False, "8 clients x 5 steps, 1 timed round per plan: minutes on CPU.")
 flags.DEFINE_list("models", ["fedat_cnn", "resnet20"], "Models of the grid.")
 flags.DEFINE_list("clients_grid", ["8", "32", "128"], "Clients per round, one run each.")
@@ -67,7 +68,7 @@ flags.DEFINE_list("steps_grid", ["5", "20"], "Local steps per client, one run ea
 flags.DEFINE_string("out", "", "Write the JSON results here too.")
 flags.DEFINE_bool("models_table", False, "Every image model of the zoo (TABLE_MODELS) at "
                   "8 x 5 x 32; writes --table_out.")
-flags.DEFINE_string("table_out", "experiments/results/models_cpu.md",
+flags.DEFINE_string("table_out", "benchmarks/results/models_cpu.md",
                     "Where --models_table writes its markdown.")
 flags.DEFINE_bool("memory", False, "Measure client-state memory instead of throughput.")
 flags.DEFINE_integer("memory_clients", 1000, "Clients holding a row of state.")
@@ -141,7 +142,7 @@ def memory_worker(on_host: bool, num_clients: int, row_name: str, cohort: int, r
 def memory(num_clients, row_name, cohort, rounds) -> list[dict]:
   results = []
   for placement in ("device", "host"):
-    cmd = [sys.executable, "-m", "experiments.benchmark_suite", f"--memory_worker={placement}",
+    cmd = [sys.executable, "-m", "benchmarks.benchmark_suite", f"--memory_worker={placement}",
            f"--memory_clients={num_clients}", f"--memory_row={row_name}",
            f"--memory_cohort={cohort}", f"--memory_rounds={rounds}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -176,14 +177,14 @@ def main(argv):
     print(memory_markdown(rows))
     result = {"memory": rows}
   elif FLAGS.models_table:
-    cpu_devices.split_cpu()  # as experiments.benchmark
+    cpu_devices.split_cpu()  # as benchmarks.benchmark
     names = FLAGS.models if FLAGS["models"].present else list(TABLE_MODELS)
     clients, steps, batch = TABLE_SIZE
     rows = throughput(names, [clients], [steps], batch, FLAGS.repeats, FLAGS.conv_impl,
                       FLAGS.unroll, ("engine",), compare_client_maps=True,
                       row_options=TABLE_ROW_OPTIONS, min_sample_s=FLAGS.min_sample_s,
                       matmul_size=FLAGS.matmul_size)
-    command = "python -m experiments.benchmark_suite --models_table" + (
+    command = "python -m benchmarks.benchmark_suite --models_table" + (
         f" --models={','.join(names)}" if FLAGS["models"].present else "") + (
         f" --repeats={FLAGS.repeats}" if FLAGS["repeats"].present else "") + (
         f" --min_sample_s={FLAGS.min_sample_s}" if FLAGS["min_sample_s"].present else "") + (

@@ -1,6 +1,6 @@
 r"""Cost of each algorithm's round against a FedAvg round of the same shape, side by side.
 
-  python -m experiments.algorithm_benchmark [--model=fedat_cnn --clients=16 --steps=10 \
+  python -m benchmarks.algorithm_benchmark [--model=fedat_cnn --clients=16 --steps=10 \
       --algorithms=scaffold,feddyn,fedadam,fedspeed --fedlama_over=fedavg,scaffold,feddyn,fedadam]
 
 Every program is driven exactly as the training loop drives it (host sampling, packing, row
@@ -18,7 +18,7 @@ from absl import app, flags
 import jax
 import numpy as np
 
-from experiments import logs
+from fedjax_lama.cli import logs
 from fedjax_lama import config as config_lib, federation, training
 from fedjax_lama.data import Dataset
 from fedjax_lama.engine import sharding

@@ -1,4 +1,4 @@
-"""The grids of `experiments.benchmark.run` that `experiments.benchmark_suite` runs.
+"""The grids of `benchmarks.benchmark.run` that `benchmarks.benchmark_suite` runs.
 
 No flags of its own (the suite's are its CLI), so tests and notebooks can import it beside
 other entry points.
@@ -6,7 +6,7 @@ other entry points.
 import itertools
 import sys
 
-from experiments import benchmark
+from benchmarks import benchmark
 
 # --models_table: every model of the zoo that takes images, and the sizes it runs at.
 TABLE_MODELS = ("fedat_cnn", "cifar_cnn", "pfl_cnn", "leaf_cnn", "mnist_cnn", "mnist_mlp",

@@ -4,7 +4,7 @@ import sys
 import numpy as np
 
 from configs import workload_pfl_cifar10 as workload_config
-from experiments import workload_pfl_cifar10 as workload
+from benchmarks import workload_pfl_cifar10 as workload
 from fedjax_lama import checkpointing
 
 

@@ -1,8 +1,8 @@
 r"""Where an engine round's time goes on CPU: XLA's own per-operation trace, grouped (issue 20).
 
-  python -m experiments.profile_round --model=resnet20 --clients=2 --steps=2 [--batch=32]
+  python -m benchmarks.profile_round --model=resnet20 --clients=2 --steps=2 [--batch=32]
 
-Builds experiments.benchmark's engine round for the model (its --model, --clients, --steps,
+Builds benchmarks.benchmark's engine round for the model (its --model, --clients, --steps,
 --batch, --conv_impl, --client_map and --unroll flags; the same random data), runs it twice to
 compile and warm up, then traces --traced_rounds rounds with `jax.profiler` while XLA:CPU records
 every operation it executes (`--xla_cpu_enable_xprof_traceme`, set here before JAX starts its
@@ -13,7 +13,7 @@ kernels) and for the --top single operations, each with its HLO op_name (what JA
 from). Loops and calls are left out (their events span their bodies' operations). Times are
 summed over the threads that ran them, so a kind's share is of the operations' total, not of
 the round's wall time (printed beside it); the tracing itself slows every operation a little,
-so a round of small operations (the MLPs) looks slower than experiments.benchmark times it.
+so a round of small operations (the MLPs) looks slower than benchmarks.benchmark times it.
 It then prints the time in which no operation runs, by the operation that finished last
 before each gap (`idle_time`): an Eigen `dot`'s event ends when the product is handed to
 Eigen's threads, so its real time is the gap after it, not its event's duration.
@@ -33,8 +33,9 @@ from absl import app, flags
 import jax
 
 # --model, --clients, --steps, --batch, --conv_impl, --client_map and --unroll are
-# experiments.benchmark's flags.
-from experiments import benchmark, cpu_devices
+# benchmarks.benchmark's flags.
+from benchmarks import benchmark
+from fedjax_lama.cli import cpu_devices
 from fedjax_lama import models
 from fedjax_lama.engine import local
 
@@ -119,7 +120,7 @@ def main(argv):
   # Read when JAX starts its CPU backend, at the first computation below (nothing before
   # main computes).
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + TRACEME_FLAG).strip()
-  cpu_devices.split_cpu()  # as experiments.benchmark: the engine's round on the same devices
+  cpu_devices.split_cpu()  # as benchmarks.benchmark: the engine's round on the same devices
 
   impl = models.resolve_conv_impl(FLAGS.conv_impl)
   client_map = local.resolve_client_map(FLAGS.client_map)

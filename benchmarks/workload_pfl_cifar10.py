@@ -1,8 +1,8 @@
 r"""The pfl-research CIFAR-10 workload end to end through the CLI: wall time, samples/s, MFU.
 
-  python -m experiments.workload_pfl_cifar10                  # all 1,500 rounds
-  python -m experiments.workload_pfl_cifar10 --rounds=100     # a prefix, extrapolated
-  python -m experiments.workload_pfl_cifar10 --setting=fedat_cnn --workdir=/tmp/w
+  python -m benchmarks.workload_pfl_cifar10                  # all 1,500 rounds
+  python -m benchmarks.workload_pfl_cifar10 --rounds=100     # a prefix, extrapolated
+  python -m benchmarks.workload_pfl_cifar10 --setting=fedat_cnn --workdir=/tmp/w
 
 Runs `python -m experiments.main --config=configs/workload_pfl_cifar10.py[:setting]` in a
 subprocess (the command a user runs; --rounds overrides config.rounds) and reports:
@@ -17,7 +17,7 @@ subprocess (the command a user runs; --rounds overrides config.rounds) and repor
                     (--checkpoint_every sets how much an interruption can lose), and
                     train_wall_s then sums the parts' rounds;
   mfu               flops_per_sample (XLA's count of one un-vectorized SGD step of the model
-                    on a batch of 10, experiments.benchmark) x samples/s over the peak
+                    on a batch of 10, benchmarks.benchmark) x samples/s over the peak
                     FLOP/s of an n^3 float32 matmul (--peak_matmul_size, 2048) measured in this
                     process right before and right after the run (the best of both), with
                     the load average;
@@ -44,7 +44,7 @@ def peak_flops(matmul_size: int = 2048, repeats: int = 5) -> float:
   """FLOP/s of the best of `repeats` samples of a float32 matmul (benchmark.matmul_plan); a
   sample is the mean of the fewest calls lasting 0.2 s, as in the benchmark, so a matmul of
   microseconds on a GPU is not timed alone."""
-  from experiments import benchmark  # pylint: disable=g-import-not-at-top
+  from benchmarks import benchmark  # pylint: disable=g-import-not-at-top
   run, flops = benchmark.matmul_plan(matmul_size)
   benchmark.time_calls(run)  # compiles: the estimate below must time the matmul alone
   calls = benchmark.rounds_per_sample(benchmark.time_calls(run), benchmark.MIN_SAMPLE_S)
@@ -98,7 +98,7 @@ def main(argv):
   # This process only counts FLOPs and times a matmul; on a GPU, JAX would otherwise take
   # 75 % of the GPU's memory here and leave the run (a second process) too little.
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-  from experiments import benchmark  # pylint: disable=g-import-not-at-top
+  from benchmarks import benchmark  # pylint: disable=g-import-not-at-top
   workdir = FLAGS.workdir or tempfile.mkdtemp(prefix="workload_pfl_")
   flops_per_sample = benchmark.training_flops_per_sample(FLAGS.setting, BATCH, "lax",
                                                          (32, 32, 3))

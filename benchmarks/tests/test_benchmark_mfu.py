@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from experiments import benchmark
+from benchmarks import benchmark
 from fedjax_lama import algorithms, models
 from fedjax_lama.engine import local, round as round_lib
 
@@ -180,7 +180,7 @@ def test_scan_group_sizes():
 def test_models_table_reports_the_loops_mfu_and_the_ceiling_it_sets():
   """The models table's ceiling column is 1 / loop MFU, and the rows whose ceiling is below
   1.5 are named (fake rows: only the arithmetic of the table is checked)."""
-  from experiments import benchmark_tables  # pylint: disable=g-import-not-at-top
+  from benchmarks import benchmark_tables  # pylint: disable=g-import-not-at-top
 
   def row(model, ratio, loop_mfu):
     return {"model": model, "clients": 8, "steps": 5, "batch": 32, "engine_conv_impl": "patches",
@@ -242,7 +242,7 @@ def test_json_reports_the_rounds_per_sample(tiny_runs):
 
 
 def test_models_table_names_the_rounds_per_sample():
-  from experiments import benchmark_tables  # pylint: disable=g-import-not-at-top
+  from benchmarks import benchmark_tables  # pylint: disable=g-import-not-at-top
   row = {"model": "m", "clients": 8, "steps": 5, "batch": 32, "engine_conv_impl": "patches",
          "engine_client_map": "scan", "engine_samples_per_s": 200.0, "loop_samples_per_s": 100.0,
          "ratio": 2.0, "flops_per_sample": 1e6, "engine_flops_per_s": 2e8,
@@ -259,7 +259,7 @@ def test_models_table_names_the_rounds_per_sample():
 
 
 def test_central_flag_rejects_an_unknown_plan_before_running_anything():
-  proc = subprocess.run([sys.executable, "-m", "experiments.benchmark", "--central=lax,fast"],
+  proc = subprocess.run([sys.executable, "-m", "benchmarks.benchmark", "--central=lax,fast"],
                         capture_output=True, text=True, timeout=120,
                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   assert proc.returncode != 0
@@ -271,7 +271,7 @@ def test_models_table_times_wrn_at_the_issues_size_with_its_own_options(monkeypa
   """--models_table runs every row at 8 x 5 x 32, WRN-28-10 included; TABLE_ROW_OPTIONS
   replaces only the options it names (fake benchmark.run: no training), and the table names
   the rows timed with fewer rounds."""
-  from experiments import benchmark_grid, benchmark_tables  # pylint: disable=g-import-not-at-top
+  from benchmarks import benchmark_grid, benchmark_tables  # pylint: disable=g-import-not-at-top
   calls = {}
 
   def fake_run(name, **options):

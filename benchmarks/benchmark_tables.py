@@ -1,7 +1,7 @@
-"""Markdown tables of `experiments.benchmark.run` rows (no flags: importable anywhere).
+"""Markdown tables of `benchmarks.benchmark.run` rows (no flags: importable anywhere).
 
-`markdown` renders any rows; `models_table` is experiments/results/models_cpu.md, the page
-`python -m experiments.benchmark_suite --models_table` writes.
+`markdown` renders any rows; `models_table` is benchmarks/results/models_cpu.md, the page
+`python -m benchmarks.benchmark_suite --models_table` writes.
 """
 import collections
 import os
@@ -52,7 +52,7 @@ def per_sample(row: dict, plan: str) -> str:
 
 
 def models_table(rows: list[dict], command: str) -> str:
-  """experiments/results/models_cpu.md from the --models_table rows."""
+  """benchmarks/results/models_cpu.md from the --models_table rows."""
   loads = [x for r in rows for x in (r["load_avg_before"][:1] + r["load_avg_after"][:1])]
   below = [f"{r['model']} ({r['ratio']:.2f})" for r in rows if r["ratio"] < 1.5]
   # An engine doing the same FLOPs at the matmul's rate would be 1 / loop_mfu times the loop.

@@ -1,6 +1,6 @@
 r"""Speedup of 8 runs trained as one computation (a run axis) over the same 8 runs one by one.
 
-  python -m experiments.vectorized_benchmark [--models=mlp_digits,fedat_cnn --runs=8]
+  python -m benchmarks.vectorized_benchmark [--models=mlp_digits,fedat_cnn --runs=8]
 
 The 8 runs are 4 seeds x 2 local learning rates of one FedAvg config (what a paper's seeds
 and learning-rate grid are). Both ways are driven as the training loop drives them (host
@@ -15,7 +15,7 @@ from absl import app, flags
 import jax
 import numpy as np
 
-from experiments import logs
+from fedjax_lama.cli import logs
 from fedjax_lama import config as config_lib, federation, training
 from fedjax_lama.data import Dataset, load_dataset
 from fedjax_lama.engine import sharding

@@ -1,8 +1,8 @@
 r"""Engine training throughput against the hardware's limit, a per-step loop and peers.
 
-  python -m experiments.benchmark [--model=fedat_cnn --clients=32 --steps=10 --batch=32]
-  python -m experiments.benchmark --peers=fedjax [--peers_path=/tmp/peers]
-  python -m experiments.benchmark --model=wrn28_10 --clients=8 --steps=5 --batch=32 \
+  python -m benchmarks.benchmark [--model=fedat_cnn --clients=32 --steps=10 --batch=32]
+  python -m benchmarks.benchmark --peers=fedjax [--peers_path=/tmp/peers]
+  python -m benchmarks.benchmark --model=wrn28_10 --clients=8 --steps=5 --batch=32 \
       --repeats=1 --central=       # 16 min on a 2-core CPU; no whole-cohort batch
 
 Side by side in one process, interleaved (best of --repeats after one warm-up each; a
@@ -54,7 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from experiments import cpu_devices
+from fedjax_lama.cli import cpu_devices
 from fedjax_lama import algorithms, models
 from fedjax_lama.engine import local, round as round_lib, sharding
 

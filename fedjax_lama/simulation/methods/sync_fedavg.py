@@ -17,7 +17,7 @@ import math
 from typing import Optional
 
 from fedjax_lama.simulation import streams
-from fedjax_lama.simulation.config import FedAvgConfig, FedProxConfig
+from fedjax_lama.simulation.system_config import FedAvgConfig, FedProxConfig
 from fedjax_lama.simulation.interfaces import PyTree
 from fedjax_lama.simulation.methods.base import (Arrival, Method, SyncRound, sample_weighted_mean,
                                                  start_sync_round)

@@ -1,10 +1,10 @@
-"""experiments.profile_round: the grouping of XLA's trace, and one traced round end to end."""
+"""benchmarks.profile_round: the grouping of XLA's trace, and one traced round end to end."""
 import json
 import os
 import subprocess
 import sys
 
-from experiments import profile_round
+from benchmarks import profile_round
 
 HLO = """HloModule jit_f
 fused_computation.1 {
@@ -80,7 +80,7 @@ def test_one_traced_round_of_a_small_model_end_to_end(tmp_path):
   """A fresh process (XLA_FLAGS must be set before JAX starts its backend) traces the mlp."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   out = subprocess.run(
-      [sys.executable, "-m", "experiments.profile_round", "--model=mlp", "--clients=2",
+      [sys.executable, "-m", "benchmarks.profile_round", "--model=mlp", "--clients=2",
        "--steps=2", "--batch=4", "--traced_rounds=1", f"--trace_dir={tmp_path}"],
       cwd=root, capture_output=True, text=True, timeout=300, check=True)
   result = json.loads(out.stdout.strip().splitlines()[-1])
