@@ -1,8 +1,7 @@
 """Things a new user runs into: schedules in epoch mode, cut-short metrics files, options of
-another model, unsupported combinations, unused requirements (issue 15, item 5)."""
+another model, unsupported combinations (issue 15, item 5)."""
 import json
 import os
-import pathlib
 
 import numpy as np
 import pytest
@@ -11,8 +10,6 @@ from fedjax_lama import config as config_lib
 from fedjax_lama import training
 from fedjax_lama.programs.round_program import LrSchedule
 from tests.test_training import _metrics, tiny_config
-
-REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("steps_per_round", [3, 7])
@@ -91,21 +88,6 @@ def test_bernoulli_sampling_with_fedlama_is_refused_naming_the_field(tmp_path):
   with pytest.raises(config_lib.ConfigError, match=r"config\.client_sampling='bernoulli'.*fixed"):
     training.train_and_evaluate(c, str(tmp_path / "w"))
   assert not (tmp_path / "w").exists()
-
-
-def test_every_requirement_is_imported_somewhere():
-  """requirements.txt lists nothing the project does not use (tqdm was listed, unused)."""
-  import_names = {"jaxlib": "jax", "ml-collections": "ml_collections", "absl-py": "absl",
-                  "orbax-checkpoint": "orbax", "tensorflow-datasets": "tensorflow_datasets",
-                  "scikit-learn": "sklearn", "tensorboardx": "tensorboardX"}
-  sources = "\n".join(p.read_text() for folder in ("fedjax_lama", "experiments", "tests")
-                      for p in (REPO / folder).rglob("*.py"))
-  for line in (REPO / "requirements.txt").read_text().splitlines():
-    if not line.strip() or line.startswith("#"):
-      continue
-    name = line.split(">")[0].split("=")[0].split("<")[0].strip()
-    module = import_names.get(name.lower(), name.replace("-", "_"))
-    assert (f"import {module}" in sources or f"from {module}" in sources), name
 
 
 def test_validation_split_is_held_out_of_training_and_reported(tmp_path):
