@@ -26,7 +26,7 @@ the same clients and the same random data shaped like the model's dataset
            same load as the plans;
   peers    with --peers=fedjax, FedJAX 0.0.17's `fed_avg` (its default jit backend) on the
            identical model (this zoo's flax module in a `fedjax.Model`), data and shapes,
-           when FedJAX is importable (requirements-peers.txt; see docs/performance.md).
+           when FedJAX is importable (requirements-peers.txt; third_party/fedjax_peer.py).
 
 Model FLOP utilization (MFU): `flops_per_sample` is XLA's cost analysis of ONE
 un-vectorized plain-SGD training step of the model with lax convolutions (forward,
@@ -44,7 +44,6 @@ import json
 import math
 import os
 import platform
-import sys
 import time
 from typing import Any, NamedTuple
 
@@ -54,9 +53,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_lama.cli import cpu_devices
 from fedjax_lama import algorithms, models
+from fedjax_lama.cli import cpu_devices
 from fedjax_lama.engine import local, round as round_lib, sharding
+from third_party import fedjax_peer
 
 FLAGS = flags.FLAGS
 MIN_SAMPLE_S = 0.2  # seconds a timed sample lasts at least (rounds_per_sample)
@@ -196,69 +196,6 @@ def _load() -> list:
 def _max_abs_diff(a, b) -> float:
   return max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree_util.tree_leaves(a),
                                                             jax.tree_util.tree_leaves(b)))
-
-
-# ---- FedJAX (peer) -----------------------------------------------------------------------
-
-def import_fedjax(path: str = ""):
-  """The `fedjax` module, or None. `path` is appended (never prepended: FedJAX's wheel
-  installs top-level `experiments`/`examples` packages that must not shadow ours)."""
-  if path and path not in sys.path:
-    sys.path.append(path)
-  # The one shim FedJAX 0.0.17 needs on current JAX (docs/performance.md): its tree_util
-  # calls `jax.tree_map`, removed from JAX in 0.6; it is `jax.tree_util.tree_map`.
-  if "tree_map" not in vars(jax):
-    jax.tree_map = jax.tree_util.tree_map
-  try:
-    import fedjax  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return None
-  return fedjax
-
-
-def fedjax_plan(fedjax, model, params, model_state, x, y, indices, lr=LR):
-  """FedJAX 0.0.17's fed_avg on our model, data and shapes: run() -> new server params.
-
-  The model is our flax module (lax plan) in a `fedjax.Model`, FedJAX's own model container,
-  so the computation is identical by construction; clients are `fedjax.ClientDataset`s of
-  numpy arrays in our step order (`skip_shuffle`), so FedJAX's step k of client c trains on
-  the same batch as ours. Client SGD(lr), server SGD(1.0) on the example-weighted mean delta:
-  FedAvg with equal client sizes, the same update as the loop's mean.
-  """
-  if jax.tree_util.tree_leaves(model_state):
-    raise ValueError("the FedJAX peer runs models without BatchNorm statistics only")
-  clients, steps, batch = indices.shape
-
-  def apply_for_train(p, b, rng=None):
-    rngs = {"dropout": rng} if rng is not None else {}
-    return model.apply({"params": p}, b["x"], train=True, rngs=rngs)
-
-  def apply_for_eval(p, b):
-    return model.apply({"params": p}, b["x"], train=False)
-
-  def train_loss(b, preds):
-    return optax.softmax_cross_entropy_with_integer_labels(preds, b["y"])
-
-  fmodel = fedjax.Model(init=lambda rng: params, apply_for_train=apply_for_train,
-                        apply_for_eval=apply_for_eval, train_loss=train_loss, eval_metrics={})
-  algorithm = fedjax.algorithms.fed_avg.federated_averaging(
-      grad_fn=fedjax.model_grad(fmodel), client_optimizer=fedjax.optimizers.sgd(lr),
-      server_optimizer=fedjax.optimizers.sgd(1.0),
-      client_batch_hparams=fedjax.ShuffleRepeatBatchHParams(
-          batch_size=batch, num_epochs=1, skip_shuffle=True, drop_remainder=True))
-  host_x, host_y = np.asarray(x), np.asarray(y)
-  datasets = [fedjax.ClientDataset({"x": host_x[indices[c].reshape(-1)],
-                                    "y": host_y[indices[c].reshape(-1)]})
-              for c in range(clients)]
-  rngs = jax.random.split(jax.random.PRNGKey(0), clients)
-  cohort = [(str(c).encode(), datasets[c], rngs[c]) for c in range(clients)]
-  server = algorithm.init(params)
-
-  def run():
-    state, _ = algorithm.apply(server, cohort)
-    return state.params
-
-  return run
 
 
 # ---- the benchmark -----------------------------------------------------------------------
@@ -411,14 +348,14 @@ def run(model_name="fedat_cnn", clients=32, steps=10, batch=32, repeats=3, conv_
   for peer in peers:
     if peer != "fedjax":
       raise ValueError(f"--peers: unknown peer {peer!r}; accepted: {', '.join(PEERS)}")
-    fedjax = import_fedjax(peers_path)
+    fedjax = fedjax_peer.import_fedjax(peers_path)
     if fedjax is None:
       peer_notes[peer] = ("not installed: pip install --no-deps --target DIR -r "
                           "requirements-peers.txt, then --peers_path=DIR (docs/performance.md)")
       continue
     try:
-      plans["fedjax"] = fedjax_plan(fedjax, loop_model, params, model_state, data_x, data_y,
-                                    indices)
+      plans["fedjax"] = fedjax_peer.fed_avg_round(fedjax, loop_model, params, model_state,
+                                                  data_x, data_y, indices, lr=LR)
     except ValueError as e:
       peer_notes[peer] = str(e)
 

@@ -1,0 +1,76 @@
+"""FedJAX (Ro, Suresh and Wu, "FedJAX: Federated learning simulation with JAX", 2021,
+arXiv:2108.02117) as the peer of `python -m benchmarks.benchmark --peers=fedjax`: FedJAX
+0.0.17's `fed_avg` on this project's model, data and shapes.
+
+FedJAX is installed apart, without its dependencies, so that this project's jax stays as it
+is (requirements-peers.txt: `pip install --no-deps --target DIR -r requirements-peers.txt`,
+then `--peers_path=DIR`).
+"""
+import sys
+
+import jax
+import numpy as np
+import optax
+
+
+def import_fedjax(path: str = ""):
+  """The `fedjax` module, or None when it is not installed. `path` is appended to sys.path
+  (never prepended: FedJAX's wheel installs top-level `experiments`/`examples` packages that
+  must not shadow this project's)."""
+  if path and path not in sys.path:
+    sys.path.append(path)
+  # The one shim FedJAX 0.0.17 needs on current JAX: its tree_util calls `jax.tree_map`,
+  # removed from JAX in 0.6; it is `jax.tree_util.tree_map`.
+  if "tree_map" not in vars(jax):
+    jax.tree_map = jax.tree_util.tree_map
+  try:
+    import fedjax  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
+  return fedjax
+
+
+def fed_avg_round(fedjax, model, params, model_state, x, y, indices, lr: float):
+  """FedJAX's fed_avg on our model, data and shapes: returns run() -> new server params.
+
+  The model is our flax module in a `fedjax.Model`, FedJAX's own model container, so the
+  computation is identical by construction; clients are `fedjax.ClientDataset`s of numpy
+  arrays in our step order (`skip_shuffle`; `indices[c, k]` are the examples of client c's
+  step k), so FedJAX's step k of client c trains on the same batch as ours. Client SGD(lr),
+  server SGD(1.0) on the example-weighted mean delta: FedAvg (McMahan et al., 2017,
+  Algorithm 1) with equal client sizes, the same update as the benchmark's loop.
+  """
+  if jax.tree_util.tree_leaves(model_state):
+    raise ValueError("the FedJAX peer runs models without BatchNorm statistics only")
+  clients, _, batch = indices.shape
+
+  def apply_for_train(p, b, rng=None):
+    rngs = {"dropout": rng} if rng is not None else {}
+    return model.apply({"params": p}, b["x"], train=True, rngs=rngs)
+
+  def apply_for_eval(p, b):
+    return model.apply({"params": p}, b["x"], train=False)
+
+  def train_loss(b, preds):
+    return optax.softmax_cross_entropy_with_integer_labels(preds, b["y"])
+
+  fmodel = fedjax.Model(init=lambda rng: params, apply_for_train=apply_for_train,
+                        apply_for_eval=apply_for_eval, train_loss=train_loss, eval_metrics={})
+  algorithm = fedjax.algorithms.fed_avg.federated_averaging(
+      grad_fn=fedjax.model_grad(fmodel), client_optimizer=fedjax.optimizers.sgd(lr),
+      server_optimizer=fedjax.optimizers.sgd(1.0),
+      client_batch_hparams=fedjax.ShuffleRepeatBatchHParams(
+          batch_size=batch, num_epochs=1, skip_shuffle=True, drop_remainder=True))
+  host_x, host_y = np.asarray(x), np.asarray(y)
+  datasets = [fedjax.ClientDataset({"x": host_x[indices[c].reshape(-1)],
+                                    "y": host_y[indices[c].reshape(-1)]})
+              for c in range(clients)]
+  rngs = jax.random.split(jax.random.PRNGKey(0), clients)
+  cohort = [(str(c).encode(), datasets[c], rngs[c]) for c in range(clients)]
+  server = algorithm.init(params)
+
+  def run():
+    state, _ = algorithm.apply(server, cohort)
+    return state.params
+
+  return run
