@@ -9,7 +9,7 @@ Side by side in one process, interleaved (best of --repeats after one warm-up ea
 timed sample is the mean of the fewest consecutive rounds lasting --min_sample_s, so a
 round of a millisecond is not timed alone), on
 the same clients and the same random data shaped like the model's dataset
-(architecture.md 4, docs/performance.md):
+(docs/performance.md):
   engine   this project's round: one jitted call of the local training of every client
            (a rolled `lax.scan` over local steps; clients added by `engine.local`'s client
            map, --client_map) with the convolution plan the engine picks for the platform

@@ -9,7 +9,7 @@ COMMANDS (from the repository root):
       --conv_impl=lax
   python -m benchmarks.benchmark_suite --memory           # peak RSS, 1,000 clients' rows
 
-Throughput (architecture.md 4, docs/performance.md): for every (model, clients, steps) of
+Throughput (docs/performance.md): for every (model, clients, steps) of
 the grid, `benchmarks.benchmark.run` times, side by side in one process and interleaved,
 the engine's round (one jitted call of every client's local scan + server mean, convolution
 plan `models.resolve_conv_impl(--conv_impl)`, client map `engine.local.CLIENT_MAP`), the

@@ -1,4 +1,4 @@
-r"""Where an engine round's time goes on CPU: XLA's own per-operation trace, grouped (issue 20).
+r"""Where an engine round's time goes on CPU: XLA's own per-operation trace, grouped.
 
   python -m benchmarks.profile_round --model=resnet20 --clients=2 --steps=2 [--batch=32]
 
@@ -92,8 +92,8 @@ def idle_time(events: list[dict], rounds: int, instructions) -> tuple[float, flo
 
   Why: XLA:CPU hands a `dot` (an Eigen matmul) to Eigen's threads and its trace event ends
   there, before the product is computed; the product's time then shows as a gap after the
-  `dot` in which no operation runs. On leaf_cnn (8 x 5 x 32, the fifteenth session,
-  docs/performance.md) the forward `dot` of its 3136 x 2048 layer read 0.2 ms a step by its
+  `dot` in which no operation runs. On leaf_cnn (8 x 5 x 32, on this project's 2-core
+  CPU machine) the forward `dot` of its 3136 x 2048 layer read 0.2 ms a step by its
   event and was followed by about 3 ms with no operation running.
   """
   spans = sorted((e["ts"], e["ts"] + e.get("dur", 0), e["name"])

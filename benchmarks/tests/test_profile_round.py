@@ -1,10 +1,12 @@
 """benchmarks.profile_round: the grouping of XLA's trace, and one traced round end to end."""
 import json
-import os
+import pathlib
 import subprocess
 import sys
 
 from benchmarks import profile_round
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 HLO = """HloModule jit_f
 fused_computation.1 {
@@ -78,11 +80,10 @@ def test_idle_time_is_the_gaps_between_operations_named_by_the_one_before():
 
 def test_one_traced_round_of_a_small_model_end_to_end(tmp_path):
   """A fresh process (XLA_FLAGS must be set before JAX starts its backend) traces the mlp."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   out = subprocess.run(
       [sys.executable, "-m", "benchmarks.profile_round", "--model=mlp", "--clients=2",
        "--steps=2", "--batch=4", "--traced_rounds=1", f"--trace_dir={tmp_path}"],
-      cwd=root, capture_output=True, text=True, timeout=300, check=True)
+      cwd=REPO, capture_output=True, text=True, timeout=300, check=True)
   result = json.loads(out.stdout.strip().splitlines()[-1])
   assert result["model"] == "mlp" and result["trace_dir"] == str(tmp_path)
   assert result["op_ms_per_round"] > 0
