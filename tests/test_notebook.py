@@ -1,9 +1,11 @@
-"""experiments/notebook.ipynb runs end to end (issue 19 item 3), in its smoke setting.
+"""experiments/notebook.ipynb runs end to end, in its smoke setting; its install helpers and
+its written-out config agree with the repository.
 
 The notebook is executed with nbclient in a fresh kernel of this interpreter, from a
 temporary working directory, with FEDJAX_LAMA_NOTEBOOK_SMOKE=1 (a few rounds, one seed) and
-its outputs sent to a temporary folder; the repository is found through PYTHONPATH, so the
-notebook's install cell must see the project importable and install nothing.
+its outputs sent to a temporary folder; the install source is this checkout's path
+(FEDJAX_LAMA_SOURCE) and the package is found through PYTHONPATH, so the notebook's install
+cell must see the project importable and install nothing.
 """
 import json
 import os
@@ -33,6 +35,35 @@ def _kernel_spec(root: pathlib.Path) -> str:
   return str(root)
 
 
+def _tagged_cell(tag: str) -> dict:
+  """The names a code cell of the notebook defines, run in a namespace of their own."""
+  nb = nbformat.read(str(NOTEBOOK), as_version=4)
+  (cell,) = [c for c in nb.cells if tag in c.metadata.get("tags", [])]
+  namespace = {"os": os, "__name__": "notebook_cell"}
+  exec(compile(cell.source, f"notebook cell {tag}", "exec"), namespace)  # pylint: disable=exec-used
+  return namespace
+
+
+def test_written_out_config_is_the_repositorys():
+  from configs import fedlama_digits  # pylint: disable=g-import-not-at-top
+  assert _tagged_cell("digits_config")["digits_config"]() == fedlama_digits.get_config()
+
+
+def test_install_command_for_a_wheel_a_checkout_and_a_url(tmp_path):
+  install_command = _tagged_cell("install_helpers")["install_command"]
+  pip = [sys.executable, "-m", "pip", "install", "-q"]
+  assert install_command(str(REPO)) == pip + ["-c", str(REPO / "constraints.txt"), str(REPO)]
+  assert install_command(str(tmp_path)) == pip + [str(tmp_path)]  # no constraints file there
+  wheel = tmp_path / "fedjax_lama-0.1.0-py3-none-any.whl"
+  wheel.write_bytes(b"")
+  assert install_command(str(wheel)) == pip + [str(wheel)]
+  url = "git+https://example.org/fedjax_lama.git"
+  assert install_command(url) == pip + [url]
+  for source in ("", str(tmp_path / "missing.whl"), str(tmp_path / "nothing_here")):
+    with pytest.raises(ValueError, match="set FEDJAX_LAMA_SOURCE"):
+      install_command(source)
+
+
 def test_notebook_is_clean_and_full_by_default():
   nb = nbformat.read(str(NOTEBOOK), as_version=4)
   nbformat.validate(nb)
@@ -51,6 +82,7 @@ def test_notebook_runs_in_smoke_setting(tmp_path, monkeypatch):
   work.mkdir()
   monkeypatch.setenv("FEDJAX_LAMA_NOTEBOOK_SMOKE", "1")
   monkeypatch.setenv("FEDJAX_LAMA_NOTEBOOK_OUT", str(out))
+  monkeypatch.setenv("FEDJAX_LAMA_SOURCE", str(REPO))  # what CI would install from
   monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
       [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
   monkeypatch.setenv("JUPYTER_PATH", _kernel_spec(tmp_path / "jupyter"))
@@ -65,7 +97,8 @@ def test_notebook_runs_in_smoke_setting(tmp_path, monkeypatch):
   assert not [o for o in outputs if o.output_type == "error"]
   text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
   assert "setting: smoke" in text
-  assert "nothing to install" in text  # found through PYTHONPATH: no pip, no clone
+  assert f"install source: {REPO}" in text
+  assert "nothing to install" in text  # found through PYTHONPATH: no pip
   assert "backend:" in text  # the device cell ran
   for method in ("FedAvg", "FedLAMA", "FedSpeed"):
     assert f"{method:8s} seed 0: final test accuracy" in text
