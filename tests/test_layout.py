@@ -38,6 +38,17 @@ def test_no_two_library_modules_share_a_name():
   assert module_basename_clashes(REPO / "fedjax_lama", _KNOWN_CLASHES) == {}
 
 
+def test_the_library_imports_none_of_the_tools_around_it():
+  # Imports flow one way: experiments/, benchmarks/ and third_party/ use fedjax_lama, never
+  # the reverse, so an installed package (which holds fedjax_lama/ only) imports.
+  pattern = re.compile(r"^\s*(from|import) (experiments|benchmarks|third_party|configs|tests)\b",
+                       re.MULTILINE)
+  offenders = [path.relative_to(REPO).as_posix()
+               for path in sorted((REPO / "fedjax_lama").rglob("*.py"))
+               if pattern.search(path.read_text())]
+  assert not offenders
+
+
 def test_the_clash_check_finds_a_clash(tmp_path):
   for relative in ("a/metrics.py", "b/metrics.py", "b/__init__.py", "a/__init__.py",
                    "c/ok.py"):
