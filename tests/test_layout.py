@@ -1,4 +1,6 @@
-"""The repository's shape: one name per module, and a package that installs and imports."""
+"""The repository's shape: one name per module, imports that flow one way, dependencies
+that are used and pinned, documented commands that exist, config files that load from any
+directory, and a package that installs from a clean copy and imports from elsewhere."""
 import collections
 import os
 import pathlib
