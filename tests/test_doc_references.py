@@ -46,12 +46,17 @@ FORBIDDEN = (
         + _CODE + r"\b"
         r"|\b" + _CODE + r"(?=\s*[),;:\]]|-[DC]\d|'s\b)")),
     # A bare section number in parentheses, "(5.10)" or "(1.6.3, 2.3)", the spec's
-    # numbering without its name. Values in code are written without a space before the
-    # parenthesis ("sgd(1.0)"), so only a parenthesis after a space or line start counts.
+    # numbering without its name. Values in code stand after "(", "=" or ", " ("sgd(1.0)",
+    # "(0.5, (1.2, 2.1))"), so only a parenthesis after a word and a space, or at a line's
+    # start, counts.
     ("bare section number", re.compile(
-        r"(?:(?<=\s)|^)\((?:see |spec:? )?" + _SECTION_NUMBER
+        r"(?:(?<=[A-Za-z\]'\"`)] )|^)\((?:see |spec:? )?" + _SECTION_NUMBER
         + r"(?:(?:, | and | / |; )(?:" + _SECTION_NUMBER + r"|" + _CODE + r"))*\)", re.M)),
 )
+
+# In Python sources, a three-part number such as 3.1.6 is a section number: the code holds
+# no version strings of that shape ("mnist:3.0.1", a dataset version, is excluded).
+_PYTHON_SECTION = re.compile(r"(?<![\w.=/:'\"-])[1-8]\.\d{1,2}\.\d{1,2}(?![\w.])")
 
 _MARKDOWN_LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 
@@ -96,6 +101,9 @@ def unresolved_references(path: pathlib.Path):
   for name, pattern in FORBIDDEN:
     for match in pattern.finditer(text):
       yield f"{relative}:{where(match.start())}: {name}: {match.group(0)!r}"
+  if path.suffix == ".py":
+    for match in _PYTHON_SECTION.finditer(text):
+      yield f"{relative}:{where(match.start())}: section number: {match.group(0)!r}"
   if path.suffix in (".md", ".ipynb"):
     for match in _MARKDOWN_LINK.finditer(text):
       target = match.group(1)
@@ -120,6 +128,10 @@ def test_rules_find_what_they_are_meant_to_find():
   }
   clean = ["optax.sgd(1.0)", "a ratio of 0.451 at 0b0a054", "docs/algorithms.md",
            "Reddi et al., 2021, Algorithm 2", "conv2D and C-order", "jax 0.4.30", "H100 D2H"]
+  assert _PYTHON_SECTION.search("H of 3.1.4 (the budget)")
+  assert _PYTHON_SECTION.search("(3.2.1 step 5)")
+  assert not _PYTHON_SECTION.search("'mnist:3.0.1'")
+  assert not _PYTHON_SECTION.search("jax==0.4.30, 1.2")
   for name, pattern in FORBIDDEN:
     for line in breaking[name]:
       assert pattern.search(line), (name, line)
