@@ -246,7 +246,7 @@ def _fedspeed_ablation(key, values, paper, fixed):
   return study
 
 
-_SMALL_FEDSPEED = ("Fashion-MNIST with FedAT's CNN stands in for the unnamed CIFAR-10 model "
+_SMALL_FEDSPEED = ("Fashion-MNIST with FedAT's CNN stands in for the unnamed CIFAR-10 model"
                    "; 100 clients at 10 % (the 100-client setting of the "
                    "ablations) instead of 500 at 2 %; 1 local epoch of batch 50 (K = 11) and 20 "
                    "rounds instead of the paper's budget; learning rate tuned on {0.03, 0.1}")
@@ -259,7 +259,7 @@ register(Entry("fedspeed", "ablation-rho", "FedSpeed: rho_0 at alpha = 1",
                                                    "server_average": "all_clients"}),
                _SMALL_FEDSPEED + "; server_average all_clients (the reference code's rule)"))
 register(Entry("fedspeed", "ablation-alpha", "FedSpeed: alpha at rho_0 = 0.1",
-               _fedspeed_ablation("alpha", (0.0, 0.5, 0.75, 0.875, 0.9375),
+               _fedspeed_ablation("alpha", (0.0, 0.5, 0.75, 0.875, 0.9375, 1.0),
                                   {0.0: "83.97", 0.5: "84.36", 0.75: "84.91", 0.875: "85.46",
                                    0.9375: "85.74", 1.0: "85.72"},
                                   {"rho": 0.1, "alpha": 1.0, "server_average": "all_clients"}),
@@ -391,7 +391,7 @@ def _fedat_study(scale):
   return FedATStudy(base, ["2"], ["fedat", "fedavg"], [], [0], 20.0, 10.0, {"2": 0.79})
 
 
-_FEDAT_REDUCED = ("Fashion-MNIST stands in for CIFAR-10 at every #class setting "
+_FEDAT_REDUCED = ("Fashion-MNIST stands in for CIFAR-10 at every #class setting"
                   "; #class 2 and IID only (4, 6, 8 at --scale=paper); E = 1 "
                   "local epoch instead of 3; 200 s of virtual time instead of the paper's "
                   "budget (20,000 s here), ticks every 20 s; one seed; precision 4 against "

@@ -22,7 +22,7 @@ TIFL_PROB_RULES = ("paper", "all_positive")
 STALENESS_FUNCTIONS = ("constant", "polynomial", "hinge")
 
 # Chai et al., SC'21, Sec. 7: added delays of the five straggler parts, in seconds.
-PAPER_STRAGGLER_RANGES = ((0.0, 0.0), (0.0), (10.0), (11.0, 15.0), (20.0, 30.0))
+PAPER_STRAGGLER_RANGES = ((0.0, 0.0), (0.0, 5.0), (6.0, 10.0), (11.0, 15.0), (20.0, 30.0))
 
 Scalar = Union[float, int]
 PerClient = Union[Scalar, tuple]

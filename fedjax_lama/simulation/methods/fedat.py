@@ -26,7 +26,7 @@ from fedjax_lama.simulation.methods.base import (Arrival, Method, SyncRound, sam
 def cross_tier_fractions(counts: Sequence[int], weights: str = "eq5",
                          tier_set: str = "all") -> Optional[list[Fraction]]:
   """Exact cross-tier weights (Chai et al., SC'21, Eq. 5; known answers in
-  tests/test_fedat_engine.py).
+  tests/test_simulation_methods.py).
 
   Args:
     counts: counts[m] = T_tier(m+1), the updates tier m+1 has made (index 0 =
