@@ -6,7 +6,7 @@ when a client departs, `on_tick` after each evaluation, `on_timer` for its own
 wake-ups), and the method dispatches jobs through `sim.broadcast`. Dispatches
 made inside a hook happen at the current virtual time, in the order issued.
 
-The synchronous-round helpers implement the common rules of 3.4: a round samples
+The synchronous-round helpers implement the rules the synchronous baselines share: a round samples
 from the clients that have not departed (stream SAMPLE (g, r)), waits for every
 sampled client to arrive or depart, and aggregates the delivered models weighted
 by n_k (FedAvg, McMahan et al. AISTATS 2017; FedAT's intra-tier round, Eq. 4).
