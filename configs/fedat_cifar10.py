@@ -10,7 +10,7 @@ COMMANDS (data: <data_dir>/cifar10/cifar-10-batches-py/ or via tfds):
   baselines, precision ablation: as in configs/fedat_fmnist.py
   Tables 1-2: python -m experiments.fedat_tables --config=configs/fedat_cifar10.py ...
 
-As configs/fedat_fmnist.py (FedAT, Chai et al., SC'21; FedAT, Chai et al., SC'21), with CIFAR-10's
+As configs/fedat_fmnist.py (FedAT, Chai et al., SC'21), with CIFAR-10's
 numbers: 500 images per client (400 / 100 local train / test), FedAT's CNN on 32x32x3
 (122,570 parameters), target accuracy 0.50 for #class 2 (Table 2; Fig. 2's ratios use 0.47:
 set --config.system.target_accuracy=0.47).

@@ -9,8 +9,7 @@ COMMANDS (data in <data_dir>/fashion_mnist/, e.g. --config.data_dir=/path/to/dat
   precision ablation (Chai et al., SC'21, Sec. 6): --config.fedat.compression_precision=3 | 6 | None
   all of Tables 1-2 and the ablation: python -m experiments.fedat_tables --help
 
-FedAT (Chai et al., SC'21), as resolved in
-FedAT, Chai et al., SC'21: 100 clients, #class k per client (`class_cyclic`: client k holds classes
+FedAT (Chai et al., SC'21), Sec. 6: 100 clients, #class k per client (`class_cyclic`: client k holds classes
 k..k+kappa-1 mod 10; i.i.d. otherwise), each client's data split 80/20 into local train and
 test (480 / 120 images), FedAT's CNN (3x3 VALID convolutions 32/64/64, pooling after the first
 two, dense 64/10: 93,322 parameters on 28x28x1), Adam(1e-3, 0.9, 0.999, 1e-7) fresh per job,
