@@ -1,4 +1,5 @@
-r"""FedAT's Tables 1-2 and its precision ablation on the simulated system (Chai et al., SC'21, Sec. 6).
+r"""FedAT's Tables 1-2 and its precision ablation on the simulated system (Chai et al., SC'21, Sec.
+6).
 
   python -m experiments.fedat_tables --config=configs/fedat_fmnist.py \
       --config.data_dir=/path/to/data --budget_s=300 --seeds=0,1,2
@@ -11,8 +12,8 @@ of virtual time. Then writes a markdown report (--report) with, mean ± std over
 best accuracy, the average variance of per-client accuracy (absolute and normalised to
 FedAT's, Table 1), virtual time and bytes up + down to the target accuracy (Table 2;
 --targets, default 0.79 for #class 2 as in the paper), the ablation's uploads to target,
-the paper's numbers beside (Chai et al., SC'21, Tables 1-2), which of the paper's orderings hold here, and a plot of
-accuracy over virtual time (seed means). Raw numbers go to <report>.json.
+the paper's numbers beside (Chai et al., SC'21, Tables 1-2), which of the paper's orderings hold
+here, and a plot of accuracy over virtual time (seed means). Raw numbers go to <report>.json.
 
 Every run is an ordinary run directory under --out/budget<B>/<setting>/<method>/seed<s>
 (resumable: an interrupted study continues where it stopped; finished runs are reused).
@@ -182,8 +183,8 @@ def fmt(stat, digits=3, scale=1.0, total=None) -> str:
 
 def ordering_lines(table: dict, settings: list, seeds: int,
                    targets: Optional[dict] = None) -> list:
-  """Which of the paper's qualitative outcomes (Chai et al., SC'21, Sec. 6) hold in these runs (Table 2's at
-  every target of `targets`)."""
+  """Which of the paper's qualitative outcomes (Chai et al., SC'21, Sec. 6) hold in these runs
+  (Table 2's at every target of `targets`)."""
   lines = []
   for s in settings:
     rows = {m: row for m, row in table[s].items() if "-p" not in m}  # the ablation aside
@@ -207,8 +208,8 @@ def ordering_lines(table: dict, settings: list, seeds: int,
 
 def _target_claims(rows: dict, target: float) -> str:
   """Table 2's outcomes at one target: FedAT needs the fewest bytes (up + down) and reaches
-  the target sooner than the synchronous baselines (Chai et al., SC'21, Sec. 6). A method counts as reaching it
-  only when every one of its runs does."""
+  the target sooner than the synchronous baselines (Chai et al., SC'21, Sec. 6). A method counts as
+  reaching it only when every one of its runs does."""
   def reached(label, key):
     stat = rows[label]["to_target"][target][key]
     return stat[0] if stat is not None and stat[2] == rows[label]["runs"] else None
@@ -327,7 +328,8 @@ def report(base, results: dict, settings: list, targets: dict, seeds: list, abla
       "the setup below). "
       f"{setup_text(base)} Accuracy is pooled over every client's local "
       f"{base.local_test_fraction:.0%} test split at each tick; variance is the population "
-      "variance of per-client accuracy averaged over the ticks (Chai et al., SC'21, metrics); mean ± std over "
+      "variance of per-client accuracy averaged over the ticks (Chai et al., SC'21); "
+      "mean ± std over "
       + (f"{n} seed(s)" if missing is None else
          f"the finished seeds of {n} (the Runs table counts each row's)")
       + ". The paper trained to convergence within an unstated budget; this study "

@@ -3,7 +3,8 @@ r"""Fed-LAMB against Fed-AMS and Fed-SGD on MNIST: every panel of issue 17 and o
   python -m experiments.fedlamb_mnist --scale=small
 
 Runs (or reuses) the eight MNIST studies of `experiments.reproduce` (--panels: the MLP and the
-CNN, IID and one class per client, 1 and 5 local epochs; Karimi, Li, Li, 2021, experiments), writes each
+CNN, IID and one class per client, 1 and 5 local epochs; Karimi, Li, Li, 2021, experiments), writes
+each
 panel's own report under --out (as `experiments.reproduce` does), then one summary (--summary,
 default experiments/results/fedlamb_mnist_<scale>.md, with a .json and a .png beside): for
 every panel and method the tuned rate, the test accuracy after rounds 1, 5 and 10, the rounds

@@ -190,7 +190,8 @@ def run_variants(base, phis, total_steps, eval_steps=0):
 
 
 def early_stop(lama_records, baseline_best, total_steps):
-  """Early stopping as AAAI reports it: first evaluation beating the baseline's best; None when it never does."""
+  """Early stopping as AAAI reports it: first evaluation beating the baseline's best; None when it
+  never does."""
   for r in lama_records:
     if r["test_accuracy"] > baseline_best:
       return {"step": r["local_steps"], "accuracy": r["test_accuracy"],
@@ -200,7 +201,8 @@ def early_stop(lama_records, baseline_best, total_steps):
 
 @dataclasses.dataclass
 class FedLamaTable:
-  """FedAvg(tau'), FedAvg(phi tau'), FedLAMA(tau', phi) at one local-step budget (the tables of Lee et al., AAAI 2023 and arXiv:2110.10302)."""
+  """FedAvg(tau'), FedAvg(phi tau'), FedLAMA(tau', phi) at one local-step budget (the tables of Lee
+  et al., AAAI 2023 and arXiv:2110.10302)."""
   base: object                      # a FedLAMA config (config.fedlama.*)
   phis: Sequence[int]
   total_steps: int

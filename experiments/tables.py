@@ -58,7 +58,7 @@ def _with(config, **fields):
   return sweep.configured(config, fields)
 
 
-# ---- FedLAMA (the tables of Lee et al., AAAI 2023 and arXiv:2110.10302) ---------------------------------------------------------------
+# ---- FedLAMA (Lee et al., AAAI 2023 and arXiv:2110.10302) ----------------------------------------
 def _fmnist_fedlama(partition="dirichlet", alpha=0.1, active=0.25, tau=10, steps=240):
   """The CIFAR FedLAMA settings on Fashion-MNIST with FedAT's CNN (the CPU stand-in)."""
   c = fedlama_fmnist_cnn.get_config()
@@ -298,7 +298,7 @@ register(Entry("fedspeed", "readme-hparams", "FL-Simulator README hyper-paramete
                shares_runs_with="readme-cifar10"))
 
 
-# ---- Fed-LAMB (Karimi, Li, Li, 2021, Figures 2-4) ---------------------------------------------------------
+# ---- Fed-LAMB (Karimi, Li, Li, 2021) ---------------------------------------------------------
 # The learning-rate grids (small: three points around each method's range).
 _LAMB_GRIDS = {"fedavg": (0.01, 0.03, 0.1), "fedams": (1e-4, 3e-4, 1e-3),
                "fedlamb": (1e-3, 3e-3, 1e-2)}
@@ -369,7 +369,7 @@ for _setting, _tables in (("c10_e1", ("f3-cifar-resnet9-iid-c10-e1", "f4-cifar-r
                    "fedlamb_figures"))
 
 
-# ---- FedAT (Chai et al., SC'21, Tables 1-2) ------------------------------------------------------------
+# ---- FedAT (Chai et al., SC'21) ------------------------------------------------------------
 def _fedat_study(scale):
   from configs import fedat_cifar10, fedat_fmnist  # pylint: disable=g-import-not-at-top
   from experiments.fedat_tables import FedATStudy  # pylint: disable=g-import-not-at-top

@@ -2,8 +2,8 @@
 
 Public entry points (imported lazily so `import fedjax_lama` stays light):
   train_and_evaluate(config, workdir)   the run contract (docs/design.md)
-  select_intervals(d, sizes, phi, rule) FedLAMA's interval selector (Lee et al., AAAI 2023, Algorithm 1)
-  layer_masked_mean(...)                FedLAMA's layer-masked aggregation (Lee et al., AAAI 2023, Algorithm 2)
+  select_intervals(d, sizes, phi, rule) FedLAMA's interval selector (AAAI 2023, Alg. 1)
+  layer_masked_mean(...)                FedLAMA's layer-masked aggregation (AAAI 2023, Alg. 2)
 """
 __version__ = "0.1.0"
 

@@ -56,7 +56,7 @@ def test_monte_carlo_unbiased_within_five_standard_errors():
   norm = float(jnp.linalg.norm(v))
   r = s * np.abs(np.asarray(v)) / norm
   frac = r - np.floor(r)
-  var = (norm / s) ** 2 * frac * (1 - frac)  # per coordinate, exact (FedPAQ, Reisizadeh et al., AISTATS 2020)
+  var = (norm / s) ** 2 * frac * (1 - frac)  # per coordinate, exact (Reisizadeh et al., 2020)
   se = np.sqrt(var / n)
   err = np.abs(np.asarray(q.mean(0)) - np.asarray(v))
   assert np.all(err <= 5 * se + 1e-6), (err, se)

@@ -116,7 +116,8 @@ def unresolved_references(path: pathlib.Path):
 def test_rules_find_what_they_are_meant_to_find():
   """Each rule on a line that breaks it, and on a near line that does not."""
   breaking = {
-      "spec section": ["See algorithms.md 5.3.", "(`algorithms.md` §1.4)", "algorithms.md section 8"],
+      "spec section": ["See algorithms.md 5.3.", "(`algorithms.md` §1.4)",
+                       "algorithms.md section 8"],
       "spec decision": ["(algorithms.md D23)"],
       "design note": ["the run contract (architecture.md 3)"],
       "sibling directory": ["../shared/docs/review.md"],

@@ -1,4 +1,5 @@
-"""Early stopping as AAAI reports it and comm_ratio_budget as experiments.fedlama_compare reports them."""
+"""Early stopping as AAAI reports it and comm_ratio_budget as experiments.fedlama_compare reports
+them."""
 from experiments import studies as fedlama_compare
 
 

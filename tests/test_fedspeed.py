@@ -62,7 +62,7 @@ def test_rho_zero_all_clients_is_the_projects_feddyn():
   assert not np.allclose(tight.params["w"], dyn_server.params["w"])
 
 
-# ---- the upload's closed form: x_hat_i = y_K + h_i ------------------------------------------------------------------
+# ---- the upload's closed form: x_hat_i = y_K + h_i -----------------------------------------------
 M, D, ROWS, STEPS, BATCH = 5, 3, 4, 3, 2
 
 
@@ -197,7 +197,8 @@ def test_worked_local_step_matches_the_hand_computation():
 
 
 def test_perturbation_norm_is_one_norm_over_all_leaves():
-  """The worked step's g~ with the two coordinates in two leaves (per-leaf norms would change it)."""
+  """The worked step's g~ with the two coordinates in two leaves (per-leaf norms would change
+  it)."""
   a, b = jnp.asarray(A63, jnp.float32), jnp.asarray(B63, jnp.float32)
 
   def loss(p):
@@ -211,7 +212,8 @@ def test_perturbation_norm_is_one_norm_over_all_leaves():
 
 
 def test_reference_clip_order_on_the_worked_step():
-  """The reference code's clip order: clip u = g~ - g_hat - x^t/lam by min(1, c / (||u|| + 1e-6)); (w + 1/lam) y unclipped."""
+  """The reference code's clip order: clip u = g~ - g_hat - x^t/lam by min(1, c / (||u|| + 1e-6));
+  (w + 1/lam) y unclipped."""
   g_quasi = np.array([-0.4665175210, -0.5951135084])  # 6.3's table
   u = g_quasi - G_HAT - X_SRV / 10.0
   wd, hp = 0.01, dict(rho=0.1, alpha=0.75, lam=10.0, clip_mode="reference")

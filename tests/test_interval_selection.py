@@ -1,4 +1,5 @@
-"""Tests of FedLAMA's interval selection (Lee et al., AAAI 2023, Algorithm 1; Lee et al., AAAI 2023, communication cost; known answers in tests/test_interval_selection.py).
+"""Tests of FedLAMA's interval selection (Lee et al., AAAI 2023, Algorithm 1; Lee et al., AAAI 2023,
+communication cost; known answers in tests/test_interval_selection.py).
 
 Compilation dominates the cost of these tests on CPU, so most checks run
 through one jitted, vmapped function that evaluates every rule variant at

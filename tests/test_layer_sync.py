@@ -1,4 +1,5 @@
-"""Tests of layer bookkeeping and the layer-masked aggregation (Lee et al., AAAI 2023, Algorithm 2)."""
+"""Tests of layer bookkeeping and the layer-masked aggregation (Lee et al., AAAI 2023, Algorithm
+2)."""
 
 import functools
 import os

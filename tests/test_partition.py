@@ -253,7 +253,7 @@ def test_shards_errors():
                                          (6, {498, 500, 504}),
                                          (8, {496, 500, 504})])
 def test_class_cyclic_fedat_known_sizes(kappa, sizes):
-  # #class k per client, Chai et al., SC'21, Sec. 6: CIFAR-10, 100 clients: 500 images for kappa 2 and 4,
+  # FedAT's #class k: CIFAR-10, 100 clients: 500 images for kappa 2 and 4,
   # 498-504 for 6, 496-504 for 8.
   labels = np.repeat(np.arange(10), 5000)
   parts = P.partition('class_cyclic', labels, 100, 7, classes_per_client=kappa)

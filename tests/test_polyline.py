@@ -1,4 +1,5 @@
-"""Polyline codec of FedAT (Chai et al., SC'21, Sec. 4.3): known answers, tolerance, fast path, bytes.
+"""Polyline codec of FedAT (Chai et al., SC'21, Sec. 4.3): known answers, tolerance, fast path,
+bytes.
 
 Every expected string and value below is Google's worked example of the Encoded Polyline
 Algorithm Format or was worked out by hand from its steps, never computed with the code
@@ -20,7 +21,8 @@ from fedjax_lama.compression.polyline import (decode_tree, encode_tree, polyline
 GOOGLE_POINTS = [(38.5, -120.2), (40.7, -120.95), (43.252, -126.453)]
 GOOGLE_STRING = '_p~iF~ps|U_ulLnnqC_mqNvxq`@'
 
-# Single values: (value, precision, value * 10^p in binary64, rounded n, encoded string, decoded value)
+# Single values: (value, precision, value * 10^p in binary64, rounded n, encoded string, decoded
+# value)
 SINGLE_VALUES = [
     (0.0, 5, 0.0, 0, '?', 0.0),
     (-0.0, 5, -0.0, 0, '?', 0.0),
@@ -76,7 +78,7 @@ def tolerance(x, precision):
   return 0.5 * 10.0 ** -precision + 8 * 2.0 ** -53 * np.maximum(1.0, np.abs(x))
 
 
-# --- Google's example ---------------------------------------------------------------------------------
+# --- Google's example -----------------------------------------------------------------------------
 
 
 def test_google_example_pairs():
@@ -105,7 +107,7 @@ def test_flat_differs_from_pairs():
   assert polyline_encode(np.reshape(interleaved, (3, 2)), 5, mode="pairs") == GOOGLE_STRING
 
 
-# --- single values -----------------------------------------------------------------------------------
+# --- single values --------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("value,precision,scaled,rounded,encoded,decoded", SINGLE_VALUES)
@@ -247,7 +249,7 @@ def test_bad_mode_and_inputs_raise():
     polyline_decode(123, 5)
 
 
-# --- round-trip tolerance--------------------------------------------------------------------------------
+# --- round-trip tolerance -------------------------------------------------------------------------
 
 
 def _random_values(rng, size):
@@ -280,7 +282,7 @@ def test_round_trip_exceeds_exact_bound_by_ulps():
   assert abs(x - x_hat) <= tolerance(x, 4)
 
 
-# --- against the `polyline` package--------------------------------------------------------------------------------
+# --- against the `polyline` package ---------------------------------------------------------------
 
 
 def test_cross_check_with_polyline_package():

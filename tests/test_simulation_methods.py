@@ -21,7 +21,8 @@ from fedjax_lama.simulation.testing import RoundingCodec, ShiftTrainer, make_sim
 READINGS = {"literal": ("eq5", "all"), "renormalised": ("eq5", "reported"),
             "uniform": ("uniform", "all"), "uniform_reported": ("uniform", "reported")}
 
-# known answers in tests/test_fedat_engine.py, transcribed: counts -> reading -> (exact weights, float64 weights).
+# known answers in tests/test_fedat_engine.py, transcribed: counts -> reading -> (exact weights,
+# float64 weights).
 KNOWN_ANSWERS = {
     (10, 7, 5, 3, 1): {
         "literal": ([F(1, 26), F(3, 26), F(5, 26), F(7, 26), F(5, 13)],

@@ -1,4 +1,5 @@
-"""FedAT's polyline compression: Google's Encoded Polyline Algorithm Format (Chai et al., SC'21, Sec. 4.3).
+"""FedAT's polyline compression: Google's Encoded Polyline Algorithm Format (Chai et al., SC'21,
+Sec. 4.3).
 
 FedAT (Chai et al., "FedAT: A High-Performance and Communication-Efficient Federated Learning
 System with Asynchronous Tiers", SC'21, Sec. 4.3)

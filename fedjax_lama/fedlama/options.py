@@ -21,7 +21,7 @@ def _is_int(value, minimum: int) -> bool:
 class FedLamaOptions:
   base_interval: int = 10        # tau', local steps
   phi: int = 2                   # interval increase factor
-  interval_rule: str = "aaai"    # aaai | code | v1 | accelerate (Lee et al., AAAI 2023, Algorithm 1)
+  interval_rule: str = "aaai"    # aaai | code | v1 | accelerate (AAAI Algorithm 1)
   kernels_only: Optional[bool] = None   # None: True for rule "code", as the authors' code
   client_sampling: str = "window"       # a cohort per window, or per sub-round
   warmup_windows: int = 0

@@ -22,8 +22,9 @@ instead of assuming unit == tau'.
 Numerics. The curves delta_k = P_k / D and lambda_k = S_k / S are
 never divided out: comparisons are cross-multiplied (P * S < R * D), the totals
 are the last element of the same cumulative sums (so delta_L == lambda_L == 1
-exactly), and sizes are summed in integers. The loop reference of 6.2 is
-normative; tests compare against an exact-rational copy of it.
+exactly), and sizes are summed in integers. A plain loop over the layers is the
+reference; the tests compare against an exact-rational copy of it
+(tests/reference/fedlama_select_ref.py).
 """
 
 from typing import NamedTuple, Optional, Union
@@ -249,7 +250,8 @@ def window_comm_ratio(multipliers: ArrayLike,
                       sizes: ArrayLike,
                       phi: IntLike,
                       rule: str) -> jax.Array:
-  """Floats of one window over those of FedAvg(tau') in the same steps (Lee et al., AAAI 2023, communication cost).
+  """Floats of one window over those of FedAvg(tau') in the same steps (Lee et al., AAAI 2023,
+  communication cost).
 
   "aaai"/"code"/"v1": sum(s / m) / sum(s). "accelerate" (unit tau' / phi):
   phi * sum(s / m) / sum(s), which is >= 1.

@@ -236,10 +236,11 @@ class SystemConfig:
     num_clients: K.
     compute_model, network_model: latency models.
     straggler_ranges: (lo, hi) added delay of each straggler part, seconds
-     ; the number of parts is its length. ((0, 0),) means no delay.
+      (the number of parts is its length). ((0, 0),) means no delay.
     num_unstable: clients that drop out for good.
     dropout_horizon_s: H of D_k = H u_k; None means max_virtual_time_s.
-    num_tiers: M (tiering by profiled latency, as TiFL, Chai et al., HPDC'20). With tiering "parts" it must equal the number of parts.
+    num_tiers: M (tiers by profiled latency, as TiFL). With tiering "parts" it must equal
+      the number of parts.
     tiering: "profile" (TiFL's profiling) or "parts" (the straggler parts).
     profile_rounds: latency draws per client when profiling.
     seed: the root seed s of every stream (simulation/streams.py).
@@ -315,7 +316,8 @@ class SystemConfig:
 
   @property
   def dropout_horizon(self) -> float:
-    """H, the horizon of the unstable clients' drop-out times (defaults to the virtual-time budget)."""
+    """H, the horizon of the unstable clients' drop-out times (defaults to the virtual-time
+    budget)."""
     if self.dropout_horizon_s is None:
       return float(self.max_virtual_time_s)
     return float(self.dropout_horizon_s)

@@ -1,8 +1,8 @@
 """The JAX engine behind the host-side simulation: trainer, evaluator, model algebra.
 
-The simulator (loop.py) injects its numerics through the protocols
-of interfaces.py; this module implements them on the same engine and algorithm interface
-as the synchronous methods (docs/design.md), for FedAT (Chai et al., SC'21) and its baselines (Chai et al., SC'21, Sec. 6):
+The simulator (loop.py) injects its numerics through the protocols of interfaces.py; this module
+implements them on the same engine and algorithm interface as the synchronous methods
+(docs/design.md), for FedAT (Chai et al., SC'21) and its baselines (Chai et al., SC'21, Sec. 6):
 
 - `EngineTrainer`: each batch of TrainJobs is ONE vectorised engine call
   (`engine.round.ClientPhase` with `shared_per_client=True`): start models and proximal
@@ -17,7 +17,7 @@ as the synchronous methods (docs/design.md), for FedAT (Chai et al., SC'21) and 
   so FedAT's lambda, FedProx's mu and FedAsync's rho share one compiled program.
 - `LocalTestEvaluator`: the global model on every client's local 20 % test split (Chai et al.,
   SC'21, Sec. 6), departed clients included; per-client correct counts and the pooled loss.
-- `JaxAlgebra`: jitted float32 weighted sums (Chai et al., SC'21, Eq. 5); one tree with weight exactly 1.0
+- `JaxAlgebra`: jitted float32 weighted sums (FedAT's Eq. 5); one tree with weight exactly 1.0
   comes back unchanged, so FedAT with one tier stays bitwise FedAvg (one tier: FedAT is FedAvg).
 
 The message codec is `codecs.PolylineCodec` (Chai et al., SC'21, Sec. 4.3) or `codecs.RawCodec`.
@@ -206,7 +206,8 @@ class EngineTrainer:
 
 
 class LocalTestEvaluator:
-  """`interfaces.Evaluator`: a model on every client's local test split (Chai et al., SC'21, metrics).
+  """`interfaces.Evaluator`: a model on every client's local test split (Chai et al., SC'21,
+  metrics).
 
   Args:
     model: the flax module.
@@ -248,11 +249,12 @@ def _weighted_sum(trees: tuple, weights: jax.Array) -> PyTree:
 
 
 class JaxAlgebra:
-  """`interfaces.ModelAlgebra`: jitted float32 weighted sums of models (Chai et al., SC'21, Eq. 5, and the baselines).
+  """`interfaces.ModelAlgebra`: jitted float32 weighted sums of models (Chai et al., SC'21, Eq. 5,
+  and the baselines).
 
-  Weights (float64 on the host, exact for Eq. 5) are cast to the leaves' dtype. A single
-  tree with weight exactly 1.0 is returned as it is (one tier: FedAT is FedAvg). One compilation per number
-  of trees.
+  Weights (float64 on the host, exact for Eq. 5) are cast to the leaves' dtype. A single tree with
+  weight exactly 1.0 is returned as it is (one tier: FedAT is FedAvg). One compilation per number of
+  trees.
   """
 
   def __init__(self):

@@ -14,9 +14,9 @@ same minibatches under every method, whichever jobs share its call. Everything h
 pure `jax.numpy` with static shapes, meant to run inside the jitted training call, so only
 ids and counts cross the host boundary.
 
-Device streams (simulation/streams.py): `fold_in(fold_in(key(s), STREAM_ID), i)` folded with each index
-in turn. A choice of this project (the paper is silent): per-step model randomness (dropout; FedAT's CNN has
-none) uses stream LOCAL_RNG = 13 at (k, j), then the step index (engine/local.py).
+Device streams (simulation/streams.py): `fold_in(fold_in(key(s), STREAM_ID), i)` folded with each
+index in turn. A choice of this project (the paper is silent): per-step model randomness (dropout;
+FedAT's CNN has none) uses stream LOCAL_RNG = 13 at (k, j), then the step index (engine/local.py).
 """
 from typing import Sequence
 

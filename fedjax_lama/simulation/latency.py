@@ -1,13 +1,12 @@
 """Latency of a job: L = tau_down + tau_comp + delta + tau_up.
 
-Compute models (fixed, uniform, trace), the straggler delay of the paper's setup
-(FedAT, Chai et al. SC'21, Sec. 7 "Simulating Different Performance Tiers")
-and network models (none, fixed, uniform, trace). Every draw of a job
-comes from its own indexed stream (streams.py), so the delay of job (k, j) is the same
-under every method. Profiling (TiFL's tiering, Chai et al., HPDC'20) uses the same formulas with the draws of
-stream PROFILE (k, r), taken from one generator in this order: download
-(latency, bandwidth; network "uniform" only), per-step cost (compute "uniform"
-only), the delay's uniform (always), upload (latency, bandwidth; "uniform" only).
+Compute models (fixed, uniform, trace), the straggler delay of the paper's setup (FedAT, Chai et al.
+SC'21, Sec. 7 "Simulating Different Performance Tiers") and network models (none, fixed, uniform,
+trace). Every draw of a job comes from its own indexed stream (streams.py), so the delay of job (k,
+j) is the same under every method. Profiling (TiFL's tiering, Chai et al., HPDC'20) uses the same
+formulas with the draws of stream PROFILE (k, r), taken from one generator in this order: download
+(latency, bandwidth; network "uniform" only), per-step cost (compute "uniform" only), the delay's
+uniform (always), upload (latency, bandwidth; "uniform" only).
 """
 from typing import Callable, Optional, Sequence
 

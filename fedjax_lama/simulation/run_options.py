@@ -33,7 +33,7 @@ class ClockOptions:
     local_momentum: momentum of "sgd".
     polyline_mode: "flat" or "pairs" (Chai et al., SC'21, Sec. 6).
     call_size_multiple: trainer calls are padded to a multiple of this many clients.
-    target_accuracy: the target of the time/bytes-to-target measures (Chai et al., SC'21, metrics), or None.
+    target_accuracy: the target of the time/bytes-to-target measures, or None.
     checkpoint_every_ticks: a checkpoint every this many evaluation ticks.
     eval_batch_size, label_smoothing, unroll: as for synchronous runs.
     plots: write the PNG plots.

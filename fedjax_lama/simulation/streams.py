@@ -37,8 +37,8 @@ class Stream(enum.IntEnum):
 # The `dir` index of stream NETWORK.
 DOWN = 0
 UP = 1
-# A choice of this project (the paper is silent): TiFL's accuracy-collection downloads of round r use
-# NETWORK at (k, r, PROBE_DOWN); the value 2 keeps them apart from job draws.
+# A choice of this project (the paper is silent): TiFL's accuracy-collection downloads of round r
+# use NETWORK at (k, r, PROBE_DOWN); the value 2 keeps them apart from job draws.
 PROBE_DOWN = 2
 
 

@@ -34,7 +34,8 @@ def groups_from_order(order: Sequence[int], num_groups: int) -> np.ndarray:
 
 
 def assign_parts(seed: int, num_clients: int, num_parts: int) -> np.ndarray:
-  """Straggler part (0-based) of every client: order by PARTS keys, cut (Chai et al., SC'21: five straggler parts)."""
+  """Straggler part (0-based) of every client: order by PARTS keys, cut (Chai et al., SC'21: five
+  straggler parts)."""
   keys = streams.generator(seed, Stream.PARTS).random(num_clients)
   return groups_from_order(streams.stable_order(keys), num_parts)
 
@@ -57,7 +58,8 @@ def draw_dropout_times(seed: int, num_clients: int, num_unstable: int,
 
 def profile_latencies(latency: LatencyModel, config: SystemConfig,
                       num_examples: Sequence[int], model_bytes: int) -> np.ndarray:
-  """Mean of `profile_rounds` full-job latency draws per client (tiering by profiled latency, as TiFL, Chai et al., HPDC'20).
+  """Mean of `profile_rounds` full-job latency draws per client (tiering by profiled latency, as
+  TiFL, Chai et al., HPDC'20).
 
   A profiling job runs all E * S_k steps and transfers the uncompressed model.
   """

@@ -1,8 +1,9 @@
-"""Exact loop reference for FedLAMA interval selection (known answers in tests/test_interval_selection.py).
+"""Exact loop reference for FedLAMA interval selection (known answers in
+tests/test_interval_selection.py).
 
-Test-only. It restates the selection as a plain loop (Lee et al., AAAI 2023, Algorithm 1) with one layer per
-loop iteration and `fractions.Fraction` arithmetic, so every comparison is
-exact. The jitted, vectorised `select_intervals` is checked against it.
+Test-only. It restates the selection as a plain loop (Lee et al., AAAI 2023, Algorithm 1) with one
+layer per loop iteration and `fractions.Fraction` arithmetic, so every comparison is exact. The
+jitted, vectorised `select_intervals` is checked against it.
 """
 
 from fractions import Fraction
@@ -67,7 +68,8 @@ def select_ref(d: Sequence[float],
 
 def comm_ratio_ref(mult: Sequence[int], sizes: Sequence[int], phi: int,
                    rule: str) -> Fraction:
-  """Steady-state per-window ratio against FedAvg(tau') (Lee et al., AAAI 2023, communication cost)."""
+  """Steady-state per-window ratio against FedAvg(tau') (Lee et al., AAAI 2023, communication
+  cost)."""
   per_unit = sum(Fraction(int(s), int(m)) for s, m in zip(sizes, mult))
   scale = phi if rule == "accelerate" else 1
   return scale * per_unit / sum(int(s) for s in sizes)

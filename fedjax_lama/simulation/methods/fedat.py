@@ -5,13 +5,13 @@ High-Performance and Communication-Efficient Federated Learning System with
 Asynchronous Tiers", SC'21: Algorithm 2,
 Eq. 3-5, Sec. 4.1-4.3.
 
-- Intra-tier round (Chai et al., SC'21, Sec. 4.1): sample C of the tier's alive clients (stream SAMPLE
+- Intra-tier round (Sec. 4.1): sample C of the tier's alive clients (stream SAMPLE
   (m, r)), send the global model (encoded at `compression_precision`), clients
   minimise F_k + (lambda/2)||v - w-hat||^2, the round ends when every sampled
   client has arrived or departed; W_m <- n_k-weighted mean of the decoded
   uploads, T_m += 1, the global model is rebuilt with Eq. 5, and the tier starts
   its next round at once (Alg. 2: no cross-tier barrier).
-- Cross-tier weights (Chai et al., SC'21, Eq. 5): tier m gets T_tier(M+1-m) / T; computed from the
+- Cross-tier weights (Eq. 5): tier m gets T_tier(M+1-m) / T; computed from the
   integer counts in exact rational arithmetic, then converted to float64.
 """
 from fractions import Fraction
@@ -94,7 +94,7 @@ class FedAT(Method):
   # hooks ---------------------------------------------------------------------------
 
   def on_start(self) -> None:
-    for m in range(self.num_tiers):  # tiers dispatched in order 1..M (Chai et al., SC'21, Sec. 4.2)
+    for m in range(self.num_tiers):  # tiers dispatched in order 1..M (Sec. 4.2)
       self._start_round(m)
 
   def on_arrival(self, arrival: Arrival) -> None:
