@@ -1,7 +1,8 @@
 """Every reference in the library, its docs and its configs resolves.
 
 A reader of a clone has the repository and the papers, nothing else. So a file under
-fedjax_lama/, docs/, configs/ or experiments/, the README or BUILD.md may cite a file of
+fedjax_lama/, docs/, configs/, experiments/ or benchmarks/ (their tests aside), the README
+or BUILD.md may cite a file of
 the repository or a paper (authors, year, equation or algorithm line), and must not cite
 a document the clone does not hold: a specification by section number, a design note,
 codes of decisions recorded elsewhere, or a directory beside the checkout.
@@ -18,8 +19,8 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
-# The files a clone's reader meets: the library, its docs, configs and experiments.
-SCANNED_DIRS = ("fedjax_lama", "docs", "configs", "experiments")
+# The files a clone's reader meets: the library, its docs, configs, experiments and benchmarks.
+SCANNED_DIRS = ("fedjax_lama", "docs", "configs", "experiments", "benchmarks", "third_party")
 SCANNED_FILES = ("README.md", "BUILD.md")
 SCANNED_SUFFIXES = (".py", ".md", ".ipynb", ".txt", ".sh", ".toml", ".cfg")
 
@@ -65,7 +66,8 @@ def _scanned_paths():
   paths = [REPO / name for name in SCANNED_FILES if (REPO / name).exists()]
   for directory in SCANNED_DIRS:
     for path in sorted((REPO / directory).rglob("*")):
-      if path.is_file() and path.suffix in SCANNED_SUFFIXES and "__pycache__" not in path.parts:
+      if (path.is_file() and path.suffix in SCANNED_SUFFIXES
+          and not {"__pycache__", "tests"} & set(path.relative_to(REPO).parts)):
         paths.append(path)
   return paths
 
