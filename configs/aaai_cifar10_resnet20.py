@@ -1,5 +1,5 @@
-"""FedLAMA AAAI CIFAR-10 preset (algorithms.md 1.6.7, aaai-t1): ResNet20, Dirichlet 0.1,
-128 clients, 25 % active, batch 32, tau' = 10, 10,000 local steps, weight decay 1e-4.
+"""FedLAMA AAAI CIFAR-10 preset (Lee et al., AAAI 2023, experimental settings, aaai-t1): ResNet20,
+Dirichlet 0.1, 128 clients, 25 % active, batch 32, tau' = 10, 10,000 local steps, weight decay 1e-4.
 
 Learning rates of the paper's table: FedAvg(10) 0.4, FedAvg(20) 0.3, FedAvg(40) 0.3,
 FedLAMA phi=2 0.2, phi=4 0.2. A FedAvg(k tau') run is phi=1 with base_interval k*tau'.
@@ -23,8 +23,8 @@ def get_config():
   c.local_momentum = 0.9
   c.weight_decay = 1e-4
   c.weighting = "uniform"
-  # The reference feeder (algorithms.md 1.6.3): per-pixel standardisation, then zero-pad 4,
-  # random 32 x 32 crop and horizontal flip, drawn on device per client and step.
+  # The reference feeder (the FedLAMA authors' feeders/feeder_cifar.py): per-pixel standardisation,
+  # then zero-pad 4, random 32 x 32 crop and horizontal flip, drawn on device per client and step.
   c.normalization = "per_pixel"
   c.augmentation = "crop_flip"
   c.fedlama.base_interval = 10

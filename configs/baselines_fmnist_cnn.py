@@ -3,7 +3,7 @@
 Label Dirichlet 0.3 over 64 clients, 25 % participation, batch 32, 10 local steps per round,
 the same local-step budget for every algorithm; 10 % of the training split is held out as a
 validation set (config.validation_fraction) on which the learning rates are tuned
-(experiments/compare_algorithms.py). Files: <data_dir>/fashion_mnist/ (../shared/data here).
+(experiments/compare_algorithms.py). Files: <data_dir>/fashion_mnist/.
 """
 from fedjax_lama.config import base_config
 

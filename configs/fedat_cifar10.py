@@ -1,6 +1,6 @@
-r"""FedAT on CIFAR-10: the paper's Table 1 and Table 2 setting (algorithms.md 3.6).
+r"""FedAT on CIFAR-10: the paper's Table 1 and Table 2 setting (Chai et al., SC'21, Sec. 6).
 
-CIFAR-10 is not in ../shared/data on this machine (algorithms.md section 0): this config is
+CIFAR-10 is not among the data the tests use: this config is
 for users with the data; the project's results run the same setting on Fashion-MNIST
 (configs/fedat_fmnist.py).
 
@@ -10,7 +10,7 @@ COMMANDS (data: <data_dir>/cifar10/cifar-10-batches-py/ or via tfds):
   baselines, precision ablation: as in configs/fedat_fmnist.py
   Tables 1-2: python -m experiments.fedat_tables --config=configs/fedat_cifar10.py ...
 
-As configs/fedat_fmnist.py (FedAT, Chai et al., SC'21; algorithms.md 3), with CIFAR-10's
+As configs/fedat_fmnist.py (FedAT, Chai et al., SC'21), with CIFAR-10's
 numbers: 500 images per client (400 / 100 local train / test), FedAT's CNN on 32x32x3
 (122,570 parameters), target accuracy 0.50 for #class 2 (Table 2; Fig. 2's ratios use 0.47:
 set --config.system.target_accuracy=0.47).

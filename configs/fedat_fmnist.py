@@ -1,25 +1,24 @@
-r"""FedAT on Fashion-MNIST: the paper's setting on the simulated system (algorithms.md 3.6).
+r"""FedAT on Fashion-MNIST: the paper's setting on the simulated system (Chai et al., SC'21).
 
-COMMANDS (data in <data_dir>/fashion_mnist/, here --config.data_dir=../shared/data):
+COMMANDS (data in <data_dir>/fashion_mnist/, e.g. --config.data_dir=/path/to/data):
   python -m experiments.main --config=configs/fedat_fmnist.py --workdir=/tmp/fedat_fmnist \
-      --config.data_dir=../shared/data
-  #class per client (3.6.2): --config=configs/fedat_fmnist.py:4   (2, 4, 6, 8 or iid; default 2)
-  baselines on the same clock (3.4): --config.algorithm=tifl | fedasync | asofed, and
+      --config.data_dir=/path/to/data
+  #class per client: --config=configs/fedat_fmnist.py:4   (2, 4, 6, 8 or iid; default 2)
+  baselines on the same clock: --config.algorithm=tifl | fedasync | asofed, and
       --config.algorithm=fedavg --config.system.clock=True  (fedprox likewise)
-  precision ablation (3.3.8): --config.fedat.compression_precision=3 | 6 | None
+  precision ablation: --config.fedat.compression_precision=3 | 6 | None
   all of Tables 1-2 and the ablation: python -m experiments.fedat_tables --help
 
-FedAT (Chai et al., SC'21, shared/seeds/003_656c618fe5de2ce3.txt), as resolved in
-algorithms.md 3: 100 clients, #class k per client (`class_cyclic`: client k holds classes
-k..k+kappa-1 mod 10; i.i.d. otherwise), each client's data split 80/20 into local train and
-test (480 / 120 images), FedAT's CNN (3x3 VALID convolutions 32/64/64, pooling after the first
-two, dense 64/10: 93,322 parameters on 28x28x1), Adam(1e-3, 0.9, 0.999, 1e-7) fresh per job,
-E = 3 epochs of B = 10, lambda = 0.4, 5 tiers by profiled latency, 10 clients per tier round
-(FedAvg, FedProx, TiFL: 10 per round), polyline precision 4 both ways, the paper's stragglers
-(5 parts with added delays 0, 0-5, 6-10, 11-15, 20-30 s redrawn per job, 0.05 s per local step)
-and 10 unstable clients; a 20,000 s virtual-time budget with a tick every 50 s; target accuracy
-0.79 for #class 2 (Table 2), none otherwise (3.6.6). FedProx: mu = 0.4 and 1..3 epochs per job
-(3.4.3). The learning rate 1e-3 is the spec's default until tuned (3.6.5).
+FedAT (Chai et al., SC'21), Sec. 6: 100 clients, #class k per client (`class_cyclic`: client k holds
+classes k..k+kappa-1 mod 10; i.i.d. otherwise), each client's data split 80/20 into local train and
+test (480 / 120 images), FedAT's CNN (3x3 VALID convolutions 32/64/64, pooling after the first two,
+dense 64/10: 93,322 parameters on 28x28x1), Adam(1e-3, 0.9, 0.999, 1e-7) fresh per job, E = 3 epochs
+of B = 10, lambda = 0.4, 5 tiers by profiled latency, 10 clients per tier round (FedAvg, FedProx,
+TiFL: 10 per round), polyline precision 4 both ways, the paper's stragglers (5 parts with added
+delays 0, 0-5, 6-10, 11-15, 20-30 s redrawn per job, 0.05 s per local step) and 10 unstable clients;
+a 20,000 s virtual-time budget with a tick every 50 s; target accuracy 0.79 for #class 2 (Table 2),
+none otherwise (Chai et al., SC'21, Sec. 6). FedProx: mu = 0.4 and 1..3 epochs per job (FedProx, Li
+et al., MLSys 2020). The learning rate 1e-3 is the default until tuned (Chai et al., SC'21, Sec. 6).
 """
 from fedjax_lama.config import ConfigError, base_config
 

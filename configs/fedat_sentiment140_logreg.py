@@ -1,13 +1,14 @@
-"""FedAvg on Sentiment140 with logistic regression: FedAT's text setting (algorithms.md 3.6).
+"""FedAvg on Sentiment140 with logistic regression: FedAT's text setting (Chai et al., SC'21, Sec.
+6).
 
 COMMAND:
   python -m experiments.main --config=configs/fedat_sentiment140_logreg.py --workdir=/tmp/s140
 
-FedAT (3.6.1, 3.6.4, Table 1): one client per Twitter account (the natural partition, about
-660,000 accounts in the training file), logistic regression over a bag of words, 10 clients per
-round, E = 3 local epochs of batch B = 10 (3.6.5), each client's data split 80/20 into local
-train and test (3.6.3; per-client accuracy and its variance, 3.5), target accuracy 0.73
-(Table 2). The algorithm here is FedAvg (FedAT's own tiers are not in this program).
+FedAT (Chai et al., SC'21, Sec. 6 and Table 1): one client per Twitter account (the natural
+partition, about 660,000 accounts in the training file), logistic regression over a bag of words, 10
+clients per round, E = 3 local epochs of batch B = 10, each client's data split 80/20 into local
+train and test (per-client accuracy and its variance), target accuracy 0.73 (Table 2). The algorithm
+here is FedAvg (FedAT's own tiers are not in this program).
 
 Project choices: local SGD (FedAT's Adam is not a local optimiser of this program) with an
 untuned learning rate; a 10,000-word vocabulary (FedAT gives none); active_ratio = 1.5e-5 gives

@@ -1,7 +1,7 @@
 """FedLAMA on the built-in digits with an MLP: runs on a laptop CPU in about a minute.
 
 A FedAvg(tau') baseline is the same config with --config.fedlama.phi=1, and
-FedAvg(phi tau') is --config.fedlama.fixed_multipliers=<phi> (algorithms.md 1.2.4).
+FedAvg(phi tau') is --config.fedlama.fixed_multipliers=<phi> (Lee et al., AAAI 2023, Algorithm 2).
 """
 import ml_collections
 
@@ -22,7 +22,7 @@ def get_config():
   c.batch_size = 16
   c.local_lr = 0.1
   c.local_momentum = 0.9
-  c.weighting = "uniform"  # D12
+  c.weighting = "uniform"  # uniform 1/m, as Eq. 2 of both papers and the authors' code
   c.fedlama.base_interval = 5
   c.fedlama.phi = 2
   c.fedlama.interval_rule = "aaai"

@@ -1,4 +1,5 @@
-"""FedLAMA on LEAF FEMNIST with the LEAF CNN: the AAAI setting (algorithms.md 1.6.2, D23).
+"""FedLAMA on LEAF FEMNIST with the LEAF CNN: the AAAI setting (Lee et al., AAAI 2023, experimental
+settings: 256 writers, two per client).
 
 Two writers per client, 25 % of the clients active, batch 32, tau' = 20, phi in {1, 2, 4, 8},
 4,000 local steps in the paper. The shared subset has 105 writers (the paper samples 256 of

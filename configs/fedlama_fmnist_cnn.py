@@ -1,8 +1,8 @@
 """FedLAMA on Fashion-MNIST with FedAT's CNN, the AAAI CIFAR-10 setting scaled to this CPU.
 
-AAAI setting (algorithms.md 1.6.2): label Dirichlet alpha 0.1, 128 clients, 25 % active,
-batch 32, tau' = 10, phi in {1, 2, 4}. CIFAR-10 is not available here (algorithms.md 0),
-so this runs Fashion-MNIST with the same CNN family. Files: <data_dir>/fashion_mnist/.
+AAAI setting (Lee et al., AAAI 2023, experimental settings): label Dirichlet alpha 0.1, 128 clients,
+25 % active, batch 32, tau' = 10, phi in {1, 2, 4}. CIFAR-10 is not available here, so this runs
+Fashion-MNIST with the same CNN family. Files: <data_dir>/fashion_mnist/.
 """
 from fedjax_lama.config import base_config
 

@@ -1,16 +1,19 @@
-"""Fed-LAMB on MNIST with the paper's MLP, 784-200-10 with dropout (algorithms.md 4.5.7).
+"""Fed-LAMB on MNIST with the paper's MLP, 784-200-10 with dropout (Karimi, Li, Li, 2021,
+experiments).
 
-Seed shared/seeds/004_753c1b0506df9c7d.txt, Figure 2 top row. One config per setting,
+Karimi, Li, Li, 2021, Figure 2 top row. One config per setting,
 chosen by the string after the file name (default "noniid_e1"):
   --config=configs/fedlamb_mnist_mlp.py:noniid_e5
-  noniid_e1, noniid_e5: one class per client (4.5.2), panels f2-mnist-mlp-noniid-e1/e5;
-  iid_e1, iid_e5: IID split (the paper shows no IID MNIST panel).
-Paper setting (4.5.4): 50 clients, 25 drawn per round without replacement, batch 32, E local
-epochs (last partial batch kept), uniform weights (C10), beta 0.9/0.999, phi identity;
+  noniid_e1, noniid_e5: one class per client (Karimi, Li, Li, 2021, experiments), panels
+  f2-mnist-mlp-noniid-e1/e5; iid_e1, iid_e5: IID split (the paper shows no IID MNIST panel).
+Paper setting (Karimi, Li, Li, 2021, experiments): 50 clients, 25 drawn per round without
+replacement, batch 32, E local epochs (last partial batch kept), uniform weights (the paper's 1/n),
+beta 0.9/0.999, phi identity;
 100 rounds (project). Fed-AMS: --config.algorithm=fedams; the paper's Fed-SGD is FedAvg:
 --config.algorithm=fedavg. local_lr (and fedlamb.lam in {0, 0.01, 0.1}) are tuned per method
-on 4.5.5's grids; the default 1e-2 is a Fed-LAMB grid point, not a tuned value.
-Preprocessing (x/255 - mean)/std of the training split: the authors' (0.1307, 0.3081).
+on the learning-rate grids of experiments/tables.py; the default 1e-2 is a Fed-LAMB grid point, not
+a tuned value. Preprocessing (x/255 - mean)/std of the training split: the authors' (0.1307,
+0.3081).
 Files: <data_dir>/mnist/.
 """
 from fedjax_lama.config import base_config
@@ -21,9 +24,10 @@ SETTINGS = {"noniid_e1": ("one_class", 1), "noniid_e5": ("one_class", 5),
 
 def paper_setting(dataset: str, model: str, partition: str, epochs: int, local_lr: float,
                   num_clients: int = 50):
-  """The setting every Fed-LAMB experiment shares (4.5.4): `num_clients` clients, half drawn
-  per round without replacement, batch 32, E local epochs, uniform weights (C10), no momentum
-  (Fed-LAMB / Fed-AMS refuse it: beta1 is their momentum), lambda 0, 100 rounds."""
+  """The setting every Fed-LAMB experiment shares (Karimi, Li, Li, 2021, experiments): `num_clients`
+  clients, half drawn per round without replacement, batch 32, E local epochs, uniform weights (the
+  paper's 1/n), no momentum (Fed-LAMB / Fed-AMS refuse it: beta1 is their momentum), lambda 0, 100
+  rounds."""
   c = base_config()
   c.algorithm = "fedlamb"
   c.dataset = dataset
@@ -56,5 +60,5 @@ def setting_of(settings: dict, setting: str):
 
 def get_config(setting: str = "noniid_e1"):
   partition, epochs = setting_of(SETTINGS, setting)
-  # PyTorch-style init (init_style "torch", 4.5.3); the training split's (0.1307, 0.3081).
+  # PyTorch-style init (init_style "torch"); the training split's (0.1307, 0.3081).
   return paper_setting("mnist", "mnist_mlp", partition, epochs, 1e-2)

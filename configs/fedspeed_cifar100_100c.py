@@ -1,5 +1,6 @@
-"""FedSpeed, CIFAR-100, 100 clients at 10 %, batch 50, 5 local epochs (algorithms.md 2.3);
-as configs/fedspeed_cifar10_100c.py. Needs <data_dir>/cifar100/cifar-100-python (BUILD.md).
+"""FedSpeed, CIFAR-100, 100 clients at 10 %, batch 50, 5 local epochs (Sun et al., ICLR 2023,
+experimental settings); as configs/fedspeed_cifar10_100c.py. Needs
+<data_dir>/cifar100/cifar-100-python (BUILD.md).
 """
 from configs.fedspeed_cifar10_100c import slides_setting
 

@@ -1,5 +1,6 @@
-"""FedSpeed, CIFAR-100, 500 clients at 2 %, batch 20, 2 local epochs (algorithms.md 2.3, t1);
-as configs/fedspeed_cifar10_500c.py. Needs <data_dir>/cifar100/cifar-100-python (BUILD.md).
+"""FedSpeed, CIFAR-100, 500 clients at 2 %, batch 20, 2 local epochs (Sun et al., ICLR 2023,
+experimental settings, t1); as configs/fedspeed_cifar10_500c.py. Needs
+<data_dir>/cifar100/cifar-100-python (BUILD.md).
 """
 from configs.fedspeed_cifar10_100c import slides_setting
 

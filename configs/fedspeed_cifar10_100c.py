@@ -1,11 +1,13 @@
-"""FedSpeed, CIFAR-10, 100 clients at 10 % (algorithms.md 2.3: the slides' ablation and
-local-epoch setting, FL-Simulator's README setting): ResNet-18-GN, balanced Dirichlet 0.6,
-batch 50, 5 local epochs (K = 50), 1000 rounds.
+"""FedSpeed, CIFAR-10, 100 clients at 10 % (Sun et al., ICLR 2023, experimental settings: the
+slides' ablation and local-epoch setting, FL-Simulator's README setting): ResNet-18-GN, balanced
+Dirichlet 0.6, batch 50, 5 local epochs (K = 50), 1000 rounds.
 
-Reference-code hyper-parameters (2.2, 2.3): eta = 0.1 decayed by 0.998 per round (D8), weight
-decay 1e-3 (D7), rho_0 = 0.1 normalised, alpha = 1, lam = 10 (the code's lamb = 0.1 is 1/lam),
-no clip. The server rule is the slides' "active"; the reference code's is
---config.fedspeed.server_average=all_clients (D5): report which one produced a number.
+Reference-code hyper-parameters (the FedSpeed authors' FL-Simulator code; Sun et al., ICLR 2023,
+experimental settings): eta = 0.1 decayed by 0.998 per round, weight decay 1e-3 at the unperturbed
+point, rho_0 = 0.1 normalised, alpha = 1, lam = 10 (the code's lamb = 0.1 is 1/lam), no clip. The
+server rule is the slides' "active"; the reference code's is
+--config.fedspeed.server_average=all_clients (the reference code's mean of h over all clients):
+report which one produced a number.
 Unweighted means (line 16; equal client sizes make them the size-weighted means as well).
 Needs <data_dir>/cifar10/cifar-10-batches-py (BUILD.md) and an accelerator.
 """
@@ -14,7 +16,8 @@ from fedjax_lama.config import base_config
 
 def slides_setting(dataset: str, num_clients: int, active_ratio: float, batch_size: int,
                    local_epochs: int):
-  """The FedSpeed settings of algorithms.md 2.3 on `dataset` (shared by fedspeed_* configs)."""
+  """The FedSpeed settings of Sun et al., ICLR 2023, experimental settings on `dataset` (shared by
+  fedspeed_* configs)."""
   c = base_config()
   c.algorithm = "fedspeed"
   c.dataset = dataset

@@ -1,8 +1,8 @@
 """FedSpeed, CIFAR-10 with the reference code's small CNN (`fedspeed_lenet`, 797,962
-parameters), 100 clients at 10 %, batch 50, 5 local epochs: the results setting that
-algorithms.md 2.3 names `fedspeed_cifar10_cnn_100c` (and the base of its rho_0 and alpha
-ablations). Other fields as configs/fedspeed_cifar10_100c.py. Needs CIFAR-10 (BUILD.md);
-configs/fedspeed_fmnist.py is the stand-in on the data available here.
+parameters), 100 clients at 10 %, batch 50, 5 local epochs: the setting of the results table and the
+rho_0 and alpha ablations of FedSpeed (Sun et al., ICLR 2023). Other fields as
+configs/fedspeed_cifar10_100c.py. Needs CIFAR-10 (BUILD.md); configs/fedspeed_fmnist.py is the
+stand-in on the data available here.
 """
 from configs.fedspeed_cifar10_100c import slides_setting
 

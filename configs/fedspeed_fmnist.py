@@ -1,4 +1,4 @@
-"""FedSpeed on Fashion-MNIST, the CPU stand-in for CIFAR-10 (algorithms.md 0, issue 16):
+"""FedSpeed on Fashion-MNIST, the CPU stand-in for CIFAR-10 (issue 16):
 FedAT's CNN, balanced Dirichlet 0.6, 10 % of 100 clients, batch 50, 5 local epochs
 (600 examples per client: K = 60; lower local_epochs if the CPU budget asks), the reference
 code's eta = 0.1 * 0.998^round, weight decay 1e-3, rho_0 = 0.1, alpha = 1, lam = 10.

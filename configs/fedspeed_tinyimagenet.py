@@ -1,4 +1,5 @@
-"""FedSpeed, TinyImageNet (200 classes, 64 x 64), the slides' t1 setting (algorithms.md 2.3):
+"""FedSpeed, TinyImageNet (200 classes, 64 x 64), the slides' t1 setting (Sun et al., ICLR 2023,
+experimental settings):
 500 clients at 2 %, balanced Dirichlet 0.6 (--config.partition=iid for IID), batch 20,
 2 local epochs (200 examples per client: K = 20), ResNet-18-GN. The slides give no
 normalisation or augmentation for it; per-channel standardisation and crop_flip are this

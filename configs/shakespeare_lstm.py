@@ -9,7 +9,7 @@ each next character of the window, and accuracy is next-character accuracy over 
 positions. --config.dataset_options.target=last trains and scores only the character after
 the window (LEAF's task; lstm_lm then uses its last position's logits).
 
-Model: `lstm_lm` (FedAT's Reddit architecture, algorithms.md 3.6.4: embedding, one LSTM,
+Model: `lstm_lm` (FedAT's Reddit architecture, Chai et al., SC'21, Sec. 6: embedding, one LSTM,
 dropout 0.1, batch norm, dense) over LEAF's 81-character vocabulary (its 80 characters + one
 for any other): vocab_size is set from the dataset. Embedding 8 and width 256 follow LEAF's
 Shakespeare model, which stacks two LSTM layers (ours has one). LEAF's baseline

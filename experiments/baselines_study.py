@@ -40,9 +40,9 @@ def parse_overrides(text: str) -> dict:
   return out
 
 
-# What a reader of the table must know about a row (algorithms.md 5.13), beside its settings.
+# What a reader of the table must know about a row, beside its settings.
 NOTES = {
-    "fedcom": "at server_lr 1 (no override) FedCOM is FedPAQ bitwise (5.13)",
+    "fedcom": "at server_lr 1 (no override) FedCOM is FedPAQ bitwise",
     "fedsgd": "one full-batch gradient step per round, not 10 minibatch steps",
     "fedpaq": "QSGD, 16 levels per leaf (6 bits per coordinate)",
     "fedadam": "tau 1e-3 (Reddi et al.'s tuned setting)",

@@ -1,7 +1,7 @@
 r"""The algorithms side by side at one local-step budget, each at its own tuned learning rate.
 
   python -m experiments.compare_algorithms --config=configs/baselines_fmnist_cnn.py \
-      --config.data_dir=../shared/data --out=experiments/results/baselines_fmnist \
+      --config.data_dir=/path/to/data --out=experiments/results/baselines_fmnist \
       --runs=/tmp/baselines_fmnist_runs
 
 For every algorithm: the local learning rate is picked from --lrs by its validation accuracy

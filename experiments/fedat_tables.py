@@ -1,7 +1,8 @@
-r"""FedAT's Tables 1-2 and its precision ablation on the simulated system (algorithms.md 3.6.7).
+r"""FedAT's Tables 1-2 and its precision ablation on the simulated system (Chai et al., SC'21, Sec.
+6).
 
   python -m experiments.fedat_tables --config=configs/fedat_fmnist.py \
-      --config.data_dir=../shared/data --budget_s=300 --seeds=0,1,2
+      --config.data_dir=/path/to/data --budget_s=300 --seeds=0,1,2
 
 For every #class setting (--settings: 2, 4, 6, 8, iid) and seed, runs FedAT, FedAvg,
 FedProx, TiFL and FedAsync (--methods) on the same simulated system (3.1: 100 clients, the
@@ -11,8 +12,8 @@ of virtual time. Then writes a markdown report (--report) with, mean ± std over
 best accuracy, the average variance of per-client accuracy (absolute and normalised to
 FedAT's, Table 1), virtual time and bytes up + down to the target accuracy (Table 2;
 --targets, default 0.79 for #class 2 as in the paper), the ablation's uploads to target,
-the paper's numbers beside (3.7), which of the paper's orderings hold here, and a plot of
-accuracy over virtual time (seed means). Raw numbers go to <report>.json.
+the paper's numbers beside (Chai et al., SC'21, Tables 1-2), which of the paper's orderings hold
+here, and a plot of accuracy over virtual time (seed means). Raw numbers go to <report>.json.
 
 Every run is an ordinary run directory under --out/budget<B>/<setting>/<method>/seed<s>
 (resumable: an interrupted study continues where it stopped; finished runs are reused).
@@ -24,7 +25,7 @@ Cost on the 2-core CPU (FedAT's CNN, ~1 s per job of 3 epochs x 48 steps of 10 i
 jobs per virtual second are about 3.6 (FedAT), 7.8 (FedAsync: all 100 clients always busy),
 0.3 (FedAvg, FedProx), 0.5 (TiFL), so one seed of the five settings plus the ablation is
 about 73 jobs per virtual second: --budget_s=300 for three seeds is ~18 hours. Smoke test:
-  python -m experiments.fedat_tables --config.data_dir=../shared/data --budget_s=40 \
+  python -m experiments.fedat_tables --config.data_dir=/path/to/data --budget_s=40 \
       --eval_interval_s=10 --seeds=0 --settings=2,iid --out=/tmp/fedat_smoke \
       --report=/tmp/fedat_smoke/report.md
 """
@@ -43,9 +44,9 @@ from fedjax_lama.cli import logs
 
 LABELS = {"fedat": "FedAT", "fedavg": "FedAvg", "fedprox": "FedProx", "tifl": "TiFL",
           "fedasync": "FedAsync", "asofed": "ASO-Fed"}
-MB = 1e6  # the paper's MB, taken as 10^6 bytes (3.5)
+MB = 1e6  # the paper's MB, taken as 10^6 bytes (Chai et al., SC'21, metrics)
 
-# algorithms.md 3.7, t1 (best accuracy; Norm. Var. to FedAT; FedAT's row: Abs. Var.).
+# Chai et al., SC'21, Tables 1-2, t1 (best accuracy; Norm. Var. to FedAT; FedAT's row: Abs. Var.).
 PAPER_T1_FMNIST = {"TiFL": (0.859, 1.29), "FedAvg": (0.842, 1.86), "FedProx": (0.831, 2.243),
                    "FedAsync": (0.795, 2.0), "FedAT": (0.873, 0.007)}
 PAPER_T1_CIFAR10 = {  # columns #2, #4, #6, #8, iid
@@ -182,8 +183,8 @@ def fmt(stat, digits=3, scale=1.0, total=None) -> str:
 
 def ordering_lines(table: dict, settings: list, seeds: int,
                    targets: Optional[dict] = None) -> list:
-  """Which of the paper's qualitative outcomes (3.6.7) hold in these runs (Table 2's at
-  every target of `targets`)."""
+  """Which of the paper's qualitative outcomes (Chai et al., SC'21, Sec. 6) hold in these runs
+  (Table 2's at every target of `targets`)."""
   lines = []
   for s in settings:
     rows = {m: row for m, row in table[s].items() if "-p" not in m}  # the ablation aside
@@ -207,8 +208,8 @@ def ordering_lines(table: dict, settings: list, seeds: int,
 
 def _target_claims(rows: dict, target: float) -> str:
   """Table 2's outcomes at one target: FedAT needs the fewest bytes (up + down) and reaches
-  the target sooner than the synchronous baselines (3.6.7). A method counts as reaching it
-  only when every one of its runs does."""
+  the target sooner than the synchronous baselines (Chai et al., SC'21, Sec. 6). A method counts as
+  reaching it only when every one of its runs does."""
   def reached(label, key):
     stat = rows[label]["to_target"][target][key]
     return stat[0] if stat is not None and stat[2] == rows[label]["runs"] else None
@@ -300,7 +301,7 @@ def setup_text(c) -> str:
       f"lambda = {c.fedat.lam:g}, mu = {c.fedprox.mu:g}, FedAsync alpha = "
       f"{c.fedasync.alpha:g} ({c.fedasync.staleness}); FedAT at polyline precision "
       f"{c.fedat.compression_precision} both ways ({sysc.polyline_mode}), the others raw "
-      "float32 (algorithms.md 3).")
+      "float32 (FedAT, Chai et al., SC'21).")
 
 
 def report(base, results: dict, settings: list, targets: dict, seeds: list, ablation: list,
@@ -317,7 +318,7 @@ def report(base, results: dict, settings: list, targets: dict, seeds: list, abla
   lines = [
       f"# FedAT on {base.dataset}: Tables 1-2 and the precision ablation on the simulated "
       "system", "",
-      "Produced by `python -m experiments.fedat_tables` (algorithms.md 3.6.7) with "
+      "Produced by `python -m experiments.fedat_tables` (Chai et al., SC'21, Sec. 6) with "
       f"`--budget_s={budget_s:g} --eval_interval_s={eval_interval_s:g} "
       f"--seeds={','.join(map(str, seeds))} "
       f"--settings={','.join(requested_settings or settings)} "
@@ -327,7 +328,8 @@ def report(base, results: dict, settings: list, targets: dict, seeds: list, abla
       "the setup below). "
       f"{setup_text(base)} Accuracy is pooled over every client's local "
       f"{base.local_test_fraction:.0%} test split at each tick; variance is the population "
-      "variance of per-client accuracy averaged over the ticks (3.5); mean ± std over "
+      "variance of per-client accuracy averaged over the ticks (Chai et al., SC'21); "
+      "mean ± std over "
       + (f"{n} seed(s)" if missing is None else
          f"the finished seeds of {n} (the Runs table counts each row's)")
       + ". The paper trained to convergence within an unstated budget; this study "
@@ -373,7 +375,7 @@ def report(base, results: dict, settings: list, targets: dict, seeds: list, abla
   lines += [f"| | impr.(a) / (b) | " + " | ".join(impr) + " | 1.6% / 8.93% | "
             "7.44%/0.79%/2.82%/2.05%/2.13% (a) |", ""]
   lines += ["impr. = (acc_FedAT - acc_baseline) / acc_FedAT against the best (a) and worst (b) "
-            "baseline, from the seed means (3.5).", ""]
+            "baseline, from the seed means (Chai et al., SC'21, metrics).", ""]
 
   lines += ["## Table 2: virtual time and data to the target accuracy", ""]
   for s in settings:

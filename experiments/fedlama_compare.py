@@ -1,4 +1,4 @@
-r"""FedLAMA vs FedAvg at an equal local-step budget (algorithms.md 1.2.4, 1.6.7).
+r"""FedLAMA vs FedAvg at an equal local-step budget (Lee, Zhang, Avestimehr, AAAI 2023).
 
   python -m experiments.fedlama_compare --config=configs/fedlama_fmnist_cnn.py \
       --phis=2,4 --seeds=0,1,2 --total_steps=400 --out=/tmp/fedlama_fmnist
@@ -10,9 +10,10 @@ communicated relative to FedAvg(tau') over the same steps), mean +- std over see
 and writes it with the per-run JSON to --out. Runs already finished in --out are
 reused (each run is resumable), so an interrupted sweep continues where it stopped.
 
-Early stopping as AAAI reports it (algorithms.md D25, 1.5): early_stop_step is the first
-evaluation at which FedLAMA(tau', phi) beats the best accuracy of FedAvg(phi tau') in the
-same seed; the table gives the accuracy there and comm_ratio_budget = C(T) / C_ref(T_budget)
+Early stopping as AAAI reports it (Lee et al., AAAI 2023: FedLAMA "stops the training once it
+achieves a higher accuracy than FedAvg"): early_stop_step is the first evaluation at which
+FedLAMA(tau', phi) beats the best accuracy of FedAvg(phi tau') in the same seed; the table gives the
+accuracy there and comm_ratio_budget = C(T) / C_ref(T_budget)
 (evaluate often enough, --eval_steps, for it to mean something).
 
 Composition (AAAI Table 4): the base config's local algorithm and compressor apply to every

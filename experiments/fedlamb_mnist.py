@@ -3,13 +3,14 @@ r"""Fed-LAMB against Fed-AMS and Fed-SGD on MNIST: every panel of issue 17 and o
   python -m experiments.fedlamb_mnist --scale=small
 
 Runs (or reuses) the eight MNIST studies of `experiments.reproduce` (--panels: the MLP and the
-CNN, IID and one class per client, 1 and 5 local epochs; algorithms.md 4.5), writes each
+CNN, IID and one class per client, 1 and 5 local epochs; Karimi, Li, Li, 2021, experiments), writes
+each
 panel's own report under --out (as `experiments.reproduce` does), then one summary (--summary,
 default experiments/results/fedlamb_mnist_<scale>.md, with a .json and a .png beside): for
 every panel and method the tuned rate, the test accuracy after rounds 1, 5 and 10, the rounds
 to the panel's target accuracy per seed and the final accuracy, and a computed verdict on the
 paper's claim that Fed-LAMB converges fastest in the early rounds
-(shared/seeds/004_753c1b0506df9c7d.txt; the paper prints curves, no numbers).
+(Karimi, Li, Li, 2021; the paper prints curves, no numbers).
 
 The verdict rule (written in the report): a method's early score in one seed is its mean test
 accuracy over rounds 1 to --early_rounds. Against each baseline the claim "holds" in a panel
@@ -146,7 +147,7 @@ def summary_markdown(panels: dict, scale: str, early_rounds: int, wall_s: float,
       f"Command: `python -m experiments.fedlamb_mnist --scale={scale}{flags_text}`", "",
       f"Machine: {sweep.machine()}. Wall time of this command: {wall_s / 60:.1f} min (finished "
       "runs are reused; each panel's report has its runs' own wall times).", "",
-      "Setting (algorithms.md 4.5; the paper is shared/seeds/004_753c1b0506df9c7d.txt): "
+      "Setting (Karimi, Li, Li, 2021, experiments): "
       + ", ".join(f"{k}={v!r}" for k, v in common.items())
       + (f"; by panel: {', '.join(varying)} (the panel's name says which)" if varying else "")
       + ". Each method's learning rate is tuned on its log grid on a validation split (seed "

@@ -4,7 +4,8 @@ A `Comparison` is a list of variants (config overrides) of one base config. Each
 local learning rate is tuned on the validation split (seed `tune_seed`, a log grid), fixed, or
 borrowed from another variant (ablations keep the rate of their reference); then it runs with
 every seed. A `FedLamaTable` is the AAAI/v1 layout: FedAvg(tau'), FedAvg(phi tau') and
-FedLAMA(tau', phi) at one local-step budget, with comm ratios and early stopping (D25).
+FedLAMA(tau', phi) at one local-step budget, with comm ratios and early stopping as
+AAAI reports it (Lee et al., AAAI 2023: the first evaluation above FedAvg's best).
 Both return markdown and plots; runs are resumable workdirs under one directory.
 """
 import dataclasses
@@ -189,7 +190,8 @@ def run_variants(base, phis, total_steps, eval_steps=0):
 
 
 def early_stop(lama_records, baseline_best, total_steps):
-  """D25: first evaluation beating the baseline's best; None when it never does."""
+  """Early stopping as AAAI reports it: first evaluation beating the baseline's best; None when it
+  never does."""
   for r in lama_records:
     if r["test_accuracy"] > baseline_best:
       return {"step": r["local_steps"], "accuracy": r["test_accuracy"],
@@ -199,7 +201,8 @@ def early_stop(lama_records, baseline_best, total_steps):
 
 @dataclasses.dataclass
 class FedLamaTable:
-  """FedAvg(tau'), FedAvg(phi tau'), FedLAMA(tau', phi) at one local-step budget (1.7)."""
+  """FedAvg(tau'), FedAvg(phi tau'), FedLAMA(tau', phi) at one local-step budget (the tables of Lee
+  et al., AAAI 2023 and arXiv:2110.10302)."""
   base: object                      # a FedLAMA config (config.fedlama.*)
   phis: Sequence[int]
   total_steps: int

@@ -1,11 +1,11 @@
-"""Every table of the seed papers (algorithms.md section 7) at three scales.
+"""Every table of the seed papers at three scales.
 
 An entry knows the paper's numbers (experiments/paper_tables/*.md, transcribed in the
 specification) and builds the study of a scale:
   paper  the paper's exact setting, for users with the data (CIFAR, TinyImageNet, full
          FEMNIST) and an accelerator; it stops with a DataError naming the missing files here;
-  small  a reduced version on the data of ../shared/data (MNIST, Fashion-MNIST, the FEMNIST
-         subset; Fashion-MNIST stands in for CIFAR, algorithms.md 0) within about an hour on
+  small  a reduced version on the data the tests use (MNIST, Fashion-MNIST, the FEMNIST
+         subset; Fashion-MNIST stands in for CIFAR) within about an hour on
          the project's 2-core CPU; the entry's `reduced` says what was reduced;
   smoke  a few minutes, to check the pipeline.
 """
@@ -58,7 +58,7 @@ def _with(config, **fields):
   return sweep.configured(config, fields)
 
 
-# ---- FedLAMA (algorithms.md 1.7) ---------------------------------------------------------------
+# ---- FedLAMA (Lee et al., AAAI 2023 and arXiv:2110.10302) ----------------------------------------
 def _fmnist_fedlama(partition="dirichlet", alpha=0.1, active=0.25, tau=10, steps=240):
   """The CIFAR FedLAMA settings on Fashion-MNIST with FedAT's CNN (the CPU stand-in)."""
   c = fedlama_fmnist_cnn.get_config()
@@ -108,10 +108,10 @@ def _aaai(table, paper_config, small_config, phis, paper_steps, small_steps, red
   register(Entry("fedlama", table, f"AAAI {table}", study, reduced))
 
 
-_FMNIST_REDUCED = ("Fashion-MNIST with FedAT's CNN stands in for CIFAR (algorithms.md 0); "
+_FMNIST_REDUCED = ("Fashion-MNIST with FedAT's CNN stands in for CIFAR; "
                    "240 local steps instead of 10,000; one seed; lr 0.02 with momentum 0.9 for "
                    "every run instead of the table's per-row rates")
-_FEMNIST_REDUCED = ("the 105-writer FEMNIST subset of ../shared/data (53 clients of 2 writers) "
+_FEMNIST_REDUCED = ("the 105-writer FEMNIST subset the tests use (53 clients of 2 writers) "
                     "instead of 256 writers; 320 local steps instead of 4,000; one seed; the "
                     "config's lr 0.04 for every run")
 
@@ -167,7 +167,7 @@ _v1("v1-t11", "cifar100", "dirichlet", 0.1, 0.25, phis=(2, 4))
 _v1("v1-t12", "femnist", active=0.25, phis=(2, 4, 8), paper_steps=2000)
 
 
-# ---- FedSpeed (algorithms.md 2.3, 2.4) ---------------------------------------------------------
+# ---- FedSpeed (Sun et al., ICLR 2023) ---------------------------------------------------------
 # t1's CIFAR-10 DIR column (the small scale's Fashion-MNIST Dirichlet 0.6 stands in for it).
 _T1_CIFAR10_DIR = {"FedAvg": "75.21", "FedProx": "75.97", "FedAdam": "80.55", "SCAFFOLD": "77.71",
                    "FedCM": "83.48", "FedDyn": "80.57", "FedADMM": "79.71",
@@ -246,8 +246,8 @@ def _fedspeed_ablation(key, values, paper, fixed):
   return study
 
 
-_SMALL_FEDSPEED = ("Fashion-MNIST with FedAT's CNN stands in for the unnamed CIFAR-10 model "
-                   "(algorithms.md 0); 100 clients at 10 % (the 100-client setting of the "
+_SMALL_FEDSPEED = ("Fashion-MNIST with FedAT's CNN stands in for the unnamed CIFAR-10 model"
+                   "; 100 clients at 10 % (the 100-client setting of the "
                    "ablations) instead of 500 at 2 %; 1 local epoch of batch 50 (K = 11) and 20 "
                    "rounds instead of the paper's budget; learning rate tuned on {0.03, 0.1}")
 register(Entry("fedspeed", "t1", "FedSpeed vs the baselines (slides' main table)", _fedspeed_t1,
@@ -298,11 +298,11 @@ register(Entry("fedspeed", "readme-hparams", "FL-Simulator README hyper-paramete
                shares_runs_with="readme-cifar10"))
 
 
-# ---- Fed-LAMB (algorithms.md 4.5, 4.6) ---------------------------------------------------------
-# 4.5.5's grids (small: three points around each method's range).
+# ---- Fed-LAMB (Karimi, Li, Li, 2021) ---------------------------------------------------------
+# The learning-rate grids (small: three points around each method's range).
 _LAMB_GRIDS = {"fedavg": (0.01, 0.03, 0.1), "fedams": (1e-4, 3e-4, 1e-3),
                "fedlamb": (1e-3, 3e-3, 1e-2)}
-# 4.5.5's whole grids: a pick at an edge of the three points widens into them.
+# The whole grids: a pick at an edge of the three points widens into them.
 _LAMB_FULL_GRIDS = {"fedavg": (0.001, 0.003, 0.01, 0.03, 0.1, 0.3),
                     "fedams": (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3),
                     "fedlamb": (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2)}
@@ -316,7 +316,7 @@ def _fedlamb_study(config_fn, setting):
     if scale == "small":
       base = _with(base, rounds=20, eval_every=1, validation_fraction=0.1,
                    per_client_eval="never", plots=False)
-      if base.dataset == "cifar10":  # Fashion-MNIST and FedAT's CNN stand in (algorithms.md 0)
+      if base.dataset == "cifar10":  # Fashion-MNIST and FedAT's CNN stand in
         base = _with(base, dataset="fashion_mnist", model="fedat_cnn", normalization="none")
         base.model_options = ml_collections.ConfigDict()
     elif scale == "smoke":
@@ -327,7 +327,7 @@ def _fedlamb_study(config_fn, setting):
       base.model_options = ml_collections.ConfigDict()
     else:
       base = _with(base, validation_fraction=0.1)
-    # Each method tunes its own rate on its own grid (4.5.5).
+    # Each method tunes its own rate on its own grid (the authors' job scripts).
     variants = [Variant(label, {"algorithm": name}, lrs=_LAMB_GRIDS[name],
                         full_lrs=_LAMB_FULL_GRIDS[name] if scale != "smoke" else None)
                 for label, name in (("Fed-SGD", "fedavg"), ("Fed-AMS", "fedams"),
@@ -341,9 +341,9 @@ def _fedlamb_study(config_fn, setting):
 
 
 _LAMB_REDUCED = ("20 rounds instead of 100; each method's learning rate tuned on three points "
-                 "of its 4.5.5 grid (lambda = 0) on the validation split, widened one grid "
+                 "of its grid (lambda = 0) on the validation split, widened one grid "
                  "point at a time while the pick sits at an edge; CIFAR-10 panels run "
-                 "Fashion-MNIST with FedAT's CNN (algorithms.md 0)")
+                 "Fashion-MNIST with FedAT's CNN")
 for _model, _fn in (("mlp", fedlamb_mnist_mlp.get_config), ("cnn", fedlamb_mnist_cnn.get_config)):
   for _e in (1, 5):
     register(Entry("fedlamb", f"f2-mnist-{_model}-noniid-e{_e}",
@@ -369,7 +369,7 @@ for _setting, _tables in (("c10_e1", ("f3-cifar-resnet9-iid-c10-e1", "f4-cifar-r
                    "fedlamb_figures"))
 
 
-# ---- FedAT (algorithms.md 3.6, 3.7) ------------------------------------------------------------
+# ---- FedAT (Chai et al., SC'21) ------------------------------------------------------------
 def _fedat_study(scale):
   from configs import fedat_cifar10, fedat_fmnist  # pylint: disable=g-import-not-at-top
   from experiments.fedat_tables import FedATStudy  # pylint: disable=g-import-not-at-top
@@ -391,8 +391,8 @@ def _fedat_study(scale):
   return FedATStudy(base, ["2"], ["fedat", "fedavg"], [], [0], 20.0, 10.0, {"2": 0.79})
 
 
-_FEDAT_REDUCED = ("Fashion-MNIST stands in for CIFAR-10 at every #class setting "
-                  "(algorithms.md 0); #class 2 and IID only (4, 6, 8 at --scale=paper); E = 1 "
+_FEDAT_REDUCED = ("Fashion-MNIST stands in for CIFAR-10 at every #class setting"
+                  "; #class 2 and IID only (4, 6, 8 at --scale=paper); E = 1 "
                   "local epoch instead of 3; 200 s of virtual time instead of the paper's "
                   "budget (20,000 s here), ticks every 20 s; one seed; precision 4 against "
                   "none only (3 and 6 at --scale=paper)")

@@ -1,9 +1,9 @@
 """fedjax_lama: a vectorized federated-learning simulator in JAX.
 
 Public entry points (imported lazily so `import fedjax_lama` stays light):
-  train_and_evaluate(config, workdir)   the run contract (architecture.md 3)
-  select_intervals(d, sizes, phi, rule) FedLAMA's interval selector (algorithms.md 1.3)
-  layer_masked_mean(...)                FedLAMA's layer-masked aggregation (1.2.3)
+  train_and_evaluate(config, workdir)   the run contract (docs/design.md)
+  select_intervals(d, sizes, phi, rule) FedLAMA's interval selector (AAAI 2023, Alg. 1)
+  layer_masked_mean(...)                FedLAMA's layer-masked aggregation (AAAI 2023, Alg. 2)
 """
 __version__ = "0.1.0"
 

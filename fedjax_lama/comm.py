@@ -1,7 +1,7 @@
 """Communication accounting: floats sent up and down per layer, per round, cumulative.
 
-Floats are counted per participating client and direction (algorithms.md 5.0,
-"Communication"); bytes are 4 per float32 unless an encoding reports its own.
+Floats are counted per participating client and direction, the convention
+of every algorithm's comm ledger; bytes are 4 per float32 unless an encoding reports its own.
 """
 import numpy as np
 
@@ -30,7 +30,7 @@ class Ledger:
   def add(self, up_per_layer, down_per_layer, num_bytes=None, bits_up=None, up_other=0,
           down_other=0) -> None:
     """Floats per layer (model-shaped messages) and other floats; bits_up: what an uplink
-    compressor sent (algorithms.md 5.12), None for float32."""
+    compressor sent (compression/core.py), None for float32."""
     up = np.asarray(up_per_layer, np.int64)
     down = np.asarray(down_per_layer, np.int64)
     self.up += up

@@ -1,6 +1,6 @@
 """Host-side federation: dataset, client partition, cohort sampling.
 
-Pure numpy; the engine only sees packed index arrays (architecture.md 2.1). Takes
+Pure numpy; the engine only sees packed index arrays (docs/design.md, "The engine"). Takes
 typed arguments: the training entry point reads the config.
 """
 import dataclasses
@@ -66,7 +66,7 @@ def build_federation(spec: PartitionSpec, dataset) -> Federation:
         dataset.train_client_ids, num_writers=spec.femnist_num_writers,
         writers_per_client=spec.femnist_writers_per_client, seed=seed,
         test_client_ids=dataset.test_client_ids)
-    # D23: the test set is the held-out data of the selected writers.
+    # As in Lee et al., AAAI 2023: the test set is the held-out data of the selected writers.
     test_rows = np.sort(np.concatenate(writers.test)) if writers.test is not None else None
     if test_rows is not None:
       position = np.full(len(dataset.test_y), -1, np.int64)

@@ -1,7 +1,7 @@
 """Derived randomness: seed -> stream -> round -> client id -> step.
 
 Keys are never threaded through the computation; each one is a pure function of
-its coordinates (architecture.md 2.2), so a client's randomness does not depend
+its coordinates (docs/design.md, "Randomness"), so a client's randomness does not depend
 on which other clients were sampled, on padding, on sharding or on chunking, and
 a resumed run draws exactly what an uninterrupted one would.
 """
@@ -13,7 +13,7 @@ import numpy as np
 STREAM_INIT = 0
 STREAM_TRAIN = 1
 STREAM_EVAL = 2
-STREAM_UPLINK = 3  # compressor draws (algorithms.md 5.10: round, client id, leaf)
+STREAM_UPLINK = 3  # compressor draws (FedPAQ: one key per round, client id, leaf)
 
 
 def root_key(seed: int) -> jax.Array:

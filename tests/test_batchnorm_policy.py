@@ -1,9 +1,11 @@
-"""How every algorithm treats BatchNorm running statistics (the one policy, README "BatchNorm").
+"""How every algorithm treats BatchNorm running statistics (the one policy, docs/guide.md,
+"BatchNorm").
 
 - Synchronous rounds (FedAvg, FedProx, FedPAQ, ...): the server's statistics are the
   weighted mean (the aggregation weights) of the participants' statistics after local
   training, like their layer's parameters; they are never compressed.
-- FedLAMA (algorithms.md D10): scale and bias are layers like any other; the running
+- FedLAMA (the papers are silent; its authors' code never averages them):
+  scale and bias are layers like any other; the running
   statistics are not layers. "window" (default) averages them over the slots at every
   window end, "round" after every sub-round, "never" keeps them slot-local (evaluation
   then uses slot 0's). They are excluded from C and reported as bn_stat_floats.

@@ -1,4 +1,4 @@
-"""A cohort run as chunks of clients equals the same cohort in one chunk (architecture.md 2.2).
+"""A cohort run as chunks of clients equals the same cohort in one chunk (docs/design.md).
 
 Chunks accumulate (weighted sum, weight) pairs and keys are derived from client
 ids, so only the order of float additions differs: allclose at 1e-6.

@@ -1,4 +1,5 @@
-"""Compressors (algorithms.md 5.10, 5.12 tests 1-7, 5.14 known answer) and FedPAQ runs."""
+"""Compressors (FedPAQ's quantizer, Reisizadeh et al., AISTATS 2020; the compressor
+interface of compression/core.py; a known answer) and FedPAQ runs."""
 import itertools
 import math
 import tempfile
@@ -14,7 +15,7 @@ from fedjax_lama import training
 
 
 def _enumerate(v, s):
-  """Exact E[Q(v)] and E||Q(v) - v||^2 over the 2^d joint outcomes (5.14)."""
+  """Exact E[Q(v)] and E||Q(v) - v||^2 over the 2^d joint outcomes ."""
   v = np.asarray(v, np.float32)
   norm = float(np.linalg.norm(v))
   r = s * np.abs(v) / norm
@@ -55,7 +56,7 @@ def test_monte_carlo_unbiased_within_five_standard_errors():
   norm = float(jnp.linalg.norm(v))
   r = s * np.abs(np.asarray(v)) / norm
   frac = r - np.floor(r)
-  var = (norm / s) ** 2 * frac * (1 - frac)  # per coordinate, exact (5.10)
+  var = (norm / s) ** 2 * frac * (1 - frac)  # per coordinate, exact (Reisizadeh et al., 2020)
   se = np.sqrt(var / n)
   err = np.abs(np.asarray(q.mean(0)) - np.asarray(v))
   assert np.all(err <= 5 * se + 1e-6), (err, se)

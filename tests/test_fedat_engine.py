@@ -1,9 +1,9 @@
 """FedAT and its baselines on the JAX engine and the run contract (issue 18).
 
-The host-side simulation (fedjax_lama.simulation; algorithms.md 3.1-3.5) with the real
+The host-side simulation (fedjax_lama.simulation) with the real
 engine behind it (simulation/engine_adapter.py, job_packing.py) and the run contract of
-architecture.md 3 (simulation/clock_run.py, dispatched by training.train_and_evaluate).
-Seed paper: FedAT, Chai et al., SC'21 (shared/seeds/003_656c618fe5de2ce3.txt).
+docs/design.md (simulation/clock_run.py, dispatched by training.train_and_evaluate).
+Paper: FedAT, Chai et al., SC'21.
 
 Small and fast: the built-in 8x8 digits, a 32-unit MLP, 10 clients.
 """
@@ -87,7 +87,7 @@ def comparable(ticks):
            for k, v in t.items() if k not in ("wall_time", "tier_updates")} for t in ticks]
 
 
-# ---- 3.2.6: FedAT = FedAvg through the real engine -------------------------------------------
+# ---- one tier: FedAT = FedAvg through the real engine -------------------------------------------
 def test_fedat_with_one_tier_equals_fedavg_on_the_clock(setup):
   degenerate = {"system.straggler_ranges": ((0.0, 0.0),), "system.num_unstable": 0,
                 "system.num_tiers": 1, "system.max_virtual_time_s": 12.0,
@@ -107,7 +107,7 @@ def test_fedat_with_one_tier_equals_fedavg_on_the_clock(setup):
 
 # ---- the engine trainer ----------------------------------------------------------------------
 def reference_job(model, fed, params, anchor, client, index, epochs, prox, lr):
-  """One job as a Python loop of jitted steps (algorithms.md 3.2.1 steps 4-5)."""
+  """One job as a Python loop of jitted steps (Chai et al., SC'21, Sec. 4.1)."""
   loss_fn = local.make_loss_fn(model, False)
   tx = engine_adapter.local_solver("adam")
   ds = fed.dataset
@@ -184,7 +184,7 @@ def test_padding_and_bucketing_do_not_change_results(setup):
   assert [tens.padded_size(n) for n in (1, 2, 3, 5, 9, 10, 11, 17)] == [1, 2, 4, 8, 10, 10, 16,
                                                                          20]
   unpadded = make_trainer(setup, multiple=1).train([job])[0].model  # no padding at all
-  for other in (alone, bigger, unpadded):  # other shapes: equal up to float32 rounding (3.1.7)
+  for other in (alone, bigger, unpadded):  # other shapes: equal up to float32 rounding
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
                            padded, other)
 
@@ -194,7 +194,7 @@ def test_jax_algebra_keeps_a_single_tree_and_sums_in_float32():
   tree = {"w": np.array([1.5, -0.0], np.float32)}
   assert algebra.weighted_sum([tree], [1.0]) is tree
   tiers = [{"w": np.float32(v)} for v in (1, 2, 3, 4, 5)]
-  # algorithms.md 6.4: counts [10, 7, 5, 3, 1], literal reading -> 50/13.
+  # known answers in tests/test_fedat_engine.py: counts [10, 7, 5, 3, 1], literal reading -> 50/13.
   weights = [1 / 26, 3 / 26, 5 / 26, 7 / 26, 10 / 26]
   out = algebra.weighted_sum(tiers, weights)
   assert out["w"].dtype == jnp.float32
@@ -258,7 +258,7 @@ def test_metrics_keys_summary_and_virtual_time_plot(runs):
     assert key in record, key
   assert record["virtual_time"] == 40.0 and len(record["client_test_accuracy"]) == 10
   assert record["comm_bytes"] == record["bytes_up"] + record["bytes_down"]
-  # Precision 4 polyline messages are smaller than raw float32 (3.3.6).
+  # Precision 4 polyline messages are smaller than raw float32.
   assert record["bytes_up"] < 4 * record["comm_floats_up"]
   assert sum(record["tier_updates"]) == record["global_updates"] > 0
   with open(os.path.join(whole, "summary.json")) as f:

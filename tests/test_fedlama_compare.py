@@ -1,4 +1,5 @@
-"""D25 early stopping and comm_ratio_budget as experiments.fedlama_compare reports them."""
+"""Early stopping as AAAI reports it and comm_ratio_budget as experiments.fedlama_compare reports
+them."""
 from experiments import studies as fedlama_compare
 
 
@@ -7,7 +8,7 @@ def test_early_stop_is_the_first_evaluation_beating_the_baseline_best():
              {"local_steps": 80, "test_accuracy": 0.70, "comm_ratio": 0.75},
              {"local_steps": 120, "test_accuracy": 0.72, "comm_ratio": 0.7}]
   stop = fedlama_compare.early_stop(records, baseline_best=0.69, total_steps=160)
-  # 1.5: C(T) / C_ref(T_budget) = comm_ratio(T) * T / T_budget.
+  # Communication cost: C(T) / C_ref(T_budget) = comm_ratio(T) * T / T_budget.
   assert stop == {"step": 80, "accuracy": 0.70, "comm_ratio_budget": 0.75 * 80 / 160}
   assert fedlama_compare.early_stop(records, baseline_best=0.72, total_steps=160) is None
 

@@ -1,5 +1,5 @@
-"""Fed-LAMB and Fed-AMS (algorithms.md 4): optax equivalences (4.4), invariants (4.1.3),
-the zero-norm rule (C2), the server's v_hat, the worked step of 4.7, masked steps,
+"""Fed-LAMB and Fed-AMS (Karimi, Li, Li, 2021, Algorithm 1): optax equivalences, invariants,
+the zero-norm rule, the server's v_hat, a local step worked by hand, masked steps,
 communication and config errors.
 
 Most checks run the engine's own round functions (engine/round.py) in float64 on a linear
@@ -98,7 +98,7 @@ def close(a, b, **kw):
   jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, **kw), a, b)
 
 
-# ---- 4.4 tests 1-3: optax equivalences (one client, full participation, one round) ---------
+# ---- optax equivalences (one client, full participation, one round) ---------
 @pytest.mark.parametrize("m_bc, v_bc", [(True, True), (True, False), (False, True),
                                         (False, False)])
 def test_fedams_equals_optax_amsgrad(m_bc, v_bc):
@@ -133,7 +133,7 @@ def test_fedlamb_first_step_equals_optax_lamb(lam):
     close(eng.server.params, want, rtol=1e-14, atol=1e-15)
 
 
-# ---- 4.4 tests 4-5: step length (I1) and zero norms (C2), on the local transform -----------
+# ---- step length and zero norms, on the local transform -------- -----------
 def local_step(alg, params, grads, v_hat, lr=LR):
   """One local step from a fresh round state: (step subtracted from params, new opt state)."""
   ctx = ClientContext({"params": params, "v_hat": v_hat}, {}, jnp.ones(()), jnp.zeros((), int))
@@ -189,7 +189,7 @@ def test_zero_norm_rules():
 
 
 def test_lam_mask_and_the_shared_weight_decay():
-  """lam_mask="exclude_1d" keeps lambda out of 1-d tensors (C6); the shared additive
+  """lam_mask="exclude_1d" keeps lambda out of 1-d tensors; the shared additive
   weight_decay is L2 in the gradient, so it enters m and v."""
   params = {"w": np.array([[0.5, -0.3], [0.2, 0.4]]), "b": np.array([0.1, -0.2])}
   grads = {"w": np.array([[0.1, 0.2], [-0.1, 0.05]]), "b": np.array([0.01, -0.04])}
@@ -239,7 +239,7 @@ def test_a_flax_model_with_zero_biases_stays_finite(zero_norm):
   assert all(moved) if zero_norm == "unit_ratio" else not any(moved)
 
 
-# ---- 4.4 test 6: the server's v_hat (I2) ------------------------------------------------------
+# ---- the server's v_hat ------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["fedams", "fedlamb"])
 def test_server_v_hat_is_the_running_max_of_the_masked_mean(name):
   rng = np.random.default_rng(3)
@@ -308,7 +308,7 @@ def test_non_participants_change_nothing():
 
 
 def test_carry_keeps_each_clients_moments_and_restarts_the_counter():
-  """m_round_init = v_round_init = "carry" (C7), one client, two rounds, v_init = 0."""
+  """m_round_init = v_round_init = "carry", one client, two rounds, v_init = 0."""
   with jax.enable_x64(True):
     eng = Engine(build("fedams", v_init=0.0, m_round_init="carry", v_round_init="carry"), 4)
     eng.round([1], [4])
@@ -324,7 +324,7 @@ def test_carry_keeps_each_clients_moments_and_restarts_the_counter():
 
 
 def test_server_source_uses_own_v_in_round_one_then_the_frozen_v_hat():
-  """v_hat_source = "server" (C5, the authors' code)."""
+  """v_hat_source = "server" (the authors' code)."""
   params = jax.tree_util.tree_map(np.asarray, PARAMS0)
   g = jax.tree_util.tree_map(lambda p: np.full(p.shape, 0.1), params)
   alg = build("fedams", v_hat_source="server")
@@ -347,7 +347,7 @@ def test_server_source_uses_own_v_in_round_one_then_the_frozen_v_hat():
     assert all(np.all(v >= 1e-8) for v in jax.tree_util.tree_leaves(eng.server.extra["v_hat"]))
 
 
-# ---- 4.7: the worked local step (numbers as printed in the spec) -----------------------------
+# ---- a local step worked by hand --------------------------------------------------------------
 THETA = {"W": np.array([[0.5, -0.3], [0.2, 0.4]]), "b": np.array([0.1, -0.2])}
 V_HAT_PREV = {"W": np.array([[1e-4, 4e-4], [2.5e-5, 1e-4]]), "b": np.array([1e-4, 1e-4])}
 GRAD = {"W": np.array([[0.02, -0.01], [0.03, 0.0]]), "b": np.array([0.01, -0.04])}
@@ -364,7 +364,7 @@ PRINTED = {
 PRINT = dict(rtol=1e-5, atol=1e-11)  # printed with 6 significant digits
 
 
-def test_worked_local_step_of_4_7():
+def test_worked_local_step_matches_the_hand_computation():
   with jax.enable_x64(True):
     lamb = build("fedlamb", lam=0.01)
     step, state = local_step(lamb, THETA, GRAD, V_HAT_PREV)
@@ -398,7 +398,7 @@ def test_worked_local_step_of_4_7():
     assert b[3] == pytest.approx(1.5e-4, abs=0.05e-4)
 
 
-# ---- 4.4 test 9: masked surplus steps ---------------------------------------------------------
+# ---- masked surplus steps ---------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["fedams", "fedlamb"])
 def test_masked_surplus_steps_change_nothing(name):
   alg = build(name, v_bias_correction=True)
@@ -420,7 +420,7 @@ def test_masked_surplus_steps_change_nothing(name):
     assert optax.tree_utils.tree_get(padded.opt_state, "ScaleByAmsgradState").count == 3
 
 
-# ---- 4.4 test 8: communication ----------------------------------------------------------------
+# ---- communication ----------------------------------------------------------------------------
 def test_communication_is_two_vectors_each_way():
   """The run's ledger (train_and_evaluate) for fedlamb; the declared traffic of fedams and
   fedavg: 2d floats up and down per participant and round, twice FedAvg's d."""

@@ -1,9 +1,9 @@
-"""FedSpeed (algorithms.md 2, 6.3): reductions to FedAvg and FedDyn, the closed form of 2.1,
-the worked local step and server rules of 6.3, persistence of the controllers, the static
+"""FedSpeed (Sun et al., ICLR 2023): reductions to FedAvg and FedDyn, the closed form of
+the upload, a local step and server rules worked by hand, persistence of the controllers, the static
 skip of the second gradient, config errors and an end-to-end run.
 
-Numbers of 6.3 are written here literally (float64 values printed by the spec's script);
-float32 results are compared at the spec's rtol 1e-5, atol 1e-6.
+Worked numbers are written here literally (float64 values of a numpy computation of
+Algorithm 1 by hand); float32 results are compared at rtol 1e-5, atol 1e-6.
 """
 import jax
 import jax.numpy as jnp
@@ -62,7 +62,7 @@ def test_rho_zero_all_clients_is_the_projects_feddyn():
   assert not np.allclose(tight.params["w"], dyn_server.params["w"])
 
 
-# ---- 2.1: x_hat_i = y_K + h_i ------------------------------------------------------------------
+# ---- the upload's closed form: x_hat_i = y_K + h_i -----------------------------------------------
 M, D, ROWS, STEPS, BATCH = 5, 3, 4, 3, 2
 
 
@@ -157,13 +157,13 @@ def test_upload_map_is_independent_of_lambda():
   np.testing.assert_allclose(sent[0], np.stack([y for _, y, a in seq if a]) + h, atol=1e-12)
 
 
-# ---- 6.3: the worked local step and the server example -----------------------------------------
+# ---- a local step and the server worked by hand --------------------------------------------------
 A63, B63 = np.array([[1.0, 2.0], [-1.0, 0.5]]), np.array([1.0, -0.5])
 X_SRV, X_K, G_HAT = np.array([0.2, -0.1]), np.array([0.3, 0.1]), np.array([0.05, -0.02])
 
 
 def mean_least_squares(params, model_state, x, y, example_mask, key):
-  """F = 1/(2n) sum_j (a_j . x - b_j)^2, the mean loss of 6.3."""
+  """F = 1/(2n) sum_j (a_j . x - b_j)^2, the mean loss of the worked step."""
   del key
   r = x @ params["w"] - y
   return 0.5 * jnp.sum(example_mask * r * r) / jnp.sum(example_mask), (model_state, 0.0)
@@ -183,7 +183,7 @@ def worked_step(alg, row=G_HAT):
   return np.asarray(final.params["w"]), uploads, new_row
 
 
-def test_worked_local_step_of_6_3():
+def test_worked_local_step_matches_the_hand_computation():
   y, uploads, row = worked_step(build(rho=0.1, alpha=0.75, lam=10.0))
   np.testing.assert_allclose(y, [0.3506517521, 0.1555113508], rtol=RTOL, atol=ATOL)
   np.testing.assert_allclose(row["w"], [0.0349348248, -0.0455511351], rtol=RTOL, atol=ATOL)
@@ -197,7 +197,8 @@ def test_worked_local_step_of_6_3():
 
 
 def test_perturbation_norm_is_one_norm_over_all_leaves():
-  """6.3's g~ with the two coordinates in two leaves (per-leaf norms would change it)."""
+  """The worked step's g~ with the two coordinates in two leaves (per-leaf norms would change
+  it)."""
   a, b = jnp.asarray(A63, jnp.float32), jnp.asarray(B63, jnp.float32)
 
   def loss(p):
@@ -211,7 +212,8 @@ def test_perturbation_norm_is_one_norm_over_all_leaves():
 
 
 def test_reference_clip_order_on_the_worked_step():
-  """D6: clip u = g~ - g_hat - x^t/lam by min(1, c / (||u|| + 1e-6)); (w + 1/lam) y unclipped."""
+  """The reference code's clip order: clip u = g~ - g_hat - x^t/lam by min(1, c / (||u|| + 1e-6));
+  (w + 1/lam) y unclipped."""
   g_quasi = np.array([-0.4665175210, -0.5951135084])  # 6.3's table
   u = g_quasi - G_HAT - X_SRV / 10.0
   wd, hp = 0.01, dict(rho=0.1, alpha=0.75, lam=10.0, clip_mode="reference")
@@ -229,7 +231,7 @@ def test_reference_clip_order_on_the_worked_step():
 
 @pytest.mark.parametrize("mode,want", [("active", [0.0006517521, 0.2055113508]),
                                        ("all_clients", [0.1755431268, 0.0295927924])])
-def test_server_rule_of_6_3(mode, want):
+def test_server_rule_with_one_client_absent(mode, want):
   """m = 3, active {0, 2}; client 0 is the worked client, client 1 absent (h_1 unchanged)."""
   lam = 10.0
   alg = build(lam=lam, server_average=mode)
@@ -304,7 +306,7 @@ def test_switches_must_be_booleans(field):
     fedspeed.Hparams(**{field: "yes"})
 
 
-def test_config_defaults_follow_2_2():
+def test_config_defaults_follow_the_reference_code():
   c = base_config()
   assert c.fedspeed.to_dict() == dict(
       rho=0.1, rho_normalize=True, perturb_eps=1e-7, alpha=1.0, lam=10.0, prox_correction=True,

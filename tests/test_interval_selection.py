@@ -1,4 +1,5 @@
-"""Tests of FedLAMA's interval selection (algorithms.md 1.3, 1.5, 6.2).
+"""Tests of FedLAMA's interval selection (Lee et al., AAAI 2023, Algorithm 1; Lee et al., AAAI 2023,
+communication cost; known answers in tests/test_interval_selection.py).
 
 Compilation dominates the cost of these tests on CPU, so most checks run
 through one jitted, vmapped function that evaluates every rule variant at
@@ -19,12 +20,12 @@ import pytest
 from fedjax_lama.fedlama import selection as isel
 from tests.reference import fedlama_select_ref as ref
 
-# (rule, uses kernel_mask) for every rule variant of 6.2; the row order of
+# (rule, uses kernel_mask) for every rule variant of the known-answer example; the row order of
 # the outputs of `_all_rules`.
 CASES = (("aaai", False), ("code", False), ("code", True), ("v1", False),
          ("accelerate", False))
 
-# 6.2 "Expected outputs": (rule, masked, phi) -> (multipliers, comm_ratio).
+# Expected outputs of the known-answer example: (rule, masked, phi) -> (multipliers, comm_ratio).
 EXPECTED = {
     ("aaai", False, 2): ([1, 2, 1, 2, 2, 1, 2, 2], Fraction(8221, 13466)),
     ("code", False, 2): ([1, 2, 2, 2, 2, 1, 2, 2], Fraction(7069, 13466)),
@@ -100,13 +101,13 @@ def ref_all(d, sizes, phi, mask):
                    for rule, masked in CASES])
 
 
-# ---------------------------------------------------------------- 6.2 answers
+# ---------------------------------------------------------------- known answers
 
 
 @pytest.mark.parametrize("rule,masked", CASES)
 @pytest.mark.parametrize("phi", (1, 2, 4))
 def test_reference_reproduces_known_answers(rule, masked, phi):
-  """The test-only loop reference itself must give the table of 6.2."""
+  """The test-only loop reference itself must give the known-answer table."""
   mult, ratio = EXPECTED[(rule, masked, phi)]
   mask = list(ref.KERNEL) if masked else None
   got = ref.select_ref(ref.D, ref.SIZES, phi, rule, mask)
@@ -117,7 +118,7 @@ def test_reference_reproduces_known_answers(rule, masked, phi):
 
 
 def _known_answer_batch():
-  """6.2 inputs for phi 1/2/4, scaled d and sizes, and the zero case."""
+  """The known-answer inputs for phi 1/2/4, scaled d and sizes, and the zero case."""
   d0, s0 = np.asarray(ref.D), np.asarray(ref.SIZES)
   rows = []  # (d, sizes, phi, expected-key or "zero")
   for phi in (1, 2, 4):
@@ -196,7 +197,7 @@ def test_window_comm_ratio_known_answers(dtype):
 
 
 def test_selection_curves_known_answers():
-  """delta / lambda columns of the three tables of 6.2 (4 decimals)."""
+  """delta / lambda columns of the three known-answer tables (4 decimals)."""
   d, s = np.asarray(ref.D, np.float32), np.asarray(ref.SIZES)
   up = isel.selection_curves(d, s, "aaai")
   np.testing.assert_array_equal(up.order, [3, 6, 4, 7, 1, 2, 0, 5])
@@ -296,7 +297,7 @@ def dyadic_batch(rng, batch, n):
   """Quarter-integer d with many ties and zeros; every comparison is exact.
 
   With d in {0, 1/4, ..., 4}, sizes <= 64 and L <= 10, every product and sum
-  of 1.3.7 fits in float32's 24-bit mantissa, so float32 and float64 must
+  of the cross-multiplied comparisons fits in float32's 24-bit mantissa, so float32 and float64 must
   both equal the exact reference, ties and exact crossings included.
   """
   top = rng.choice([1, 2, 3, 16], size=(batch, 1))
@@ -401,7 +402,7 @@ def _stable_order(d, descending=False):
 
 @pytest.mark.parametrize("n", (2, 10))
 def test_structural_properties(n):
-  """Prefix, largest-d and phi == 1 properties (1.3.6) on tie-heavy inputs."""
+  """Prefix, largest-d and phi == 1 properties  on tie-heavy inputs."""
   rng = np.random.default_rng(500 + n)
   d, sizes, phi, mask = dyadic_batch(rng, 150, n)
   phi = np.maximum(phi, 2)
@@ -428,7 +429,7 @@ def test_structural_properties(n):
 
 @pytest.mark.parametrize("n", (2, 10))
 def test_v1_and_code_counts(n):
-  """"v1" relaxes exactly L - 1; "code" = "aaai" set plus one layer (1.3.6)."""
+  """"v1" relaxes exactly L - 1; "code" = "aaai" set plus one layer ."""
   rng = np.random.default_rng(600 + n)
   d, sizes, mask = tie_free_batch(rng, 100, n)
   got = run_all(d, sizes, np.full(len(d), 2), mask)
@@ -445,7 +446,7 @@ def test_v1_and_code_counts(n):
 
 
 def test_v1_last_comparison_is_exact():
-  """delta_L == lambda_L exactly (1.3.7): all-equal d never relaxes the last.
+  """delta_L == lambda_L exactly: all-equal d never relaxes the last.
 
   3786 / 3786 evaluates to 0.99999994 on XLA:CPU in float32 if divided, which
   would relax the last layer; the cross-multiplied form must not.

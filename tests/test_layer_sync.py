@@ -1,4 +1,5 @@
-"""Tests of layer bookkeeping and the layer-masked aggregation (1.2.3, D13)."""
+"""Tests of layer bookkeeping and the layer-masked aggregation (Lee et al., AAAI 2023, Algorithm
+2)."""
 
 import functools
 import os
@@ -120,7 +121,7 @@ def test_per_leaf():
 
 
 def _np_reference(stacked, weights, mask, tau, prev_d, prev_g, l2l):
-  """Float64 numpy restatement of 1.2.3."""
+  """Float64 numpy restatement of the layer-wise averaging."""
   xs = [np.asarray(x, np.float64) for x in jax.tree_util.tree_leaves(stacked)]
   us = [np.asarray(u) for u in jax.tree_util.tree_leaves(prev_g)]
   w = np.asarray(weights, np.float64)

@@ -58,9 +58,9 @@ def test_iid_properties(args):
 
 
 def test_iid_known_sizes():
-  # algorithms.md 1.6.3: 390 or 391 CIFAR images per client for 128 clients.
+  # FedML's Dirichlet partition: 390 or 391 CIFAR images per client for 128 clients.
   assert set(p.size for p in P.iid(50000, 128, 0)) == {390, 391}
-  # 4.5.2: MNIST with 50 clients gives 1,200 each.
+  # Karimi, Li, Li, 2021: MNIST with 50 clients gives 1,200 each.
   assert set(p.size for p in P.iid(60000, 50, 1)) == {1200}
   assert not _same(P.iid(100, 4, 0), P.iid(100, 4, 1))
 
@@ -227,7 +227,7 @@ def test_shards_general_labels(args, per_client):
 
 
 def test_shards_fedlamb_code_scheme():
-  # algorithms.md 4.5.2: MNIST-like, 200 shards of 300, 50 clients x 2 shards
+  # Karimi, Li, Li, 2021, experiments: MNIST-like, 200 shards of 300, 50 clients x 2 shards
   # uses half of the data, 600 images per client.
   labels = np.repeat(np.arange(10), 6000)
   parts = P.shards(labels, 50, 2, 0, num_shards=200)
@@ -253,7 +253,7 @@ def test_shards_errors():
                                          (6, {498, 500, 504}),
                                          (8, {496, 500, 504})])
 def test_class_cyclic_fedat_known_sizes(kappa, sizes):
-  # algorithms.md 3.6.2: CIFAR-10, 100 clients: 500 images for kappa 2 and 4,
+  # FedAT's #class k: CIFAR-10, 100 clients: 500 images for kappa 2 and 4,
   # 498-504 for 6, 496-504 for 8.
   labels = np.repeat(np.arange(10), 5000)
   parts = P.partition('class_cyclic', labels, 100, 7, classes_per_client=kappa)
@@ -286,7 +286,7 @@ def test_one_class_properties(args):
 
 
 def test_one_class_mnist_known_sizes():
-  # algorithms.md 4.5.2: 50 clients on MNIST hold 1,084 to 1,349 images.
+  # Karimi, Li, Li, 2021, experiments: 50 clients on MNIST hold 1,084 to 1,349 images.
   counts = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
   labels = np.repeat(np.arange(10), counts)
   parts = P.one_class(labels, 50, 0)
@@ -329,7 +329,7 @@ def test_local_split_properties(sizes, fraction, seed):
 
 
 def test_local_split_fedat_known_sizes():
-  # algorithms.md 3.6.3: 500 -> 400/100, 600 -> 480/120.
+  # a local 80/20 split: 500 -> 400/100, 600 -> 480/120.
   train, test = P.local_split([np.arange(500), np.arange(600)], 0.2, 0)
   assert [t.size for t in train] == [400, 480]
   assert [t.size for t in test] == [100, 120]

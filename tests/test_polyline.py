@@ -1,7 +1,9 @@
-"""Polyline codec of FedAT (algorithms.md 3.3): known answers of 6.1, tolerance, fast path, bytes.
+"""Polyline codec of FedAT (Chai et al., SC'21, Sec. 4.3): known answers, tolerance, fast path,
+bytes.
 
-Every expected string and value below is copied from the specification (6.1, 3.3.6, 3.6.4), never
-computed with the code under test.
+Every expected string and value below is Google's worked example of the Encoded Polyline
+Algorithm Format or was worked out by hand from its steps, never computed with the code
+under test.
 """
 import random
 import sys
@@ -15,11 +17,12 @@ from fedjax_lama.compression.polyline import (decode_tree, encode_tree, polyline
                                               polyline_encode, polyline_roundtrip,
                                               roundtrip_tree, tree_message_bytes)
 
-# 6.1.1
+# Google's example, pairs mode, precision 5.
 GOOGLE_POINTS = [(38.5, -120.2), (40.7, -120.95), (43.252, -126.453)]
 GOOGLE_STRING = '_p~iF~ps|U_ulLnnqC_mqNvxq`@'
 
-# 6.1.2: (value, precision, value * 10^p in binary64, rounded n, encoded string, decoded value)
+# Single values: (value, precision, value * 10^p in binary64, rounded n, encoded string, decoded
+# value)
 SINGLE_VALUES = [
     (0.0, 5, 0.0, 0, '?', 0.0),
     (-0.0, 5, -0.0, 0, '?', 0.0),
@@ -53,12 +56,12 @@ SINGLE_VALUES = [
     (-1.0, 4, -10000.0, -10000, '~oR', -1.0),
 ]
 
-# 6.1.3
+# A precision-4 vector, flat mode.
 VEC4 = [0.1234, -0.5678, 0.03125, -0.40625, 0.0, 1.5, -0.0001, 0.9999]
 VEC4_STRING = 'clA~nLmuJnpG}|Foh\\ph\\_pR'
 VEC4_DECODED = [0.1234, -0.5678, 0.0313, -0.4063, 0.0, 1.5, -0.0001, 0.9999]
 
-# 3.6.4 by hand: the CIFAR-10 CNN ("tf_tutorial"), Flax layouts (HWIO kernels, (in, out) dense).
+# By hand: FedAT's CIFAR-10 CNN ("tf_tutorial"), Flax layouts (HWIO kernels, (in, out) dense).
 CIFAR10_CNN_SHAPES = {
     "conv1": {"kernel": (3, 3, 3, 32), "bias": (32,)},
     "conv2": {"kernel": (3, 3, 32, 64), "bias": (64,)},
@@ -71,11 +74,11 @@ CIFAR10_CNN_METADATA_BYTES = 124
 
 
 def tolerance(x, precision):
-  """3.3.5: bound on |x - x_hat| for the float64 result."""
+  """Error bound on |x - x_hat| for the float64 result."""
   return 0.5 * 10.0 ** -precision + 8 * 2.0 ** -53 * np.maximum(1.0, np.abs(x))
 
 
-# --- 6.1.1 -----------------------------------------------------------------------------------
+# --- Google's example -----------------------------------------------------------------------------
 
 
 def test_google_example_pairs():
@@ -100,11 +103,11 @@ def test_flat_differs_from_pairs():
   interleaved = [38.5, -120.2, 40.7, -120.95, 43.252, -126.453]
   assert polyline_encode(interleaved, 5) == '_p~iF~asg]_x`u]ngsy]ouei^foxj_@'
   assert polyline_encode(interleaved, 5, mode="flat") != GOOGLE_STRING
-  # "pairs mode is flat coding with a delta stride of 2" (3.3.4): same shape of input either way.
+  # "pairs mode is flat coding with a delta stride of 2": same shape of input either way.
   assert polyline_encode(np.reshape(interleaved, (3, 2)), 5, mode="pairs") == GOOGLE_STRING
 
 
-# --- 6.1.2 -----------------------------------------------------------------------------------
+# --- single values --------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("value,precision,scaled,rounded,encoded,decoded", SINGLE_VALUES)
@@ -124,7 +127,7 @@ def test_single_values(value, precision, scaled, rounded, encoded, decoded):
   assert polyline_encode([(value, 0.0)], precision, mode="pairs") == encoded + '?'
 
 
-# --- 6.1.3 -----------------------------------------------------------------------------------
+# --- a vector ------------------------------------------------------------------------------------
 
 
 def test_precision4_vector():
@@ -141,7 +144,7 @@ def test_precision4_vector():
 
 
 def test_precision4_vector_characters_per_value():
-  """6.1.3 table: each value's characters, delta by delta."""
+  """The vector's table: each value's characters, delta by delta."""
   characters = ['clA', '~nL', 'muJ', 'npG', '}|F', 'oh\\', 'ph\\', '_pR']
   assert ''.join(characters) == VEC4_STRING
   # The first value alone is its own delta against 0.
@@ -150,7 +153,7 @@ def test_precision4_vector_characters_per_value():
     assert polyline_encode(VEC4[:i], 4) == ''.join(characters[:i])
 
 
-# --- 6.1.4 and other errors ------------------------------------------------------------------
+# --- errors and edge cases ------------------------------------------------------------------
 
 
 def test_empty():
@@ -193,7 +196,7 @@ def test_non_finite_raises(bad):
 
 
 def test_scaled_magnitude_limit():
-  """|s| >= 2^52 raises (3.3.3); the largest integer below it round-trips exactly."""
+  """|s| >= 2^52 raises; the largest integer below it round-trips exactly."""
   largest = 2.0 ** 52 - 1
   for value in (largest, -largest):
     assert polyline_decode(polyline_encode([value], 0), 0).tolist() == [value]
@@ -246,7 +249,7 @@ def test_bad_mode_and_inputs_raise():
     polyline_decode(123, 5)
 
 
-# --- 6.1.5 -----------------------------------------------------------------------------------
+# --- round-trip tolerance -------------------------------------------------------------------------
 
 
 def _random_values(rng, size):
@@ -271,7 +274,7 @@ def test_round_trip_tolerance(precision):
 
 
 def test_round_trip_exceeds_exact_bound_by_ulps():
-  """3.3.5 / 6.1.5: x = 0.00035 at p = 4 exceeds 0.5e-4 by about 2e-20."""
+  """Tolerance: x = 0.00035 at p = 4 exceeds 0.5e-4 by about 2e-20."""
   x = 0.00035
   x_hat = polyline_decode(polyline_encode([x], 4), 4)[0]
   excess = abs(x - x_hat) - 0.5e-4
@@ -279,7 +282,7 @@ def test_round_trip_exceeds_exact_bound_by_ulps():
   assert abs(x - x_hat) <= tolerance(x, 4)
 
 
-# --- 6.1.6 -----------------------------------------------------------------------------------
+# --- against the `polyline` package ---------------------------------------------------------------
 
 
 def test_cross_check_with_polyline_package():
@@ -298,7 +301,7 @@ def test_cross_check_with_polyline_package():
     assert [tuple(r) for r in polyline_decode(s, p, mode="pairs")] == polyline.decode(s, p)
 
 
-# --- 3.3.7 fast path -------------------------------------------------------------------------
+# --- fast path -----------------------------------------------------------------------------
 
 
 def _random_model(rng, dtype):
@@ -368,13 +371,13 @@ def test_fast_path_accepts_jax_leaves():
   assert np.array_equal(tree_hat["a"], host_hat["a"]) and tree_hat["a"].dtype == np.float32
 
 
-# --- 3.3.6 marshalling and byte accounting ---------------------------------------------------
+# --- marshalling and byte accounting------------------------------------------------
 
 
 def test_tree_message_literal():
   """Leaves in jax.tree_util order (sorted dict keys), C order, delta restarting per leaf.
 
-  With the 6.1.2 strings at p = 4: 1.0 -> '_pR', -1.0 -> '~oR', and a zero delta -> '?'.
+  With the single-value strings at p = 4: 1.0 -> '_pR', -1.0 -> '~oR', and a zero delta -> '?'.
   """
   tree = {"w": np.array([[1.0, 1.0], [0.0, -1.0]], np.float32), "b": np.array([1.0], np.float32)}
   message, num_bytes = encode_tree(tree, 4)
@@ -392,7 +395,7 @@ def test_tree_message_literal():
 
 
 def test_cifar10_cnn_bytes():
-  """3.3.6: metadata 124 bytes for the 3.6.4 CNN; raw float32 = 4 bytes per parameter."""
+  """Metadata 124 bytes for FedAT's CIFAR-10 CNN; raw float32 = 4 bytes per parameter."""
   tree = {layer: {name: np.zeros(shape, np.float32) for name, shape in params.items()}
           for layer, params in CIFAR10_CNN_SHAPES.items()}
   assert sum(leaf.size for layer in tree.values() for leaf in layer.values()) == CIFAR10_CNN_PARAMS
@@ -408,7 +411,7 @@ def test_cifar10_cnn_bytes():
 
 
 def test_cifar10_cnn_glorot_characters_per_parameter():
-  """3.3.6 sanity figure: about 1.8, 2.4 and 3.8 characters per parameter at p = 3, 4, 6."""
+  """Sanity figure: about 1.8, 2.4 and 3.8 characters per parameter at p = 3, 4, 6."""
   rng = np.random.default_rng(0)
   tree = {}
   for layer, params in CIFAR10_CNN_SHAPES.items():

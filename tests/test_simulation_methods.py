@@ -1,6 +1,6 @@
-"""FedAT and the baselines on the virtual clock (algorithms.md 3.2, 3.4, 6.4).
+"""FedAT and the baselines on the virtual clock (Chai et al., SC'21, Sec. 4 and 6).
 
-The Eq. 5 known answers are copied from algorithms.md 6.4; TiFL's ChangeProbs and
+The Eq. 5 known answers are worked out by hand from Eq. 5 under each reading; TiFL's ChangeProbs and
 FedAsync's staleness values are computed by hand in the comments.
 """
 import importlib.util
@@ -21,7 +21,8 @@ from fedjax_lama.simulation.testing import RoundingCodec, ShiftTrainer, make_sim
 READINGS = {"literal": ("eq5", "all"), "renormalised": ("eq5", "reported"),
             "uniform": ("uniform", "all"), "uniform_reported": ("uniform", "reported")}
 
-# algorithms.md 6.4, transcribed: counts -> reading -> (exact weights, float64 weights).
+# known answers in tests/test_fedat_engine.py, transcribed: counts -> reading -> (exact weights,
+# float64 weights).
 KNOWN_ANSWERS = {
     (10, 7, 5, 3, 1): {
         "literal": ([F(1, 26), F(3, 26), F(5, 26), F(7, 26), F(5, 13)],

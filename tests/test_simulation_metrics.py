@@ -1,4 +1,4 @@
-"""Robustness metrics of the FedAT paper (algorithms.md 3.5), on hand-computed inputs."""
+"""Robustness metrics of the FedAT paper (Chai et al., SC'21, metrics), on hand-computed inputs."""
 import math
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Exact resume of the simulation (algorithms.md 3.1.7 "Determinism", issue 18).
+"""Exact resume of the simulation (issue 18).
 
 A run interrupted at arbitrary events, saved with `state_dict`, restored into a
 fresh Simulator (fresh method, trainer, evaluator) and continued must equal the

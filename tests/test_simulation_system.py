@@ -1,6 +1,6 @@
-"""System model of the FedAT simulation (algorithms.md 3.1, checks of 3.1.9).
+"""System model of the FedAT simulation (Chai et al., SC'21, Sec. 6-7).
 
-Expected values are recomputed in the tests from the definitions of 3.1.2-3.1.6
+Expected values are recomputed in the tests from the definitions of the system model
 (numpy's default_rng on [seed, STREAM_ID, *index]), not taken from the code under test.
 """
 import dataclasses
@@ -22,7 +22,7 @@ EVENT_CLASS = {"dropout": 0, "compute_done": 1, "arrival": 1, "timer": 1, "tick"
 
 
 def u(seed, stream_id, *index):
-  """The first uniform of a stream, straight from the definition of 3.1.6."""
+  """The first uniform of a stream, straight from its definition."""
   return np.random.default_rng([seed, stream_id, *index]).random()
 
 
@@ -210,7 +210,7 @@ def test_events_pop_in_time_class_seq_order(network):
 
 
 def expected_network_time(seed, network, k, j, direction, num_bytes):
-  """tau of 3.1.2 from the definitions: latency + bytes / bandwidth."""
+  """A job's transfer time from the definitions: latency + bytes / bandwidth."""
   if network["kind"] == "fixed":
     latency, bandwidth = network["latency"][direction][k], network["bandwidth"][direction][k]
   elif network["kind"] == "uniform":
@@ -359,7 +359,7 @@ def test_dropouts_end_rounds_and_departed_clients_never_report():
     for t, direction, _, k, _ in sim.messages:
       if direction == "up":
         assert t < dropout[k]
-    # Synchronous rounds end at max over sampled clients of min(arrival, D_k) (3.4.2).
+    # Synchronous rounds end at max over sampled clients of min(arrival, D_k) .
     if method.name in ("fedavg", "fedat"):
       rounds = round_table(sim)
       for (group, r), (_, sampled, arrived) in rounds.items():

@@ -1,4 +1,5 @@
-"""Compressors: the interface (algorithms.md 5.12), QSGD (5.10) and polyline (3.3)."""
+"""Compressors: the interface (core.py), FedPAQ's QSGD (Reisizadeh et al.,
+AISTATS 2020) and FedAT's polyline (Chai et al., SC'21, Sec. 4.3)."""
 from fedjax_lama.compression.core import base_key
 from fedjax_lama.compression.core import compress_clients
 from fedjax_lama.compression.core import compress_uploads

@@ -1,4 +1,4 @@
-"""The compressor interface (algorithms.md 5.12) and how the engine applies it to uploads.
+"""The compressor interface and how the engine applies it to uploads.
 
 A compressor is a bundle of pure, jit- and vmap-compatible functions over pytrees:
 

@@ -1,13 +1,14 @@
-"""FedAT's polyline compression: Google's Encoded Polyline Algorithm Format (algorithms.md 3.3).
+"""FedAT's polyline compression: Google's Encoded Polyline Algorithm Format (Chai et al., SC'21,
+Sec. 4.3).
 
 FedAT (Chai et al., "FedAT: A High-Performance and Communication-Efficient Federated Learning
-System with Asynchronous Tiers", SC'21, shared/seeds/003_656c618fe5de2ce3.txt, Sec. 4.3)
+System with Asynchronous Tiers", SC'21, Sec. 4.3)
 compresses both the uplink and the downlink by flattening every layer's weights, encoding the list
 with Google's Encoded Polyline Algorithm Format
 (developers.google.com/maps/documentation/utilities/polylinealgorithm) and sending each layer's
 dimensions with it; the receiver decodes and reshapes.
 
-Codec (3.3.1-3.3.4). A value x is scaled once in binary64, s = float64(x) * 10^p, and rounded half
+Codec. A value x is scaled once in binary64, s = float64(x) * 10^p, and rounded half
 away from zero, n = sign(s) * floor(|s| + 0.5). Deltas are taken between the *rounded* integers
 (never a rounded delta), so errors do not accumulate along the sequence. Each delta d becomes the
 zig-zag code z = 2d (d >= 0) or -2d - 1 (d < 0), cut into 5-bit chunks, least significant first;
@@ -21,7 +22,7 @@ division, as Google's decoders do).
   same coordinate of the previous point. Byte-identical to Google's format and to the PyPI
   `polyline` package.
 
-Error bound (3.3.5): in exact arithmetic |x - x_hat| <= 0.5 * 10^-p per value. In floating point
+Error bound: in exact arithmetic |x - x_hat| <= 0.5 * 10^-p per value. In floating point
 the scaling and the division add a few ulps:
 |x - x_hat| <= 0.5 * 10^-p + 8 * 2^-53 * max(1, |x|) for the float64 result, plus 2^-24 * |x_hat|
 when the result is cast back to float32.
@@ -29,11 +30,11 @@ when the result is cast back to float32.
 Everything is vectorised numpy on int64: there is no Python loop per value or per character, only
 loops over the (at most 11) 5-bit chunk positions and over the leaves of a pytree.
 
-Pytrees (3.3.6): a message carries every leaf in `jax.tree_util` order; each leaf is flattened in C
+Pytrees: a message carries every leaf in `jax.tree_util` order; each leaf is flattened in C
 order and encoded in flat mode with the delta restarting at 0, and the leaf strings are
 concatenated without separators (values are self-delimiting; the shapes give the counts). Its size
 is sum(len(leaf string)) + sum(4 * (1 + ndim)) bytes (rank and dimensions as uint32). Precision
-None means raw float32: 4 bytes per parameter, no metadata. The simulator's fast path (3.3.7),
+None means raw float32: 4 bytes per parameter, no metadata. The simulator's fast path,
 `roundtrip_tree`, computes the decoded values and the exact size without building strings.
 
 Public API:
@@ -56,9 +57,9 @@ PyTree = Any
 MODES = ("flat", "pairs")
 
 # 10^p is exactly representable in binary64 only up to p = 22; beyond it the "one multiplication
-# by an exact power of ten" rule of 3.3.3 no longer holds, and FedAT uses 3-6 anyway.
+# by an exact power of ten" rule no longer holds, and FedAT uses 3-6 anyway.
 MAX_PRECISION = 22
-# |s| >= 2^52 is refused (3.3.3): the rounded integers must stay exact in binary64.
+# |s| >= 2^52 is refused: the rounded integers must stay exact in binary64.
 LIMIT = 2 ** 52
 # Deltas of integers below 2^52 have |d| < 2^53, so z < 2^54 needs at most 11 chunks of 5 bits.
 MAX_CHARS_PER_VALUE = 11
@@ -66,7 +67,7 @@ _CHAR_OFFSET = 63
 _CONTINUATION = 0x20
 _CHUNK_MASK = 0x1F
 _CHUNK_BITS = 5
-# Shape metadata per leaf: the rank and each dimension as uint32 (3.3.6, Decision).
+# Shape metadata per leaf: the rank and each dimension as uint32 (a choice of this project).
 _METADATA_BYTES_PER_FIELD = 4
 _RAW_BYTES_PER_PARAMETER = 4  # float32
 
@@ -125,7 +126,7 @@ def _pairs_to_flat(values) -> np.ndarray:
 
 
 def _round_half_away(flat: np.ndarray, precision: int) -> np.ndarray:
-  """n = sign(s) * floor(|s| + 0.5), s = x * 10^p in binary64 (3.3.3), as int64."""
+  """n = sign(s) * floor(|s| + 0.5), s = x * 10^p in binary64, as int64."""
   bad = ~np.isfinite(flat)
   if bad.any():
     index = int(np.flatnonzero(bad)[0])
@@ -153,13 +154,13 @@ def _deltas(rounded: np.ndarray, stride: int) -> np.ndarray:
 
 
 def _zigzag(deltas: np.ndarray) -> np.ndarray:
-  """Steps 4-5 of 3.3.1: 2d for d >= 0, -2d - 1 = ~(2d) for d < 0."""
+  """Steps 4-5 of Google's encoding: 2d for d >= 0, -2d - 1 = ~(2d) for d < 0."""
   doubled = deltas << 1
   return np.where(deltas < 0, ~doubled, doubled)
 
 
 def _chars_per_value(zigzag: np.ndarray) -> np.ndarray:
-  """c(z) = 1 + #{i >= 1 : z >= 32^i} (3.3.7), as int64."""
+  """c(z) = 1 + #{i >= 1 : z >= 32^i}, as int64."""
   counts = np.ones(zigzag.shape, np.int64)
   if zigzag.size == 0:
     return counts
@@ -172,7 +173,7 @@ def _chars_per_value(zigzag: np.ndarray) -> np.ndarray:
 
 
 def _encode_deltas(deltas: np.ndarray) -> str:
-  """Concatenated polyline characters of int64 deltas (steps 4-9 of 3.3.1)."""
+  """Concatenated polyline characters of int64 deltas (steps 4-9 of Google's encoding)."""
   if deltas.size == 0:
     return ""
   zigzag = _zigzag(deltas)
@@ -213,7 +214,7 @@ def _text_to_codes(text) -> np.ndarray:
 
 
 def _decode_deltas(text) -> np.ndarray:
-  """Signed int64 deltas of a polyline string, vectorised (3.3.2)."""
+  """Signed int64 deltas of a polyline string, vectorised."""
   codes = _text_to_codes(text)
   if codes.size == 0:
     return np.zeros(0, np.int64)
@@ -275,7 +276,7 @@ def _flat_values(values, stride: int) -> np.ndarray:
 
 
 def polyline_encode(values, precision: int, *, mode: str = "flat") -> str:
-  """Encodes values as a polyline string (3.3.1, 3.3.4).
+  """Encodes values as a polyline string.
 
   Args:
     values: for mode="flat", any real array-like (flattened in C order); for mode="pairs", a
@@ -298,7 +299,7 @@ def polyline_encode(values, precision: int, *, mode: str = "flat") -> str:
 
 
 def polyline_decode(text: str, precision: int, *, mode: str = "flat") -> np.ndarray:
-  """Decodes a polyline string (3.3.2).
+  """Decodes a polyline string.
 
   Args:
     text: the polyline string (characters '?' to '~').
@@ -327,7 +328,7 @@ def _roundtrip_flat(flat: np.ndarray, precision: int, stride: int):
 
 def polyline_roundtrip(values, precision: int, *,
                        mode: str = "flat") -> tuple[np.ndarray, int]:
-  """Fast path of 3.3.7: decode(encode(values)) and len(encode(values)) without the string.
+  """Fast path: decode(encode(values)) and len(encode(values)) without the string.
 
   Args:
     values: as for `polyline_encode`.
@@ -348,7 +349,7 @@ def polyline_roundtrip(values, precision: int, *,
 
 
 class PolylineMessage(NamedTuple):
-  """One encoded model message (3.3.6).
+  """One encoded model message.
 
   Attributes:
     precision: decimal digits kept, or None for raw float32.
@@ -377,7 +378,7 @@ def _leaves(tree) -> list[np.ndarray]:
 
 
 def encode_tree(tree: PyTree, precision: Optional[int]) -> tuple[PolylineMessage, int]:
-  """Encodes every leaf of a pytree into one message (3.3.6).
+  """Encodes every leaf of a pytree into one message.
 
   Args:
     tree: a pytree of real arrays (e.g. model parameters).
@@ -401,7 +402,7 @@ def encode_tree(tree: PyTree, precision: Optional[int]) -> tuple[PolylineMessage
 
 
 def decode_tree(message: PolylineMessage, like_tree: PyTree) -> PyTree:
-  """Decodes a message into the structure of `like_tree` (3.3.6).
+  """Decodes a message into the structure of `like_tree`.
 
   Args:
     message: from `encode_tree`.
@@ -444,7 +445,7 @@ def decode_tree(message: PolylineMessage, like_tree: PyTree) -> PyTree:
 
 
 def roundtrip_tree(tree: PyTree, precision: Optional[int]) -> tuple[PyTree, int]:
-  """Fast path of 3.3.7 for a model: decode_tree(encode_tree(tree)) and its size, no strings.
+  """Fast path for a model: decode_tree(encode_tree(tree)) and its size, no strings.
 
   Args:
     tree: a pytree of real arrays.
@@ -470,7 +471,7 @@ def roundtrip_tree(tree: PyTree, precision: Optional[int]) -> tuple[PyTree, int]
 
 
 def tree_message_bytes(tree: PyTree, precision: Optional[int]) -> int:
-  """Size in bytes of the message `encode_tree(tree, precision)` would build (3.3.6).
+  """Size in bytes of the message `encode_tree(tree, precision)` would build.
 
   Args:
     tree: a pytree of real arrays.

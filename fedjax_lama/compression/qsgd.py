@@ -1,4 +1,5 @@
-"""FedPAQ's stochastic quantizer (algorithms.md 5.10) on the compressor interface of core.py.
+"""FedPAQ's stochastic quantizer (Reisizadeh et al., AISTATS 2020) on the compressor interface of
+core.py.
 
 QSGD quantizer (Alistarh et al., NeurIPS 2017), as FedPAQ uses it (Reisizadeh et al.,
 AISTATS 2020; FedLAMA AAAI Table 4b, "compression level 16" = 16 levels). Per block v
@@ -32,7 +33,8 @@ class QsgdPayload(NamedTuple):
 
 
 def quantize(v: jax.Array, s: int, u: jax.Array) -> QsgdPayload:
-  """Stochastic uniform quantization of one block with given uniforms u ~ U[0, 1) (5.10).
+  """Stochastic uniform quantization of one block with given uniforms u ~ U[0, 1) (Reisizadeh et
+  al., AISTATS 2020).
 
   Taking u as an argument makes the quantizer testable by enumeration.
   """

@@ -1,5 +1,6 @@
 """FedLAMA's pieces together: the interval selector, layer bookkeeping, the layer-masked
-aggregation primitive, the options and the schedule program (algorithms.md 1)."""
+aggregation primitive, the options and the schedule program (FedLAMA, Lee, Zhang, Avestimehr, AAAI
+2023)."""
 from fedjax_lama.fedlama.layer_sync import layer_discrepancy
 from fedjax_lama.fedlama.layer_sync import layer_masked_mean
 from fedjax_lama.fedlama.layer_units import layer_spec

@@ -1,6 +1,6 @@
 """Weighted means over the client axis, whole-model and layer-masked.
 
-`layer_masked_mean` is FedLAMA's aggregation primitive (algorithms.md 1.2.3):
+`layer_masked_mean` is FedLAMA's aggregation primitive (Lee et al., AAAI 2023, Algorithm 2):
 layers whose sync flag is set are averaged over the client (slot) axis and
 their unit discrepancy d_l (Eq. 2) is measured; every other layer keeps each
 client's copy bit for bit. With every flag set it equals FedAvg's
@@ -111,7 +111,7 @@ def layer_masked_mean(
     prev_global: PyTree,
     leaf_to_layer: np.ndarray,
 ) -> Tuple[PyTree, PyTree, jax.Array]:
-  """Layer-masked aggregation with discrepancy measurement (1.2.3).
+  """Layer-masked aggregation with discrepancy measurement (Lee et al., AAAI 2023, Algorithm 2).
 
   Args:
     stacked: params pytree, leaves [C, ...] (the clients' local copies x^i).

@@ -1,4 +1,7 @@
-"""Layer bookkeeping over a flax params pytree (algorithms.md 1, D2, D13).
+"""Layer bookkeeping over a flax params pytree (FedLAMA, Lee, Zhang, Avestimehr, AAAI 2023).
+
+The papers relax every layer; the authors' code relaxes only tensors named "kernel", which
+`is_kernel` lets the "code" rule follow.
 
 FedLAMA synchronises "layers" (aggregation units) on their own schedules. A
 unit is one params leaf ("tensor" granularity, the reference code's choice) or
@@ -26,7 +29,7 @@ class LayerSpec:
     names: "/"-joined path of each unit (for "module" the parent path of its
       leaves; "" for leaves stored at the root of params).
     sizes: int64 [L], number of scalars per unit.
-    is_kernel: bool [L], leaf named "kernel" or a group containing one (D2).
+    is_kernel: bool [L], leaf named "kernel" or a group containing one.
     leaf_to_layer: int32 [num_leaves], the unit index of each leaf.
     granularity: "tensor" or "module".
   """
@@ -65,7 +68,7 @@ def _readonly(array: np.ndarray) -> np.ndarray:
 
 
 def layer_spec(params: Any, granularity: str = "tensor") -> LayerSpec:
-  """Units, sizes, kernel flags and the leaf -> unit map of `params` (D13)."""
+  """Units, sizes, kernel flags and the leaf -> unit map of `params`."""
   if granularity not in GRANULARITIES:
     raise ValueError(
         f"fedlama.layer_granularity must be one of {list(GRANULARITIES)}, "

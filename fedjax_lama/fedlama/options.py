@@ -1,4 +1,9 @@
-"""FedLAMA's options (config.fedlama.*), typed and checked (algorithms.md 1.4, D1-D25)."""
+"""FedLAMA's options (config.fedlama.*), typed and checked (Lee, Zhang, Avestimehr, AAAI 2023).
+
+Where the papers (AAAI 2023; arXiv:2110.10302 v1) and the authors' code differ, the default
+follows AAAI and the code's reading is an option: the selection rule, which tensors may be
+relaxed (the code: kernels only), what a layer is (the code: one tensor), when BatchNorm
+statistics are averaged (neither paper says; the code never averages them in FedLAMA)."""
 import dataclasses
 from typing import Optional, Union
 
@@ -16,12 +21,12 @@ def _is_int(value, minimum: int) -> bool:
 class FedLamaOptions:
   base_interval: int = 10        # tau', local steps
   phi: int = 2                   # interval increase factor
-  interval_rule: str = "aaai"    # aaai | code | v1 | accelerate (1.3)
-  kernels_only: Optional[bool] = None   # None: True for rule "code" (D2)
+  interval_rule: str = "aaai"    # aaai | code | v1 | accelerate (AAAI Algorithm 1)
+  kernels_only: Optional[bool] = None   # None: True for rule "code", as the authors' code
   client_sampling: str = "window"       # a cohort per window, or per sub-round
   warmup_windows: int = 0
-  layer_granularity: str = "tensor"     # tensor | module (D13)
-  bn_stats_sync: str = "window"         # window | round | never (D10)
+  layer_granularity: str = "tensor"     # tensor (the authors' code) | module
+  bn_stats_sync: str = "window"         # window | round | never ("never": the authors' code)
   opt_state_policy: str = "slot"        # slot | reset_on_sample
   fixed_multipliers: Optional[Union[int, tuple]] = None  # 1 or phi per layer (equivalence runs)
   total_steps: int = 0                  # 0: rounds * window

@@ -1,4 +1,5 @@
-"""FedLAMA's layer-wise interval selection (spec: algorithms.md 1.3, 1.5, 6.2).
+"""FedLAMA's layer-wise interval selection (Lee, Zhang,
+Avestimehr, AAAI 2023, Algorithm 1; known answers in tests/test_interval_selection.py).
 
 Reference:
   S. Lee, T. Zhang, S. Avestimehr, "Layer-wise Adaptive Model Aggregation for
@@ -9,7 +10,7 @@ Reference:
 sizes s_l to an integer multiplier per layer, in {1, phi}. The interval of layer
 l is `multiplier * interval_unit(base_interval, phi, rule)` local steps.
 
-Representation (1.3.5). For "aaai", "code" and "v1" the unit is the base
+Representation. For "aaai", "code" and "v1" the unit is the base
 interval tau': 1 means tau', phi means phi * tau'. For "accelerate" the unit is
 tau' / phi: 1 means the short interval tau' / phi (a selected, high-discrepancy
 layer) and phi means the base interval tau'. In every rule the window is
@@ -18,11 +19,12 @@ value phi means "only at the window end", so the training loop and the
 accounting never branch on the rule; use `interval_unit` / `window_length`
 instead of assuming unit == tau'.
 
-Numerics (1.3.7). The curves delta_k = P_k / D and lambda_k = S_k / S are
+Numerics. The curves delta_k = P_k / D and lambda_k = S_k / S are
 never divided out: comparisons are cross-multiplied (P * S < R * D), the totals
 are the last element of the same cumulative sums (so delta_L == lambda_L == 1
-exactly), and sizes are summed in integers. The loop reference of 6.2 is
-normative; tests compare against an exact-rational copy of it.
+exactly), and sizes are summed in integers. A plain loop over the layers is the
+reference; the tests compare against an exact-rational copy of it
+(tests/reference/fedlama_select_ref.py).
 """
 
 from typing import NamedTuple, Optional, Union
@@ -98,7 +100,7 @@ def window_length(base_interval: int, phi: int, rule: str) -> int:
 
 
 def base_multipliers(num_layers: int, phi: IntLike, rule: str) -> jax.Array:
-  """Multipliers that make every interval tau', i.e. FedAvg(tau') (1.2.1)."""
+  """Multipliers that make every interval tau', i.e. FedAvg(tau')."""
   _check_rule(rule)
   _check_phi(phi)
   base = phi if rule == "accelerate" else 1
@@ -137,7 +139,7 @@ def _sorted_sums(d, s, eligible, rule):
 
   Ineligible layers sort last (key +inf), so P at eligible positions sums
   eligible layers only while P[-1] is the total D over ALL layers, which is
-  what "code" needs (1.3.3) and equals the eligible total for the other rules.
+  what "code" needs (the FedLAMA authors' code) and equals the eligible total for the other rules.
   d is rescaled by an exact power of two (max d in [0.5, 1)), which changes no
   rounding, so that the cross-multiplied products stay below S^2 whatever the
   overall scale of d (no overflow for huge d, no flush-to-zero for tiny d).
@@ -175,11 +177,12 @@ def select_intervals(discrepancy: ArrayLike,
                      phi: IntLike,
                      rule: str = "aaai",
                      kernel_mask: Optional[ArrayLike] = None) -> jax.Array:
-  """Per-layer interval multipliers (algorithms.md 1.3; known answers in 6.2).
+  """Per-layer interval multipliers (Lee et al., AAAI 2023, Algorithm 1; known
+  answers in tests/test_interval_selection.py).
 
   Pure and jittable with `rule` static; `phi` may be a Python int or a traced
   integer scalar. No Python loop over layers: one stable argsort, two cumsums
-  and cross-multiplied comparisons (1.3.7).
+  and cross-multiplied comparisons.
 
   Args:
     discrepancy: float [L], d_l >= 0 and finite (not validated under jit).
@@ -227,7 +230,7 @@ def selection_curves(
   """delta_k and lambda_k in the walk order of `rule`, for logging/plots.
 
   These use division and are for display only; `select_intervals` never
-  divides (1.3.7). For "code" delta uses D over all layers and lambda the
+  divides. For "code" delta uses D over all layers and lambda the
   eligible total, exactly as the rule compares them.
   """
   d, s, eligible = _prepare(discrepancy, sizes, rule, kernel_mask)
@@ -247,7 +250,8 @@ def window_comm_ratio(multipliers: ArrayLike,
                       sizes: ArrayLike,
                       phi: IntLike,
                       rule: str) -> jax.Array:
-  """Floats of one window over those of FedAvg(tau') in the same steps (1.5).
+  """Floats of one window over those of FedAvg(tau') in the same steps (Lee et al., AAAI 2023,
+  communication cost).
 
   "aaai"/"code"/"v1": sum(s / m) / sum(s). "accelerate" (unit tau' / phi):
   phi * sum(s / m) / sum(s), which is >= 1.

@@ -7,7 +7,7 @@ clients: one transfer of the packed arrays, the jitted chunk, one jitted accumul
 (plus one gather and one scatter when the algorithm keeps per-client rows); the round
 ends with one server update and one device->host read of the loss. Sums are (weighted
 sum, weight) pairs, so chunked and unchunked rounds reduce the same quantities
-(architecture.md 2.2, "Chunking"). Jitted outputs keep the placement of their inputs
+(docs/design.md, "The engine"). Jitted outputs keep the placement of their inputs
 (server replicated, per-client arrays split over clients), so every round after the
 first reuses the first round's executables.
 

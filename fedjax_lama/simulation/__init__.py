@@ -1,7 +1,7 @@
 """Host-side asynchronous/tiered simulation: FedAT and its baselines on a virtual clock.
 
-Implements algorithms.md section 3 (system model 3.1, FedAT 3.2, baselines 3.4,
-metrics 3.5) for FedAT (Chai et al., SC'21, shared/seeds/003_656c618fe5de2ce3.txt).
+The system model, FedAT, its baselines and its metrics as FedAT (Chai et al., SC'21)
+describes them.
 Pure numpy + Python: local training, evaluation, message encoding and model sums
 are injected (interfaces.py), so the JAX engine plugs in from outside.
 
@@ -17,19 +17,19 @@ Modules (imports are one-way, top to bottom):
   interfaces  Trainer / Evaluator / Codec / ModelAlgebra protocols, TrainJob, TrainResult
   pytree      numpy pytrees, NumpyAlgebra
   codecs      RawCodec, PolylineCodec (adapter to fedjax_lama.compression.polyline)
-  streams     named random streams (3.1.6)
+  streams     named random streams (simulation/streams.py)
   config      SystemConfig, ComputeModel, NetworkModel and the method configs
-  latency     job latency models (3.1.2, 3.1.3)
-  tiers       straggler parts, unstable clients, profiling and tiering (3.1.3-3.1.5)
-  events      the event queue (3.1.7)
-  metrics     tick statistics and run summaries (3.5)
+  latency     job latency models (download, compute, straggler delay, upload)
+  tiers       straggler parts, unstable clients, profiling and tiering
+  events      the event queue
+  metrics     tick statistics and run summaries (Chai et al., SC'21, Sec. 6)
   methods     FedAT, FedAvg, FedProx, TiFL, FedAsync, ASO-Fed
   loop        Simulator: the clock, jobs, deferred training, ticks, state_dict
   testing     numpy stand-ins (ShiftTrainer, SineEvaluator, RoundingCodec), make_simulator
 
 The JAX side, imported on its own (this package's __init__ does not load it):
   run_options    ClockOptions, the typed options of a run (built by the registry)
-  job_packing    minibatches of a group of jobs from stream BATCH (3.2.1 step 5), in jnp
+  job_packing    minibatches of a group of jobs from stream BATCH, in jnp
   engine_adapter EngineTrainer (one vectorised engine call per batch of jobs),
                  LocalTestEvaluator, JaxAlgebra
   clock_run      the run contract on the clock (metrics, summary, plots, checkpoints,

@@ -1,13 +1,13 @@
 """Message codecs for the simulator: raw float32 and a polyline adapter.
 
 FedAT compresses every download and upload with Google's Encoded Polyline
-Algorithm, layer by layer, sending each layer's shape with it (seed paper
-Sec. 4.3; algorithms.md 3.2.4, 3.3.6). The codec itself lives in
+Algorithm, layer by layer, sending each layer's shape with it (Chai et al.,
+SC'21, Sec. 4.3). The codec itself lives in
 `fedjax_lama.compression.polyline` (another module of the project); this module
 only adapts it to the `Codec` protocol of `interfaces.py`, and provides the raw
 codec every uncompressed method uses.
 
-Byte accounting (3.3.6):
+Byte accounting:
 - raw (precision None): 4 bytes per parameter (float32), no metadata;
 - polyline: sum over leaves of len(encoded string) + 4 * (1 + ndim) bytes of
   shape metadata (rank and each dimension as uint32).
@@ -23,7 +23,7 @@ BYTES_PER_FLOAT32 = 4
 
 
 def raw_num_bytes(tree: PyTree) -> int:
-  """Size of an uncompressed message: 4 bytes per parameter (3.3.6)."""
+  """Size of an uncompressed message: 4 bytes per parameter."""
   return BYTES_PER_FLOAT32 * num_parameters(tree)
 
 
@@ -46,7 +46,7 @@ class RawCodec:
 class PolylineCodec:
   """Adapter from `fedjax_lama.compression.polyline` to the `Codec` protocol.
 
-  Flat mode uses the module's vectorised fast path `roundtrip_tree` (3.3.7:
+  Flat mode uses the module's vectorised fast path `roundtrip_tree` (
   exactly the decoded values and sizes of the string codec, without building
   strings) when it exists. Otherwise, and in pairs mode, every leaf is encoded
   on its own (the delta restarts at 0) with `polyline_encode(values, precision,
@@ -55,7 +55,7 @@ class PolylineCodec:
   float32). Precision None returns the tree itself, at 4 bytes per parameter.
 
   Args:
-    mode: "flat" (default) or "pairs" (3.3.8, `polyline_mode`).
+    mode: "flat" (default) or "pairs" (`polyline_mode`).
     fast: use `roundtrip_tree` when available (flat mode only).
     module: where the codec lives.
   """

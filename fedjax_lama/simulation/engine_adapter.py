@@ -1,9 +1,8 @@
 """The JAX engine behind the host-side simulation: trainer, evaluator, model algebra.
 
-The simulator (loop.py; algorithms.md 3.1.7) injects its numerics through the protocols
-of interfaces.py; this module implements them on the same engine and algorithm interface
-as the synchronous methods (architecture.md 2.3, 5), for FedAT (Chai et al., SC'21,
-shared/seeds/003_656c618fe5de2ce3.txt) and its baselines (3.4):
+The simulator (loop.py) injects its numerics through the protocols of interfaces.py; this module
+implements them on the same engine and algorithm interface as the synchronous methods
+(docs/design.md), for FedAT (Chai et al., SC'21) and its baselines (Chai et al., SC'21, Sec. 6):
 
 - `EngineTrainer`: each batch of TrainJobs is ONE vectorised engine call
   (`engine.round.ClientPhase` with `shared_per_client=True`): start models and proximal
@@ -11,17 +10,17 @@ shared/seeds/003_656c618fe5de2ce3.txt) and its baselines (3.4):
   times the device count for small calls, else a multiple of `call_size_multiple` and of
   the device count; `padded_size`) and sharded over the devices of the "clients" mesh that
   leave it unpadded on CPU (`call_mesh`, `sharding.call_devices`), and
-  a jitted `lax.scan` runs E_max * S_max masked steps (3.2.1 step 5; batches from stream
-  BATCH, job_packing.py). The local solver of 3.2.1 step 4 is an `Algorithm`: Adam(eta,
+  a jitted `lax.scan` runs E_max * S_max masked steps (batches from stream
+  BATCH, job_packing.py). The local solver is an `Algorithm`: Adam(eta,
   0.9, 0.999, 1e-7), fresh per job, with the proximal pull of FedProx
   (`algorithms.fedprox.proximal`) whose coefficient is read per job from the client's row,
   so FedAT's lambda, FedProx's mu and FedAsync's rho share one compiled program.
-- `LocalTestEvaluator`: the global model on every client's local 20 % test split (3.5,
-  3.6.3), departed clients included; per-client correct counts and the pooled loss.
-- `JaxAlgebra`: jitted float32 weighted sums (3.2.3); one tree with weight exactly 1.0
-  comes back unchanged, so FedAT with one tier stays bitwise FedAvg (3.2.6).
+- `LocalTestEvaluator`: the global model on every client's local 20 % test split (Chai et al.,
+  SC'21, Sec. 6), departed clients included; per-client correct counts and the pooled loss.
+- `JaxAlgebra`: jitted float32 weighted sums (FedAT's Eq. 5); one tree with weight exactly 1.0
+  comes back unchanged, so FedAT with one tier stays bitwise FedAvg (one tier: FedAT is FedAvg).
 
-The message codec is `codecs.PolylineCodec` (3.3) or `codecs.RawCodec`.
+The message codec is `codecs.PolylineCodec` (Chai et al., SC'21, Sec. 4.3) or `codecs.RawCodec`.
 """
 import functools
 import math
@@ -42,14 +41,14 @@ from fedjax_lama.simulation import job_packing
 from fedjax_lama.simulation.interfaces import PyTree, TrainJob, TrainResult
 
 LOCAL_OPTIMIZERS = ("adam", "sgd")
-# 3.2.1 step 4 (Decision: Keras' Adam constants; the paper used TensorFlow).
+# The local solver: Keras' Adam constants, since the paper used TensorFlow.
 ADAM_B1, ADAM_B2, ADAM_EPS = 0.9, 0.999, 1e-7
 
 
 def local_solver(kind: str = "adam", momentum: float = 0.0) -> optax.GradientTransformation:
   """The direction of a local step; the engine moves the parameters by -lr times it.
 
-  "adam": optax.scale_by_adam(0.9, 0.999, 1e-7) (3.2.1 step 4); "sgd": the registry's
+  "adam": optax.scale_by_adam(0.9, 0.999, 1e-7); "sgd": the registry's
   local SGD with momentum (`algorithms.common.local_optimizer`).
   """
   if kind == "adam":
@@ -207,11 +206,12 @@ class EngineTrainer:
 
 
 class LocalTestEvaluator:
-  """`interfaces.Evaluator`: a model on every client's local test split (3.5).
+  """`interfaces.Evaluator`: a model on every client's local test split (Chai et al., SC'21,
+  metrics).
 
   Args:
     model: the flax module.
-    x, y: the arrays the split indexes (the training arrays for the 80/20 split of 3.6.3).
+    x, y: the arrays the split indexes (the training arrays for the local 80/20 split).
     client_test: per client, its test rows of x / y (all K clients, departed ones too).
     batch_size: evaluation batch (the last one is padded and masked: one compiled shape).
 
@@ -249,11 +249,12 @@ def _weighted_sum(trees: tuple, weights: jax.Array) -> PyTree:
 
 
 class JaxAlgebra:
-  """`interfaces.ModelAlgebra`: jitted float32 weighted sums of models (3.2.3, 3.4).
+  """`interfaces.ModelAlgebra`: jitted float32 weighted sums of models (Chai et al., SC'21, Eq. 5,
+  and the baselines).
 
-  Weights (float64 on the host, exact for Eq. 5) are cast to the leaves' dtype. A single
-  tree with weight exactly 1.0 is returned as it is (3.2.6). One compilation per number
-  of trees.
+  Weights (float64 on the host, exact for Eq. 5) are cast to the leaves' dtype. A single tree with
+  weight exactly 1.0 is returned as it is (one tier: FedAT is FedAvg). One compilation per number of
+  trees.
   """
 
   def __init__(self):

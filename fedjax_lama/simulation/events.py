@@ -1,4 +1,4 @@
-"""The event queue of the virtual clock (algorithms.md 3.1.7).
+"""The event queue of the virtual clock.
 
 An event is (time, class, seq, payload); the queue pops the lexicographically
 smallest tuple. At equal time DROPOUT (0) pops before JOB (1) before TICK (2),
@@ -12,7 +12,7 @@ import heapq
 from typing import NamedTuple
 
 
-# Message log codes (3.1.7: the log keeps time, direction, bytes, client, kind).
+# Message log codes (the log keeps time, direction, bytes, client, kind).
 DOWN, UP = 0, 1
 DIRECTIONS = ("down", "up")
 MODEL, ACCURACY_PROBE = 0, 1

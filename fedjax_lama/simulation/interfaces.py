@@ -1,19 +1,19 @@
 """What the simulator needs from outside: trainer, evaluator, codec, model algebra.
 
-The asynchronous/tiered simulation of FedAT and its baselines (algorithms.md 3.1,
-3.2, 3.4; seed paper shared/seeds/003_656c618fe5de2ce3.txt) runs on the host in
+The asynchronous/tiered simulation of FedAT and its baselines (Chai et al.,
+SC'21) runs on the host in
 numpy and plain Python. Everything numeric about models is injected through the
 four protocols below, so that the JAX engine can be plugged in without the
 simulator importing it (and tests can use small deterministic fakes):
 
 - `Trainer.train(jobs)`: local training of a batch of jobs (one vectorised call
   of the engine). The simulator calls it with at most `max_clients_per_call`
-  jobs, in dispatch order (algorithms.md 3.1.7, "Vectorised, deferred
-  training").
+  jobs, in dispatch order (deferred training: several
+  jobs share one vectorised call).
 - `Evaluator.evaluate(model)`: correct predictions and test-set sizes of all K
-  clients (3.5).
+  clients (Chai et al., SC'21, metrics).
 - `Codec.roundtrip(tree, precision)`: what the receiver of a message gets and
-  how many bytes the message took (3.2.4, 3.3.6).
+  how many bytes the message took (Chai et al., SC'21, Sec. 4.3).
 - `ModelAlgebra.weighted_sum(trees, weights)`: every server-side aggregation.
 
 Models are opaque pytrees to the simulator: it never looks inside one except
@@ -28,18 +28,18 @@ PyTree = Any
 
 
 class TrainJob(NamedTuple):
-  """One local round of one client (algorithms.md 3.1.1), as given to a Trainer.
+  """One local round of one client, as given to a Trainer.
 
   Attributes:
     client_id: k, in 0..K-1.
     index: the participation index j of this job (jobs client k was dispatched
       before this one, in this run). The trainer derives the job's minibatch
-      order from (k, j, epoch) with stream BATCH (3.1.6, 3.2.1 step 5).
+      order from (k, j, epoch) with stream BATCH.
     start_model: the model the client starts from (already decoded if the
       download was compressed).
     anchor: the centre of the proximal term (the same decoded model as
       `start_model` for every method of this package).
-    num_epochs: E for this job (FedProx draws it per job, 3.4.3).
+    num_epochs: E for this job (FedProx draws it per job).
     prox_coeff: lambda / mu / rho of the proximal term (lambda/2 ||v - anchor||^2);
       0.0 means plain F_k.
   """
@@ -72,7 +72,7 @@ class Trainer(Protocol):
   `train` receives at most `max_clients_per_call` jobs in dispatch order and
   returns one TrainResult per job, in the same order. A job's result must depend
   only on the job (its fields and the run's seed), never on which other jobs
-  share the call: that is what makes deferred training exact (3.1.7).
+  share the call: that is what makes deferred training exact.
   """
 
   def train(self, jobs: Sequence[TrainJob]) -> Sequence[TrainResult]:
@@ -81,7 +81,7 @@ class Trainer(Protocol):
 
 @runtime_checkable
 class Evaluator(Protocol):
-  """Evaluates a model on every client's local test set (3.5).
+  """Evaluates a model on every client's local test set (Chai et al., SC'21, metrics).
 
   Returns:
     (correct, count): two integer arrays of length K (all clients, departed ones
@@ -94,7 +94,7 @@ class Evaluator(Protocol):
 
 @runtime_checkable
 class Codec(Protocol):
-  """Encodes and decodes one message (3.3.6).
+  """Encodes and decodes one message.
 
   `roundtrip(tree, precision)` returns (decoded_tree, num_bytes): the tree the
   receiver reconstructs and the size of the message in bytes. `precision=None`
@@ -115,7 +115,7 @@ class ModelAlgebra(Protocol):
   `weighted_sum(trees, weights)` returns sum_i weights[i] * trees[i] leaf by leaf,
   with float64 weights. Implementations should keep the leaves' dtype, and
   should return the single tree unchanged (bit for bit) when given one tree
-  with weight exactly 1.0 (FedAT with one tier equals FedAvg, 3.2.6).
+  with weight exactly 1.0 (FedAT with one tier equals FedAvg).
   """
 
   def weighted_sum(self, trees: Sequence[PyTree], weights: Sequence[float]) -> PyTree:

@@ -1,7 +1,7 @@
-"""Minibatches of a group of simulated jobs, from stream BATCH (algorithms.md 3.1.6, 3.2.1).
+"""Minibatches of a group of simulated jobs, from stream BATCH (streams.py).
 
-FedAT (Chai et al., SC'21, shared/seeds/003_656c618fe5de2ce3.txt) trains E local epochs
-of batch size B per job. Step 5 of algorithms.md 3.2.1 fixes the order: epoch e of job
+FedAT (Chai et al., SC'21) trains E local epochs
+of batch size B per job. The order is fixed so that runs compare across methods: epoch e of job
 (k, j) visits the client's n_k training examples in the order of a stable argsort of
 uniform keys drawn from the device stream BATCH at (k, j, e), of length N_max (the
 largest n_k), padded positions getting key 2 so they sort last. Step b of epoch e uses
@@ -14,9 +14,9 @@ same minibatches under every method, whichever jobs share its call. Everything h
 pure `jax.numpy` with static shapes, meant to run inside the jitted training call, so only
 ids and counts cross the host boundary.
 
-Device streams (3.1.6): `fold_in(fold_in(key(s), STREAM_ID), i)` folded with each index
-in turn. Decision (not in 3.1.6): per-step model randomness (dropout; FedAT's CNN has
-none) uses stream LOCAL_RNG = 13 at (k, j), then the step index (engine/local.py).
+Device streams (simulation/streams.py): `fold_in(fold_in(key(s), STREAM_ID), i)` folded with each
+index in turn. A choice of this project (the paper is silent): per-step model randomness (dropout;
+FedAT's CNN has none) uses stream LOCAL_RNG = 13 at (k, j), then the step index (engine/local.py).
 """
 from typing import Sequence
 
@@ -49,7 +49,7 @@ def stream_key(seed: int, stream: int, *index) -> jax.Array:
 
 
 def epoch_order(seed: int, client, job_index, epoch, num_examples, n_max: int) -> jax.Array:
-  """Positions 0..N_max-1 in the visiting order of epoch e of job (k, j) (3.2.1 step 5).
+  """Positions 0..N_max-1 in the visiting order of epoch e of job (k, j).
 
   The first n_k entries are a permutation of 0..n_k-1; padded positions follow.
   """

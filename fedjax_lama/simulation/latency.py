@@ -1,13 +1,12 @@
-"""Latency of a job: L = tau_down + tau_comp + delta + tau_up (algorithms.md 3.1.2).
+"""Latency of a job: L = tau_down + tau_comp + delta + tau_up.
 
-Compute models (fixed, uniform, trace), the straggler delay of the paper's setup
-(FedAT, Chai et al. SC'21, Sec. 7 "Simulating Different Performance Tiers";
-3.1.3) and network models (none, fixed, uniform, trace). Every draw of a job
-comes from its own indexed stream (3.1.6), so the delay of job (k, j) is the same
-under every method. Profiling (3.1.5) uses the same formulas with the draws of
-stream PROFILE (k, r), taken from one generator in this order: download
-(latency, bandwidth; network "uniform" only), per-step cost (compute "uniform"
-only), the delay's uniform (always), upload (latency, bandwidth; "uniform" only).
+Compute models (fixed, uniform, trace), the straggler delay of the paper's setup (FedAT, Chai et al.
+SC'21, Sec. 7 "Simulating Different Performance Tiers") and network models (none, fixed, uniform,
+trace). Every draw of a job comes from its own indexed stream (streams.py), so the delay of job (k,
+j) is the same under every method. Profiling (TiFL's tiering, Chai et al., HPDC'20) uses the same
+formulas with the draws of stream PROFILE (k, r), taken from one generator in this order: download
+(latency, bandwidth; network "uniform" only), per-step cost (compute "uniform" only), the delay's
+uniform (always), upload (latency, bandwidth; "uniform" only).
 """
 from typing import Callable, Optional, Sequence
 
@@ -21,7 +20,7 @@ Draw = Callable[[], float]
 
 
 def steps_per_epoch(num_examples: int, batch_size: int) -> int:
-  """S_k = ceil(n_k / B): a short last batch is kept (3.2.1 step 5)."""
+  """S_k = ceil(n_k / B): a short last batch is kept."""
   return -(-int(num_examples) // int(batch_size))
 
 
@@ -48,7 +47,7 @@ class LatencyModel:
 
   Args:
     config: the system configuration.
-    parts: straggler part (0-based) of every client (3.1.3).
+    parts: straggler part (0-based) of every client (Chai et al., SC'21, Sec. 6: five parts).
   """
 
   def __init__(self, config: SystemConfig, parts: Sequence[int]):
@@ -147,7 +146,7 @@ class LatencyModel:
     return self._network("down", k, round_index, num_bytes,
                          self._draws(Stream.NETWORK, k, round_index, streams.PROBE_DOWN))
 
-  # --------------------------------------------------------------- profiling (3.1.5)
+  # --------------------------------------------------------------- profiling (TiFL's tiering)
 
   def profile_latency(self, k: int, r: int, steps: int, num_bytes: int) -> float:
     """One profiling draw: the latency of a full job, stream PROFILE (k, r)."""

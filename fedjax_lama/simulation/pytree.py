@@ -1,6 +1,6 @@
 """Numpy pytrees for the host-side simulator, and the default model algebra.
 
-The simulator (algorithms.md 3.1-3.4) is pure numpy + Python, so it cannot use
+The simulator  is pure numpy + Python, so it cannot use
 `jax.tree_util`. These helpers handle the containers models are made of here:
 dicts (leaves in sorted-key order, as `jax.tree_util` flattens them), lists,
 tuples and NamedTuples; `None` is an empty subtree. Everything else is a leaf.

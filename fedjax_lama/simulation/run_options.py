@@ -1,7 +1,7 @@
-"""Typed options of one run on the virtual clock (the run contract of architecture.md 3).
+"""Typed options of one run on the virtual clock (the run contract of docs/design.md).
 
-FedAT (Chai et al., SC'21, shared/seeds/003_656c618fe5de2ce3.txt) and its baselines run
-on the simulated system of algorithms.md 3.1. The registry
+FedAT (Chai et al., SC'21) and its baselines run
+on the simulated system (simulation/config.py). The registry
 (fedjax_lama.registry.clock_options) builds a `ClockOptions` from a config
 (config.system.*, config.<method>.*); clock_run.py runs it. Pure dataclasses: importing
 this module pulls in neither JAX nor a config library.
@@ -27,13 +27,13 @@ class ClockOptions:
     method: a name of `simulation.METHODS` ("fedat", "fedavg", "fedprox", "tifl",
       "fedasync", "asofed").
     method_config: its typed config (METHOD_CONFIGS[method]).
-    system: the simulated system and the run (3.1.8).
-    local_lr: eta of the local solver (constant; 3.6.5).
-    local_optimizer: "adam" (3.2.1 step 4) or "sgd" (with `local_momentum`).
+    system: the simulated system and the run.
+    local_lr: eta of the local solver (constant).
+    local_optimizer: "adam" or "sgd" (with `local_momentum`).
     local_momentum: momentum of "sgd".
-    polyline_mode: "flat" or "pairs" (3.3.8).
+    polyline_mode: "flat" or "pairs" (Chai et al., SC'21, Sec. 6).
     call_size_multiple: trainer calls are padded to a multiple of this many clients.
-    target_accuracy: the target of the time/bytes-to-target measures (3.5), or None.
+    target_accuracy: the target of the time/bytes-to-target measures, or None.
     checkpoint_every_ticks: a checkpoint every this many evaluation ticks.
     eval_batch_size, label_smoothing, unroll: as for synchronous runs.
     plots: write the PNG plots.

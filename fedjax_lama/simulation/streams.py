@@ -1,4 +1,4 @@
-"""Named random streams of the simulation (algorithms.md 3.1.6).
+"""Named random streams of the simulation.
 
 Every random quantity of a run comes from a host stream
 `np.random.default_rng([seed, STREAM_ID, *index])` (a SeedSequence entropy list).
@@ -19,26 +19,26 @@ import numpy as np
 
 
 class Stream(enum.IntEnum):
-  """Stream ids of the table in algorithms.md 3.1.6."""
+  """Stream ids: one per source of randomness, fixed so runs stay comparable."""
   DATA = 1       # partition, 80/20 split (engine side)
   INIT = 2       # initial model (engine side, JAX)
-  PARTS = 3      # straggler part of each client (3.1.3)
-  UNSTABLE = 4   # unstable clients, then their drop-out times (3.1.4)
-  PROFILE = 5    # (k, r): profiling latencies (3.1.5)
+  PARTS = 3      # straggler part of each client (Chai et al., SC'21, Sec. 6: five parts)
+  UNSTABLE = 4   # unstable clients, then their drop-out times
+  PROFILE = 5    # (k, r): profiling latencies (TiFL's tiering, Chai et al., HPDC'20)
   DELAY = 6      # (k, j): straggler delay
   COMPUTE = 7    # (k, j): per-step cost, compute model `uniform`
   NETWORK = 8    # (k, j, dir): network draws, network model `uniform`
   SAMPLE = 9     # (g, r): client sampling of round r of group g
   BATCH = 10     # (k, j, e): minibatch order (engine side, JAX)
-  TIFL = 11      # (r): TiFL's tier choice (3.4.4)
-  PROX_E = 12    # (k, j): FedProx local epochs (3.4.3)
+  TIFL = 11      # (r): TiFL's tier choice (Chai et al., HPDC'20)
+  PROX_E = 12    # (k, j): FedProx local epochs (Li et al., MLSys 2020)
 
 
 # The `dir` index of stream NETWORK.
 DOWN = 0
 UP = 1
-# Decision (not in 3.1.6): TiFL's accuracy-collection downloads of round r use
-# NETWORK at (k, r, PROBE_DOWN); the value 2 keeps them apart from job draws.
+# A choice of this project (the paper is silent): TiFL's accuracy-collection downloads of round r
+# use NETWORK at (k, r, PROBE_DOWN); the value 2 keeps them apart from job draws.
 PROBE_DOWN = 2
 
 

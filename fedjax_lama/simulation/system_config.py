@@ -1,8 +1,7 @@
 """Typed configuration of the simulated system and of the methods on it.
 
-Defaults are the paper's setup as resolved in algorithms.md 3.1.8 (system),
-3.2.7 (FedAT) and 3.4.7 (baselines); the seed paper is FedAT (Chai et al.,
-SC'21, shared/seeds/003_656c618fe5de2ce3.txt). Every record is a frozen
+Defaults are the setup of FedAT's experiments (Chai et al., SC'21, Sec. 6) for the
+system, FedAT and its baselines. Every record is a frozen
 dataclass validated on construction: a bad value raises ValueError naming the
 field and what it accepts. Per-client values given as lists or numpy arrays are
 stored as tuples, so configs are hashable, comparable and JSON-friendly
@@ -22,7 +21,7 @@ CROSS_TIER_SETS = ("all", "reported")
 TIFL_PROB_RULES = ("paper", "all_positive")
 STALENESS_FUNCTIONS = ("constant", "polynomial", "hinge")
 
-# 3.1.3: added delays of the five straggler parts, in seconds.
+# Chai et al., SC'21, Sec. 7: added delays of the five straggler parts, in seconds.
 PAPER_STRAGGLER_RANGES = ((0.0, 0.0), (0.0, 5.0), (6.0, 10.0), (11.0, 15.0), (20.0, 30.0))
 
 Scalar = Union[float, int]
@@ -82,7 +81,7 @@ def _float(name: str, value, minimum: float = 0.0, strict: bool = False,
 def _precision(name: str, value) -> None:
   if value is None:
     return
-  # 10^p is exact in binary64 up to p = 22 (the polyline codec's limit, algorithms.md 3.3.3).
+  # 10^p is exact in binary64 up to p = 22 (the polyline codec's limit).
   is_int = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
   if not (is_int and 0 <= value <= 22):
     raise ValueError(f"{name} must be None (raw float32) or an int in 0..22, got {value!r}")
@@ -141,7 +140,7 @@ def _per_client_traces(name: str, value, num_clients: int, entry_size: Optional[
 
 @dataclasses.dataclass(frozen=True)
 class ComputeModel:
-  """Compute time of a job (3.1.2).
+  """Compute time of a job.
 
   Attributes:
     kind: "fixed" (tau = s_k x valid steps), "uniform" (per-step cost drawn per
@@ -173,7 +172,7 @@ class ComputeModel:
 
 @dataclasses.dataclass(frozen=True)
 class NetworkModel:
-  """Transfer times of the download and the upload of a job (3.1.2).
+  """Transfer times of the download and the upload of a job.
 
   tau = latency + bytes / bandwidth, with bytes the actual message size.
 
@@ -231,24 +230,25 @@ class NetworkModel:
 
 @dataclasses.dataclass(frozen=True)
 class SystemConfig:
-  """The simulated system and the run (3.1.8, 3.6.6).
+  """The simulated system and the run (Chai et al., SC'21, Sec. 6).
 
   Attributes:
     num_clients: K.
-    compute_model, network_model: latency models (3.1.2).
+    compute_model, network_model: latency models.
     straggler_ranges: (lo, hi) added delay of each straggler part, seconds
-      (3.1.3); the number of parts is its length. ((0, 0),) means no delay.
-    num_unstable: clients that drop out for good (3.1.4).
+      (the number of parts is its length). ((0, 0),) means no delay.
+    num_unstable: clients that drop out for good.
     dropout_horizon_s: H of D_k = H u_k; None means max_virtual_time_s.
-    num_tiers: M (3.1.5). With tiering "parts" it must equal the number of parts.
+    num_tiers: M (tiers by profiled latency, as TiFL). With tiering "parts" it must equal
+      the number of parts.
     tiering: "profile" (TiFL's profiling) or "parts" (the straggler parts).
     profile_rounds: latency draws per client when profiling.
-    seed: the root seed s of every stream (3.1.6).
+    seed: the root seed s of every stream (simulation/streams.py).
     max_virtual_time_s: the virtual-time budget; later events never run.
     eval_interval_s: evaluation ticks at every multiple, 0..budget inclusive.
     max_clients_per_call: the most jobs in one trainer call.
     max_global_updates: optional extra stopping rule on the global counter.
-    local_epochs: E (3.2.1; FedProx's upper bound, 3.4.3).
+    local_epochs: E (FedProx's upper bound).
     batch_size: B (steps per epoch S_k = ceil(n_k / B)).
   """
   num_clients: int = 100
@@ -316,7 +316,8 @@ class SystemConfig:
 
   @property
   def dropout_horizon(self) -> float:
-    """H of 3.1.4 (defaults to the virtual-time budget)."""
+    """H, the horizon of the unstable clients' drop-out times (defaults to the virtual-time
+    budget)."""
     if self.dropout_horizon_s is None:
       return float(self.max_virtual_time_s)
     return float(self.dropout_horizon_s)
@@ -327,7 +328,7 @@ class SystemConfig:
 
 @dataclasses.dataclass(frozen=True)
 class FedATConfig:
-  """FedAT (3.2.7).
+  """FedAT (Chai et al., SC'21, Sec. 4 and 6).
 
   Attributes:
     clients_per_round: clients sampled per tier round.
@@ -354,7 +355,7 @@ class FedATConfig:
 
 @dataclasses.dataclass(frozen=True)
 class FedAvgConfig:
-  """FedAvg on the clock (3.4.1)."""
+  """FedAvg on the clock (McMahan et al., 2017)."""
   clients_per_round: int = 10
   compression_precision: Optional[int] = None
 
@@ -365,10 +366,10 @@ class FedAvgConfig:
 
 @dataclasses.dataclass(frozen=True)
 class FedProxConfig:
-  """FedProx on the clock (3.4.3).
+  """FedProx on the clock (Li et al., MLSys 2020).
 
   Attributes:
-    mu: proximal coefficient (Decision: FedAT's lambda, 0.4).
+    mu: proximal coefficient (FedAT's lambda, 0.4, as the paper gives no mu).
     variable_epochs: job (k, j) runs 1 + floor(E u) epochs, u from PROX_E (k, j).
   """
   clients_per_round: int = 10
@@ -386,7 +387,7 @@ class FedProxConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TiFLConfig:
-  """TiFL (3.4.4).
+  """TiFL (Chai et al., HPDC'20).
 
   Attributes:
     tifl_interval: I, rounds between accuracy collections / ChangeProbs.
@@ -416,7 +417,7 @@ class TiFLConfig:
 
 @dataclasses.dataclass(frozen=True)
 class FedAsyncConfig:
-  """FedAsync (3.4.5).
+  """FedAsync (Xie, Koyejo, Gupta, 2019).
 
   Attributes:
     alpha: mixing weight alpha in (0, 1].
@@ -445,7 +446,7 @@ class FedAsyncConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ASOFedConfig:
-  """ASO-Fed as FedAT characterises it (3.4.6)."""
+  """ASO-Fed as FedAT characterises it (Chen et al., 2020)."""
   lam: float = 0.4
   compression_precision: Optional[int] = None
 

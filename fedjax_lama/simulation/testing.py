@@ -2,8 +2,8 @@
 
 They follow the protocols of interfaces.py exactly, so a run with them has the
 same timeline as a run with the JAX engine whenever message sizes do not feed
-transfer times (network "none", 3.1.7): useful to check schedules, drop-outs
-and byte counts of a configuration (algorithms.md 3.1, 3.5) without training.
+transfer times (network "none"): useful to check schedules, drop-outs
+and byte counts of a configuration (Chai et al., SC'21, Sec. 6) without training.
 """
 from typing import Optional, Sequence
 

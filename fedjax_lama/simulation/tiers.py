@@ -1,9 +1,9 @@
 """Setup of the simulated system: straggler parts, unstable clients, tiers.
 
-Implements algorithms.md 3.1.3 (the paper's five straggler parts), 3.1.4 (10
-unstable clients that drop out for good) and 3.1.5 (tiering by profiled latency,
-TiFL's method, which FedAT adopts: Chai et al. SC'21, Sec. 2.1 and 4), in the
-setup order of 3.1.6: PARTS, then UNSTABLE, then PROFILE.
+Implements FedAT's setup (Chai et al., SC'21, Sec. 6): the paper's five straggler parts,
+10 unstable clients that drop out for good, and tiering by profiled latency (TiFL's
+method, which FedAT adopts: Chai et al. SC'21, Sec. 2.1 and 4), in the setup order
+PARTS, then UNSTABLE, then PROFILE (streams.py).
 """
 import dataclasses
 from typing import Sequence
@@ -34,14 +34,15 @@ def groups_from_order(order: Sequence[int], num_groups: int) -> np.ndarray:
 
 
 def assign_parts(seed: int, num_clients: int, num_parts: int) -> np.ndarray:
-  """Straggler part (0-based) of every client: order by PARTS keys, cut (3.1.3)."""
+  """Straggler part (0-based) of every client: order by PARTS keys, cut (Chai et al., SC'21: five
+  straggler parts)."""
   keys = streams.generator(seed, Stream.PARTS).random(num_clients)
   return groups_from_order(streams.stable_order(keys), num_parts)
 
 
 def draw_dropout_times(seed: int, num_clients: int, num_unstable: int,
                        horizon: float) -> np.ndarray:
-  """D_k of every client (+inf for stable ones), stream UNSTABLE (3.1.4).
+  """D_k of every client (+inf for stable ones), stream UNSTABLE .
 
   The unstable clients are those with the `num_unstable` smallest of K keys;
   the next `num_unstable` draws, times the horizon H, are their drop-out times,
@@ -57,7 +58,8 @@ def draw_dropout_times(seed: int, num_clients: int, num_unstable: int,
 
 def profile_latencies(latency: LatencyModel, config: SystemConfig,
                       num_examples: Sequence[int], model_bytes: int) -> np.ndarray:
-  """Mean of `profile_rounds` full-job latency draws per client (3.1.5).
+  """Mean of `profile_rounds` full-job latency draws per client (tiering by profiled latency, as
+  TiFL, Chai et al., HPDC'20).
 
   A profiling job runs all E * S_k steps and transfers the uncompressed model.
   """
@@ -102,7 +104,7 @@ class SystemSetup:
 
 def build_setup(config: SystemConfig, num_examples: Sequence[int],
                 model_bytes: int) -> tuple[SystemSetup, LatencyModel]:
-  """Setup steps 3-5 of 3.1.6 (steps 1-2, data and w0, are the engine's)."""
+  """Setup steps 3-5: PARTS, UNSTABLE, PROFILE (steps 1-2, data and w0, are the engine's)."""
   parts = assign_parts(config.seed, config.num_clients, len(config.straggler_ranges))
   dropout = draw_dropout_times(config.seed, config.num_clients, config.num_unstable,
                                config.dropout_horizon)

@@ -1,8 +1,9 @@
-"""Exact loop reference for FedLAMA interval selection (algorithms.md 6.2).
+"""Exact loop reference for FedLAMA interval selection (known answers in
+tests/test_interval_selection.py).
 
-Test-only. It restates the normative loop of section 6.2 with one layer per
-loop iteration and `fractions.Fraction` arithmetic, so every comparison is
-exact. The jitted, vectorised `select_intervals` is checked against it.
+Test-only. It restates the selection as a plain loop (Lee et al., AAAI 2023, Algorithm 1) with one
+layer per loop iteration and `fractions.Fraction` arithmetic, so every comparison is exact. The
+jitted, vectorised `select_intervals` is checked against it.
 """
 
 from fractions import Fraction
@@ -67,7 +68,8 @@ def select_ref(d: Sequence[float],
 
 def comm_ratio_ref(mult: Sequence[int], sizes: Sequence[int], phi: int,
                    rule: str) -> Fraction:
-  """Steady-state per-window ratio against FedAvg(tau') (section 1.5)."""
+  """Steady-state per-window ratio against FedAvg(tau') (Lee et al., AAAI 2023, communication
+  cost)."""
   per_unit = sum(Fraction(int(s), int(m)) for s, m in zip(sizes, mult))
   scale = phi if rule == "accelerate" else 1
   return scale * per_unit / sum(int(s) for s in sizes)
@@ -78,7 +80,7 @@ def min_margin(d: Sequence[float], sizes: Sequence[int], rule: str,
   """Smallest |lhs - rhs| / (D * S) over the comparisons that decide the output.
 
   Used to keep random float32 tests away from near-equalities, where float32
-  and exact arithmetic may legitimately disagree (1.3.7). The exact equality
+  and exact arithmetic may legitimately disagree. The exact equality
   delta_L == lambda_L of "v1" at the last position is excluded (implementations
   must get it exactly right, and the tests check it separately).
   """
@@ -114,7 +116,7 @@ def min_margin(d: Sequence[float], sizes: Sequence[int], rule: str,
   return best
 
 
-# The known-answer example of section 6.2.
+# The known-answer example, worked by hand.
 NAMES = ("fc2.kernel", "conv1.bias", "conv2.kernel", "fc1.kernel",
          "bn2.scale", "fc1.bias", "conv1.kernel", "fc2.bias")
 D = (3.0, 2.0, 2.0, 0.0625, 1.0, 24.0, 0.125, 1.5)

@@ -1,4 +1,5 @@
-"""Methods on the virtual clock (algorithms.md 3.2, 3.4): FedAT and its baselines."""
+"""Methods on the virtual clock (Chai et al., SC'21, Sec. 4; FedAT's baselines, Chai et al., SC'21,
+Sec. 6): FedAT and its baselines."""
 from fedjax_lama.simulation.methods.asofed import ASOFed
 from fedjax_lama.simulation.methods.base import Arrival, Method, SyncRound
 from fedjax_lama.simulation.methods.fedasync import FedAsync, staleness_weight

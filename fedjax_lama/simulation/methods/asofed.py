@@ -4,7 +4,7 @@ Y. Chen, Y. Ning, M. Slawski, H. Rangwala, "Asynchronous Online Federated
 Learning for Edge Devices with Non-IID Data", IEEE BigData 2020
 (arXiv:1911.02134). FedAT (Chai et al., SC'21, Sec. 6) summarises it as: the
 server keeps a copy of the weights per client and averages all copies. This is
-what algorithms.md 3.4.6 specifies: c_k = w0 for every client; on a delivered
+what is implemented: c_k = w0 for every client; on a delivered
 arrival c_k <- v_k-hat and w <- sum_k (n_k / N) c_k over all K clients (departed
 clients keep their last copy), as one weighted sum; the client is re-dispatched
 with w. ASO-Fed's online data, decay-corrected updates, dynamic step sizes and

@@ -1,4 +1,4 @@
-"""What every method on the virtual clock shares (algorithms.md 3.1.7, 3.4).
+"""What every method on the virtual clock shares (FedAT's baselines, Chai et al., SC'21, Sec. 6).
 
 A method is a small class over the event loop: the loop calls its hooks
 (`on_start` at virtual time 0, `on_arrival` for each delivered job, `on_dropout`
@@ -6,7 +6,7 @@ when a client departs, `on_tick` after each evaluation, `on_timer` for its own
 wake-ups), and the method dispatches jobs through `sim.broadcast`. Dispatches
 made inside a hook happen at the current virtual time, in the order issued.
 
-The synchronous-round helpers implement the common rules of 3.4: a round samples
+The synchronous-round helpers implement the rules the synchronous baselines share: a round samples
 from the clients that have not departed (stream SAMPLE (g, r)), waits for every
 sampled client to arrive or depart, and aggregates the delivered models weighted
 by n_k (FedAvg, McMahan et al. AISTATS 2017; FedAT's intra-tier round, Eq. 4).
@@ -150,7 +150,7 @@ def sample_weighted_mean(sim, delivered: dict) -> PyTree:
   """sum_k n_k v_k / sum_k n_k over the delivered clients, in increasing id.
 
   The canonical (id) order makes the floating-point sum independent of arrival
-  ties, and identical for every method that uses it (FedAT = FedAvg, 3.2.6).
+  ties, and identical for every method that uses it (FedAT = FedAvg).
   """
   clients = sorted(delivered)
   counts = np.asarray([sim.num_examples[k] for k in clients], np.float64)

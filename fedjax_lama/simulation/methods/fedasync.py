@@ -4,8 +4,8 @@ C. Xie, S. Koyejo, I. Gupta, "Asynchronous Federated Optimization",
 arXiv:1903.03934: w_t = (1 - alpha_t) w_{t-1} + alpha_t x_new with
 alpha_t = alpha * s(t - tau), tau the version the client started from and t the
 version being produced (t - tau >= 1); staleness functions constant, polynomial
-and hinge. As FedAT describes it (Chai et al., SC'21, Sec. 6) and
-algorithms.md 3.4.5 resolves it: every client is dispatched with w0 at time 0;
+and hinge. As FedAT describes it (Chai et al., SC'21, Sec. 6) and as
+this project reads it: every client is dispatched with w0 at time 0;
 on each delivered arrival the server mixes, bumps its version counter and
 re-dispatches that client (the only idle one) with the new model.
 """

@@ -2,16 +2,16 @@
 
 Z. Chai, Y. Chen, A. Anwar, L. Zhao, Y. Cheng, H. Rangwala, "FedAT: A
 High-Performance and Communication-Efficient Federated Learning System with
-Asynchronous Tiers", SC'21 (shared/seeds/003_656c618fe5de2ce3.txt): Algorithm 2,
-Eq. 3-5, Sec. 4.1-4.3; as resolved in algorithms.md 3.2.
+Asynchronous Tiers", SC'21: Algorithm 2,
+Eq. 3-5, Sec. 4.1-4.3.
 
-- Intra-tier round (3.2.1): sample C of the tier's alive clients (stream SAMPLE
+- Intra-tier round (Sec. 4.1): sample C of the tier's alive clients (stream SAMPLE
   (m, r)), send the global model (encoded at `compression_precision`), clients
   minimise F_k + (lambda/2)||v - w-hat||^2, the round ends when every sampled
   client has arrived or departed; W_m <- n_k-weighted mean of the decoded
   uploads, T_m += 1, the global model is rebuilt with Eq. 5, and the tier starts
-  its next round at once (Alg. 2: no cross-tier barrier, 3.2.2).
-- Cross-tier weights (3.2.3): tier m gets T_tier(M+1-m) / T; computed from the
+  its next round at once (Alg. 2: no cross-tier barrier).
+- Cross-tier weights (Eq. 5): tier m gets T_tier(M+1-m) / T; computed from the
   integer counts in exact rational arithmetic, then converted to float64.
 """
 from fractions import Fraction
@@ -25,7 +25,8 @@ from fedjax_lama.simulation.methods.base import (Arrival, Method, SyncRound, sam
 
 def cross_tier_fractions(counts: Sequence[int], weights: str = "eq5",
                          tier_set: str = "all") -> Optional[list[Fraction]]:
-  """Exact cross-tier weights (algorithms.md 3.2.3, known answers in 6.4).
+  """Exact cross-tier weights (Chai et al., SC'21, Eq. 5; known answers in
+  tests/test_simulation_methods.py).
 
   Args:
     counts: counts[m] = T_tier(m+1), the updates tier m+1 has made (index 0 =
@@ -93,7 +94,7 @@ class FedAT(Method):
   # hooks ---------------------------------------------------------------------------
 
   def on_start(self) -> None:
-    for m in range(self.num_tiers):  # tiers dispatched in order 1..M (3.2.2)
+    for m in range(self.num_tiers):  # tiers dispatched in order 1..M (Sec. 4.2)
       self._start_round(m)
 
   def on_arrival(self, arrival: Arrival) -> None:

@@ -2,9 +2,9 @@
 
 - FedAvg: H. B. McMahan et al., "Communication-Efficient Learning of Deep
   Networks from Decentralized Data", AISTATS 2017; as used by FedAT (Chai et
-  al., SC'21, Sec. 3 Alg. 1, Sec. 6); algorithms.md 3.4.1-3.4.2.
+  al., SC'21, Sec. 3 Alg. 1, Sec. 6). A round lasts as long as its slowest sampled client.
 - FedProx: T. Li et al., "Federated Optimization in Heterogeneous Networks",
-  MLSys 2020 (arXiv:1812.06127); algorithms.md 3.4.3: proximal term mu and
+  MLSys 2020 (arXiv:1812.06127): proximal term mu and
   variable local work E_kj = 1 + floor(E u), u from stream PROX_E (k, j).
 
 A round samples min(C, alive) clients with stream SAMPLE (0, r), waits until
@@ -27,7 +27,7 @@ from fedjax_lama.simulation.streams import Stream
 class SynchronousMethod(Method):
   """One group of clients (all of them), one synchronous round after another."""
 
-  GROUP = 0  # sampling group of FedAvg/FedProx/TiFL (3.1.6)
+  GROUP = 0  # sampling group of FedAvg/FedProx/TiFL (simulation/streams.py)
 
   def bind(self, sim) -> None:
     super().bind(sim)
@@ -111,7 +111,7 @@ class FedAvg(SynchronousMethod):
 
 
 def fedprox_epochs(seed: int, client: int, index: int, max_epochs: int) -> int:
-  """E_kj = 1 + floor(E u), u from PROX_E (k, j): uniform on {1, ..., E} (3.4.3)."""
+  """E_kj = 1 + floor(E u), u from PROX_E (k, j): uniform on {1, ..., E}."""
   return 1 + int(math.floor(max_epochs * streams.uniform(seed, Stream.PROX_E, client, index)))
 
 

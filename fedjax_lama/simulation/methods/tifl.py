@@ -3,7 +3,7 @@
 Z. Chai, A. Ali, S. Zawad, S. Truex, A. Anwar, N. Baracaldo, Y. Zhou, H. Ludwig,
 F. Yan, Y. Cheng, "TiFL: A Tier-based Federated Learning System", HPDC'20
 (arXiv:2001.09249), Algorithm 2 and ChangeProbs, as summarised by FedAT (Chai et
-al., SC'21, Sec. 2.1, 6) and resolved in algorithms.md 3.4.4.
+al., SC'21, Sec. 2.1, 6).
 
 Round r: at r = 0, I, 2I, ... the global model is evaluated on every alive
 client (A^r, the pooled accuracy of each tier's alive clients; the collection
