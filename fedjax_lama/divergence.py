@@ -52,8 +52,13 @@ def check(where: str, quantities: Mapping[str, Optional[float]], params,
     what = "the model parameters hold non-finite values"
   else:
     return
-  raise error(f"training diverged at {where}: {what} (non-finite); {rerun()}; "
-                         f"{advice}")
+  fail(where, what, rerun, advice, error)
+
+
+def fail(where: str, what: str, rerun: Callable[[], str], advice: str,
+         error: type = TrainingDiverged) -> None:
+  """Raises `error` with the one-line message of `check`."""
+  raise error(f"training diverged at {where}: {what} (non-finite); {rerun()}; {advice}")
 
 
 def rerun_statement(last_checkpoint: Optional[str], directory: str) -> str:

@@ -46,6 +46,15 @@ PROBE_UPLOAD_VALUES = 2  # TiFL's accuracy probe uploads two int32 counts (Chai 
 PLOT_FILE = plots.VIRTUAL_TIME_FILE
 
 
+class NonFiniteTraining(Exception):
+  """A training call returned a non-finite loss or model (raised inside the simulator, turned
+  into TrainingDiverged by `run`, which knows the checkpoints)."""
+
+  def __init__(self, virtual_time: float, what: str):
+    super().__init__(what)
+    self.virtual_time, self.what = virtual_time, what
+
+
 class EngineSimulator(Simulator):
   """The Simulator, with the engine's host counters added to every tick record.
 
@@ -53,6 +62,16 @@ class EngineSimulator(Simulator):
   cumulative `train_loss_sum`, `train_count`, `local_steps` (trainer totals) and the
   cumulative message counts `models_up`, `models_down`, `probes_up`, `probes_down`.
   """
+
+  def _train_pending(self) -> None:
+    """Trains the queued jobs, then stops the run if their loss or models are not finite
+    (before a non-finite upload reaches the codec or the server)."""
+    jobs = [self.jobs[i] for i in self.pending]
+    super()._train_pending()
+    if not math.isfinite(float(self.trainer.loss_sum)):
+      raise NonFiniteTraining(self.now, f"train_loss is {float(self.trainer.loss_sum)}")
+    if not divergence.all_finite([job.trained_model for job in jobs]):
+      raise NonFiniteTraining(self.now, "a trained client model holds non-finite values")
 
   def _record_tick(self, index: int, final: bool = False) -> None:
     super()._record_tick(index, final)
@@ -322,7 +341,12 @@ def run(options: ClockOptions, fed, model, params, workdir: str, *, config_json:
   try:
     while not sim.finished:
       # One tick per call: its record and log line come out as soon as it is evaluated.
-      sim.run(until=times[min(sim.next_tick, len(times) - 1)])
+      try:
+        sim.run(until=times[min(sim.next_tick, len(times) - 1)])
+      except NonFiniteTraining as e:
+        divergence.fail(
+            f"virtual time {e.virtual_time:.1f} s (after tick {len(sim.ticks) - 1})", e.what,
+            lambda: divergence.rerun_statement(_last_checkpoint(ckpt), ckpt_dir), advice)
       for position in range(len(records), len(sim.ticks)):
         tick, previous = sim.ticks[position], sim.ticks[position - 1] if position else None
         record = tick_record(tick, previous, position, num_parameters)
