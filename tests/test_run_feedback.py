@@ -97,6 +97,7 @@ def test_fedlama_schedule_divergence_is_caught(tmp_path):
   _check_truthful(str(caught.value), tmp_path)
 
 
+@pytest.mark.slow
 def test_clock_divergence_names_the_tick_and_the_checkpoint(tmp_path, monkeypatch):
   original = clock_run.tick_record
 
@@ -164,34 +165,47 @@ class _Lines(logging.Handler):
 
 
 @pytest.fixture(scope="module")
-def clock_run_and_log(tmp_path_factory):
-  """An uninterrupted run on the clock, no checkpoint before its end: (records, log lines)."""
-  workdir = str(tmp_path_factory.mktemp("whole"))
+def killed_then_rerun(tmp_path_factory):
+  """A run on the clock (a checkpoint every 2 ticks) killed while evaluating tick 3, then run
+  again to the end: (records after the kill, records at the end, the rerun's log lines)."""
+  workdir = str(tmp_path_factory.mktemp("killed"))
+  c = clock_config(checkpoint_every=2)
+  with pytest.MonkeyPatch.context() as patch:
+    _kill_at_tick(patch, 3)
+    with pytest.raises(_Killed):
+      training.train_and_evaluate(c, workdir)
+  killed = _records(workdir)
+  assert _steps(workdir), "a checkpoint after tick 1 was expected"
   with _capture() as lines:
-    training.train_and_evaluate(clock_config(checkpoint_every=100), workdir)
-  return _records(workdir), lines
+    training.train_and_evaluate(c, workdir)
+  return killed, _records(workdir), lines
 
 
-@pytest.fixture(scope="module")
-def whole_clock_run(clock_run_and_log):
-  return clock_run_and_log[0]
+def test_tick_records_are_written_as_they_happen(killed_then_rerun):
+  killed, _, _ = killed_then_rerun
+  # Tick 2 was evaluated after the last checkpoint (ticks 0-1) and before the kill.
+  assert [r["tick"] for r in killed] == [0, 1, 2]
+  assert [r["round"] for r in killed] == [1, 2, 3]
 
 
-@pytest.mark.parametrize("every,kept_after_rerun", [
-    pytest.param(100, 0, marks=pytest.mark.slow), (2, 2)])
-def test_tick_records_are_written_as_they_happen_and_resume_exactly(
-    tmp_path, monkeypatch, whole_clock_run, every, kept_after_rerun):
-  c = clock_config(checkpoint_every=every)
+def test_a_rerun_neither_duplicates_nor_drops_tick_records(killed_then_rerun):
+  killed, final, _ = killed_then_rerun
+  assert [r["tick"] for r in final] == [0, 1, 2, 3, 4]
+  assert [r["round"] for r in final] == [1, 2, 3, 4, 5]
+  assert final[:2] == killed[:2]  # covered by the checkpoint: kept as written
+  assert _strip(final[2:3]) == _strip(killed[2:3])  # after it: computed again, the same
+
+
+@pytest.mark.slow
+def test_records_written_before_any_checkpoint_survive_a_kill(tmp_path, monkeypatch):
+  c = clock_config(checkpoint_every=100)
   with monkeypatch.context() as patch:
-    _kill_at_tick(patch, 3)  # killed while evaluating tick 3
+    _kill_at_tick(patch, 3)
     with pytest.raises(_Killed):
       training.train_and_evaluate(c, str(tmp_path))
-  # Ticks 0-2 were logged to disk as they happened, before any checkpoint for every=100.
-  assert _strip(_records(tmp_path)) == _strip(whole_clock_run[:3])
-  assert bool(_steps(tmp_path)) == (kept_after_rerun > 0)
-  training.train_and_evaluate(c, str(tmp_path))
-  assert _strip(_records(tmp_path)) == _strip(whole_clock_run)  # no tick twice, none missing
-  assert len(whole_clock_run) == 5
+  assert [r["tick"] for r in _records(tmp_path)] == [0, 1, 2] and not _steps(tmp_path)
+  training.train_and_evaluate(c, str(tmp_path))  # no checkpoint: starts afresh
+  assert [r["tick"] for r in _records(tmp_path)] == [0, 1, 2, 3, 4]
 
 
 # ---- progress -----------------------------------------------------------------------------------
@@ -231,11 +245,12 @@ def test_every_phase_of_a_run_logs_a_line(tmp_path, progress_lines):
                              r"^writing plots"])
 
 
-def test_every_tick_on_the_clock_logs_a_line(clock_run_and_log):
-  progress_lines = clock_run_and_log[1]
+def test_every_tick_on_the_clock_logs_a_line(killed_then_rerun):
+  progress_lines = killed_then_rerun[2]
   ticks = [line for line in progress_lines if line.startswith("tick ")]
-  assert [int(line.split()[1]) for line in ticks] == [0, 1, 2, 3, 4]
-  _in_order(progress_lines, [r"^loading data", r"^partitioning", r"compile", r"^tick 0 ",
+  assert [int(line.split()[1]) for line in ticks] == [2, 3, 4]
+  _in_order(progress_lines, [r"^loading data", r"^partitioning", r"^restoring",
+                             r"^resuming after tick 1 ", r"compile", r"^tick 2 ",
                              r"^tick 4 .*ETA 0\.0s", r"^writing .*summary\.json",
                              r"^writing plots"])
 
