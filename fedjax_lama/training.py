@@ -317,7 +317,7 @@ class _Run:
           os.path.join(self.workdir, "tensorboard"),
           purge_step=metrics.resume_purge_step(self.records) if latest is not None else None)
     self.t_start = time.perf_counter()
-    self.train_seconds, self.eval_seconds, self.final_eval_seconds = 0.0, None, None
+    self.train_seconds, self.eval_seconds, self.first_round_seconds = 0.0, None, 0.0
     return state
 
   def wall(self) -> float:
@@ -353,7 +353,12 @@ class _Run:
   def after_round(self, state, round_idx: int, out) -> None:
     """Accounting, divergence checks, evaluation and checkpoint of a finished round."""
     config, program = self.config, self.program
-    self.train_seconds += time.perf_counter() - self.round_started
+    seconds = time.perf_counter() - self.round_started
+    self.train_seconds += seconds
+    if round_idx == self.start_round:
+      self.first_round_seconds = seconds
+      progress.info("round %d/%d: trained in %.1fs (compilation included)", round_idx + 1,
+                    program.num_rounds, seconds)
     self._diverged(f"round {round_idx + 1}", {"train_loss": out.train_loss}, state)
     self.ledger.add(out.floats_up_per_layer, out.floats_down_per_layer, out.bytes, out.bits_up,
                     out.floats_up_other, out.floats_down_other)
@@ -381,8 +386,11 @@ class _Run:
         if self.tensorboard is not None:
           self.tensorboard.write(record)
       done = round_idx + 1 - self.start_round
-      eta = progress.eta_seconds(self.train_seconds, done, total - round_idx - 1,
-                                 self.eval_seconds, self._evaluations_after(round_idx))
+      # The rate of the rounds after the first: the first one's compilation does not recur.
+      trained = (self.train_seconds - self.first_round_seconds, done - 1) if done > 1 else (
+          self.train_seconds, done)
+      eta = progress.eta_seconds(*trained, total - round_idx - 1, self.eval_seconds,
+                                 self._evaluations_after(round_idx))
       progress.info("round %d/%d  test_acc %.4f  test_loss %.4f  train_loss %.4f  %.1fs  "
                     "ETA %.1fs", round_idx + 1, total, record["test_accuracy"],
                     record["test_loss"], record["train_loss"], record["wall_seconds"], eta)

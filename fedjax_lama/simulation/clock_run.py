@@ -27,6 +27,7 @@ The config is read by the training entry point; this module takes typed argument
 """
 import math
 import os
+import time
 from typing import Any, Callable, Optional
 
 import jax
@@ -67,11 +68,33 @@ class EngineSimulator(Simulator):
     """Trains the queued jobs, then stops the run if their loss or models are not finite
     (before a non-finite upload reaches the codec or the server)."""
     jobs = [self.jobs[i] for i in self.pending]
+    self._heartbeat(len(jobs))
     super()._train_pending()
     if not math.isfinite(float(self.trainer.loss_sum)):
       raise NonFiniteTraining(self.now, f"train_loss is {float(self.trainer.loss_sum)}")
     if not divergence.all_finite([job.trained_model for job in jobs]):
       raise NonFiniteTraining(self.now, "a trained client model holds non-finite values")
+
+  _HEARTBEAT_S = 10.0
+  _last_heartbeat = None
+  _call_sizes = frozenset()
+
+  def _heartbeat(self, num_jobs: int) -> None:
+    """A progress line between ticks: before a padded call size this simulator has not
+    trained yet (it compiles), or when the last such line is _HEARTBEAT_S old."""
+    per_call = self.config.max_clients_per_call
+    chunks = [min(per_call, num_jobs - start) for start in range(0, num_jobs, per_call)]
+    trainer = self.trainer
+    sizes = {trainer.padded_size(n, trainer.call_mesh(n)) for n in chunks}
+    new = sizes - self._call_sizes
+    now = time.perf_counter()
+    if new or self._last_heartbeat is None or now - self._last_heartbeat >= self._HEARTBEAT_S:
+      progress.info("virtual %.1fs: training %d client jobs%s (%d training calls so far)",
+                    self.now, num_jobs,
+                    f", compiling calls of {sorted(new)} clients" if new else "",
+                    trainer.num_calls)
+      self._last_heartbeat = now
+      self._call_sizes = self._call_sizes | sizes
 
   def _record_tick(self, index: int, final: bool = False) -> None:
     super()._record_tick(index, final)
