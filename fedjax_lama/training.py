@@ -412,8 +412,9 @@ class _Run:
         metrics.write_json(os.path.join(self.workdir, "summary.json"), summary)
     if self.primary and self.config.plots:
       with progress.Phase(f"writing plots to {self.workdir}"):
-        plots.run_plots(self.workdir, self.records,
-                        title=f"{self.config.algorithm} / {self.config.dataset}")
+        schedule = self.config.get("schedule", "none")
+        method = self.config.algorithm + ("" if schedule == "none" else f" + {schedule}")
+        plots.run_plots(self.workdir, self.records, title=f"{method} / {self.config.dataset}")
         self.program.plot(self.workdir, self.ledger)
     return summary
 

@@ -97,6 +97,10 @@ class EngineSimulator(Simulator):
       self._call_sizes = self._call_sizes | sizes
 
   def _record_tick(self, index: int, final: bool = False) -> None:
+    if not self.ticks or self._last_heartbeat is None:
+      progress.info("virtual %.1fs: evaluating tick %d on every client's test split (the "
+                    "first evaluation compiles)", self.now, index)
+      self._last_heartbeat = time.perf_counter()
     super()._record_tick(index, final)
     directions, kinds = self._messages[1], self._messages[4]
     previous = self.ticks[-2] if len(self.ticks) > 1 else None
