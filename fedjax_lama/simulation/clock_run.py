@@ -16,7 +16,7 @@ Learning System with Asynchronous Tiers", SC'21):
 - summary.json: the contract's keys and the robustness measures of FedAT's Sec. 7 (best
   accuracy, variance
   measures, time and bytes to `target_accuracy` when one is set).
-- PNG plots: accuracy over virtual time (and the usual accuracy vs records / traffic).
+- PNG plots (fedjax_lama.plots): accuracy over virtual time in seconds, and over traffic.
 - orbax checkpoints every `checkpoint_every_ticks` ticks: the models of the simulator's
   `state_dict` as pytrees, the rest of it (clock, event queue, in-flight jobs, logs,
   tick records) and the trainer's counters as JSON. Running again on the same workdir
