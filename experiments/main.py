@@ -25,6 +25,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from fedjax_lama.cli import cpu_devices, logs
+from fedjax_lama import progress
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", "configs/default.py", "Experiment config file.",
@@ -69,6 +70,8 @@ def main(argv):
     raise app.UsageError("--coordinator_address, --num_processes and --process_id need "
                          "--distributed")
   logs.progress_only()
+  progress.info("starting: --config=%s --workdir=%s; loading JAX and the libraries ...",
+                flags.FLAGS["config"].config_filename, FLAGS.workdir)
   cpu_devices.split_cpu()
   if FLAGS.distributed:
     initialize_distributed()

@@ -6,17 +6,21 @@ r"""Reproduce a seed paper's table with one command; the report prints the paper
       --data_dir=/data --out=/tmp/fedspeed
 
 Scales (experiments/tables.py): "paper" is the paper's exact setting (for users with the
-data and an accelerator), "small" a reduced version on ../shared/data that finishes on a 2-core
-CPU within about an hour, "smoke" a few-minute check. Learning rates that the papers tuned are
+data and an accelerator), "small" a reduced version on the bundled data subsets that
+finishes on a 2-core CPU within about an hour, "smoke" a few-minute check. Learning rates that the papers tuned are
 tuned on a validation split held out of the training data, never on the test set. Writes
-<out>/<paper>_<table>_<scale>.md (our numbers, the paper's, the exact settings, the machine,
-the wall time) with its plots and a JSON of the results. Runs live in --runs (default
-<out>/runs/...) and are reused or resumed, so an interrupted reproduction continues.
+<out>/<paper>_<table>_<scale>.md (the command that reruns it, our numbers, the paper's, the
+settings that ran, the machine, the wall time) with its plots and a JSON of the results.
+--out defaults to a directory outside the source tree (DEFAULT_OUT); the committed reports
+under experiments/results are rewritten only when --out names that directory. Runs live in
+--runs (default <out>/runs/...) and are reused or resumed, so an interrupted reproduction
+continues.
 """
 import json
 import os
+import shlex
 import time
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 from absl import app, flags
 
@@ -26,11 +30,13 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("paper", None, "fedlama | fedspeed | fedat | fedlamb")
 flags.DEFINE_string("table", None, "Table id (see --list).")
 flags.DEFINE_enum("scale", "small", ["smoke", "small", "paper"], "Scale of the reproduction.")
-flags.DEFINE_string("out", "experiments/results/reproduce", "Directory of the reports.")
+DEFAULT_OUT = os.path.join(os.path.expanduser("~"), "fedjax_lama_results", "reproduce")
+flags.DEFINE_string("out", DEFAULT_OUT, "Directory of the reports (the committed ones: "
+                    "--out=experiments/results).")
 flags.DEFINE_string("runs", None, "Directory of the runs (default <out>/runs/<paper>_<table>_"
                     "<scale>; tables of one study share it).")
 flags.DEFINE_string("data_dir", None, "Data directory (default: $FEDJAX_LAMA_DATA_DIR, else "
-                    "../shared/data when it exists, else ./data).")
+                    "the training entry point's default).")
 flags.DEFINE_bool("list", False, "List every paper and table id, then exit.")
 
 # Config fields worth printing as "the exact settings" of a run.
@@ -49,22 +55,77 @@ def listing() -> str:
   return "\n".join(lines)
 
 
-def settings_of(study) -> str:
+def _rounds_ran(results) -> list:
+  """The distinct round counts of the runs in a study's results (their summaries)."""
+  found = set()
+
+  def walk(value):
+    if isinstance(value, dict):
+      if "final_test_accuracy" in value and "rounds" in value:
+        found.add(int(value["rounds"]))
+      for v in value.values():
+        walk(v)
+    elif isinstance(value, (list, tuple)):
+      for v in value:
+        walk(v)
+
+  walk(results)
+  return sorted(found)
+
+
+def settings_of(study, results=None) -> str:
+  """The settings of the runs as they ran at this scale: the study's base config, with the
+  fields the study itself sets (step budgets, virtual-time budgets, seeds, rate grids) in
+  place of the base config's, and the round counts the runs' summaries report."""
   base = getattr(study, "base", None)
   if base is None:
     parts = getattr(study, "parts", {})
-    return "\n".join(f"- {name}: {settings_of(part)}" for name, part in parts.items())
-  fields = ", ".join(f"{k}={base[k]!r}" for k in SETTINGS if k in base)
-  extra = ""
+    return "\n".join(f"- {name}: {settings_of(part, (results or {}).get(name))}"
+                     for name, part in parts.items())
+  on_clock = hasattr(study, "budget_s")
+  # A FedLAMA table's step budget, a clock study's virtual-time budget set the run's length.
+  skip = {"rounds"} if on_clock or hasattr(study, "total_steps") else set()
+  fields = [f"{k}={base[k]!r}" for k in SETTINGS if k in base and k not in skip]
   if base.get("schedule") == "fedlama" or base.algorithm == "fedlama":
-    extra = (f", fedlama.base_interval={base.fedlama.base_interval}, "
-             f"fedlama.interval_rule={base.fedlama.interval_rule!r}")
-  return fields + extra
+    fields += [f"fedlama.base_interval={base.fedlama.base_interval}",
+               f"fedlama.interval_rule={base.fedlama.interval_rule!r}"]
+  if hasattr(study, "total_steps"):
+    fields.append(f"local steps per run={study.total_steps}")
+  if hasattr(study, "phis"):
+    fields.append(f"phi={tuple(study.phis)}")
+  if on_clock:
+    fields.append(f"virtual-time budget={study.budget_s:g} s, an evaluation every "
+                  f"{study.eval_interval_s:g} s")
+  if hasattr(study, "lrs"):
+    fields.append(f"local_lr grid={tuple(study.lrs)}")
+  if hasattr(study, "seeds"):
+    fields.append(f"seeds={tuple(study.seeds)}")
+  rounds = [] if on_clock else _rounds_ran(results)
+  if rounds:
+    fields.append("rounds that ran=" + "/".join(map(str, rounds)))
+  return ", ".join(fields)
+
+
+def command_line(paper: str, table: str, scale: str, out: str, runs: Optional[str],
+                 data_dir: str) -> str:
+  """The command that writes this report again: every flag, paths made absolute."""
+  args = [f"--paper={paper}", f"--table={table}", f"--scale={scale}",
+          f"--out={os.path.abspath(out)}"]
+  if runs:
+    args.append(f"--runs={os.path.abspath(runs)}")
+  args.append(f"--data_dir={os.path.abspath(data_dir)}")
+  return " ".join(["python -m experiments.reproduce"] + [shlex.quote(a) for a in args])
 
 
 def reproduce(paper: str, table: str, scale: str, out: str, runs: str = None) -> str:
   """Runs (or reuses) one table's study and writes its report; returns the report's path."""
   return reproduce_table(paper, table, scale, out, runs).path
+
+
+def data_dir() -> str:
+  """The data directory the runs read (config.data_dir is unset in the tables' configs)."""
+  from fedjax_lama import federation  # pylint: disable=g-import-not-at-top
+  return federation.resolve_data_dir("")
 
 
 class Reproduction(NamedTuple):
@@ -84,6 +145,7 @@ def reproduce_table(paper: str, table: str, scale: str, out: str,
   entry = tables.REGISTRY[key]
   study = entry.study(scale)
   name = f"{paper}_{table}_{scale}"
+  runs_given = runs
   runs = runs or os.path.join(out, "runs", f"{entry.runs_key}_{scale}")
   os.makedirs(out, exist_ok=True)
   start = time.perf_counter()
@@ -91,9 +153,9 @@ def reproduce_table(paper: str, table: str, scale: str, out: str,
   wall = time.perf_counter() - start
   plot = os.path.join(out, f"{name}.png")
   ours = study.report(results, plot)
+  command = command_line(paper, table, scale, out, runs_given, data_dir())
   text = [f"# {paper} {table} ({scale} scale): {entry.title}", "",
-          f"Command: `python -m experiments.reproduce --paper={paper} --table={table} "
-          f"--scale={scale}`", "",
+          f"Command: `{command}`", "",
           f"Machine: {sweep.machine()}. Wall time of this command: {wall / 60:.1f} min "
           "(finished runs are reused; their own wall times are in the table).", ""]
   if scale == "small" and entry.reduced:
@@ -101,7 +163,7 @@ def reproduce_table(paper: str, table: str, scale: str, out: str,
   elif scale == "smoke":
     text += ["Smoke scale: a few rounds on small data, to check the pipeline; the numbers "
              "mean nothing.", ""]
-  text += ["Settings: " + settings_of(study), "", "## Ours", "", ours, "",
+  text += ["Settings: " + settings_of(study, results), "", "## Ours", "", ours, "",
            f"![curves]({os.path.basename(plot)})", "", "## The paper's (as printed)", "",
            entry.paper_text()]
   path = os.path.join(out, f"{name}.md")
@@ -122,11 +184,9 @@ def _slim(results):
 
 
 def set_default_data_dir() -> None:
-  """--data_dir, else $FEDJAX_LAMA_DATA_DIR, else ../shared/data when it exists."""
+  """--data_dir, else $FEDJAX_LAMA_DATA_DIR, else the training entry point's default."""
   if FLAGS.data_dir:
-    os.environ["FEDJAX_LAMA_DATA_DIR"] = FLAGS.data_dir
-  elif "FEDJAX_LAMA_DATA_DIR" not in os.environ and os.path.isdir("../shared/data"):
-    os.environ["FEDJAX_LAMA_DATA_DIR"] = os.path.abspath("../shared/data")
+    os.environ["FEDJAX_LAMA_DATA_DIR"] = os.path.abspath(FLAGS.data_dir)
 
 
 def main(argv):

@@ -26,3 +26,12 @@ def require_one_of(field: str, value: Any, choices) -> None:
 def require_nonnegative(field: str, value: Any) -> None:
   require(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0,
           field, value, "a number >= 0")
+
+
+class TrainingDiverged(RuntimeError):
+  """A training loss, an evaluation metric or a parameter became non-finite.
+
+  The message names the round (or clock tick), the quantity, and the round a rerun of the
+  same command resumes from: the last checkpoint on disk, or none yet. A user's settings
+  cause it (a learning rate too large), so the command line prints it as one line.
+  """

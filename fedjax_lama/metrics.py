@@ -1,8 +1,8 @@
-"""Run outputs: metrics.jsonl, summary.json, plots (architecture.md 3)."""
+"""Run outputs: metrics.jsonl, summary.json, and TensorBoard events of a run."""
 import json
 import math
 import os
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -70,35 +70,6 @@ class JsonlWriter:
   def write(self, record: dict) -> None:
     with open(self.path, "a") as f:
       f.write(json.dumps(_plain(record), sort_keys=True) + "\n")
-
-
-def plot_run(workdir: str, records: Iterable[dict], title: str = "") -> list[str]:
-  """Accuracy vs round and vs communicated floats, as PNG files in workdir."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  records = [r for r in records if r.get("test_accuracy") is not None]
-  if not records:
-    return []
-  rounds = [r["round"] for r in records]
-  acc = [r["test_accuracy"] for r in records]
-  comm = [(r["comm_floats_up"] + r["comm_floats_down"]) for r in records]
-  paths = []
-  for name, xs, xlabel in (("accuracy_vs_round.png", rounds, "round"),
-                           ("accuracy_vs_comm.png", comm, "floats communicated (up + down)")):
-    fig, ax = plt.subplots(figsize=(5, 3.5), dpi=100)
-    ax.plot(xs, acc, marker=".")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("test accuracy")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = os.path.join(workdir, name)
-    fig.savefig(path)
-    plt.close(fig)
-    paths.append(path)
-  return paths
 
 
 class TensorBoardWriter:

@@ -4,7 +4,7 @@
 algorithm's round program, then runs rounds with evaluation, metrics, plots,
 communication accounting and orbax checkpoints. Running it again on the same
 workdir resumes from the last checkpoint; the resumed run ends with exactly
-the parameters and metrics of an uninterrupted one (architecture.md 3).
+the parameters and metrics of an uninterrupted one.
 """
 import copy
 import dataclasses
@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import logging
 
-from fedjax_lama import checkpointing, comm, federation, metrics, models, rng
+from fedjax_lama import checkpointing, comm, divergence, errors, federation, metrics, models
+from fedjax_lama import plots, progress, rng
 from fedjax_lama import config as config_lib
 from fedjax_lama import data as fdata
 from fedjax_lama import registry
@@ -31,19 +31,17 @@ from fedjax_lama.fedlama.schedule import FedLamaProgram
 from fedjax_lama.programs.round_program import LrSchedule, RunOptions
 from fedjax_lama.programs.sync import SyncProgram
 
-logger = logging.getLogger("fedjax_lama")
-
 # Fields that may change between a run and its resumption without changing results.
 RESUMABLE_CHANGES = ("checkpoint_every", "plots", "data_dir", "per_client_eval", "tensorboard")
 
 
 class TrainingError(RuntimeError):
-  """Training cannot continue (e.g. a NaN loss); the workdir keeps the last checkpoint."""
+  """Training cannot continue (e.g. a NaN loss, a metrics file that does not parse)."""
 
 
-class DivergenceError(TrainingError):
-  """The training loss became non-finite: the run is over, its workdir keeps the last
-  checkpoint. Deterministic: resuming the same config diverges again at the same round."""
+class DivergenceError(TrainingError, errors.TrainingDiverged):
+  """A training loss, evaluation metric or parameter became non-finite: the run stops.
+  Deterministic: resuming the same config diverges again at the same round."""
 
 
 def _config_dict(config) -> dict:
@@ -259,21 +257,25 @@ def _chunk_cap(config, fed) -> int:
 def _prepare(config):
   """Data, federation, model of a validated config: (fed, model, params, model_state)."""
   data_dir = federation.resolve_data_dir(config.data_dir)
-  dataset = _load_dataset(config, data_dir)
+  with progress.Phase(f"loading data: {config.dataset} from {data_dir}"):
+    dataset = _load_dataset(config, data_dir)
   config_lib.validate(config, num_classes=dataset.num_classes)
   validation = None
-  if config.validation_fraction > 0:  # held out before partitioning and normalisation
-    dataset, validation = fdata.split_validation(dataset, config.validation_fraction, config.seed)
-  dataset, validation = augment.normalize_dataset(dataset, config.normalization, validation)
-  fed = dataclasses.replace(federation.build_federation(partition_spec(config), dataset),
-                            validation=validation)
-  model, params, model_state = _build_model(config, dataset)
+  with progress.Phase(f"partitioning into {config.num_clients} clients ({config.partition})"):
+    if config.validation_fraction > 0:  # held out before partitioning and normalisation
+      dataset, validation = fdata.split_validation(dataset, config.validation_fraction,
+                                                   config.seed)
+    dataset, validation = augment.normalize_dataset(dataset, config.normalization, validation)
+    fed = dataclasses.replace(federation.build_federation(partition_spec(config), dataset),
+                              validation=validation)
+  with progress.Phase(f"building the model ({config.model})"):
+    model, params, model_state = _build_model(config, dataset)
   return fed, model, params, model_state
 
 
 class _Run:
   """One run's workdir: config.json, metrics.jsonl (and TensorBoard events), orbax
-  checkpoints, the communication ledger and the host counters (architecture.md 3).
+  checkpoints, the communication ledger and the host counters.
 
   `program` is the run's round program, or a view of one run of a vectorized program: it
   answers eval_fn, eval_params(state), local_steps_done(r), num_rounds, eval_every,
@@ -289,7 +291,8 @@ class _Run:
       metrics.write_json(config_path, _config_dict(config))
     self.ledger = comm.Ledger(*comm.layer_table(params))
     self.writer = metrics.JsonlWriter(os.path.join(workdir, "metrics.jsonl"))
-    self.ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
+    self.ckpt_dir = os.path.join(workdir, "checkpoints")
+    self.ckpt = checkpointing.Checkpointer(self.ckpt_dir)
     self.start_round, self.wall_offset = 0, 0.0
     self.host = {"best_test_accuracy": None, "loss_sum": 0.0, "loss_count": 0.0}
     self.records, self.tensorboard = [], None
@@ -298,14 +301,15 @@ class _Run:
     """The state to continue from: the latest checkpoint's, else `state` (a fresh start)."""
     latest = self.ckpt.latest_step()
     if latest is not None:
-      state, meta = self.ckpt.restore(latest, state)
+      with progress.Phase(f"restoring the checkpoint of round {latest + 1} from {self.workdir}"):
+        state, meta = self.ckpt.restore(latest, state)
       self.start_round = meta["round"] + 1
       self.wall_offset = meta["wall_seconds"]
       self.ledger.load(meta["ledger"])
       self.host = meta["host"]
       self.program.load_host_state(meta.get("program", {}))
       self.records = _records_up_to(self.writer, meta["round"] + 1, self.primary)
-      logger.info("Resumed from round %d in %s", meta["round"], self.workdir)
+      progress.info("resuming after round %d of %d", meta["round"] + 1, self.program.num_rounds)
     else:
       self.records = _records_up_to(self.writer, -1, self.primary)
     if self.primary and self.config.tensorboard:
@@ -313,40 +317,83 @@ class _Run:
           os.path.join(self.workdir, "tensorboard"),
           purge_step=metrics.resume_purge_step(self.records) if latest is not None else None)
     self.t_start = time.perf_counter()
+    self.train_seconds, self.eval_seconds, self.first_round_seconds = 0.0, None, 0.0
     return state
 
   def wall(self) -> float:
     return self.wall_offset + time.perf_counter() - self.t_start
 
+  def _evaluations_after(self, round_idx: int) -> int:
+    """Evaluations still to come after round `round_idx` (the last round always evaluates)."""
+    program = self.program
+    total = program.num_rounds
+    regular = sum(1 for r in range(round_idx + 1, total) if (r + 1) % program.eval_every == 0)
+    return regular + (0 if total % program.eval_every == 0 or round_idx >= total - 1 else 1)
+
+  def before_round(self, round_idx: int) -> None:
+    if round_idx == self.start_round:
+      progress.info("round %d/%d: compiling the round program, then training (the first "
+                    "round of a process includes the one-time compilation)", round_idx + 1,
+                    self.program.num_rounds)
+    self.round_started = time.perf_counter()
+
+  def _diverged(self, where: str, quantities: dict, state) -> None:
+    """Stops the run when a quantity or the global model is not finite (before any checkpoint
+    of this round is written, so every checkpoint on disk is finite)."""
+    def rerun():
+      latest = self.ckpt.latest_step()
+      return divergence.rerun_statement(None if latest is None else f"round {latest + 1}",
+                                        self.ckpt_dir)
+
+    divergence.check(
+        where, quantities, self.program.eval_params(state), rerun,
+        f"try a smaller config.local_lr (now {self.config.local_lr}) or config.server_lr "
+        f"(now {self.config.server_lr})", error=DivergenceError)
+
   def after_round(self, state, round_idx: int, out) -> None:
-    """Accounting, evaluation and checkpoint of a finished round."""
+    """Accounting, divergence checks, evaluation and checkpoint of a finished round."""
     config, program = self.config, self.program
+    seconds = time.perf_counter() - self.round_started
+    self.train_seconds += seconds
+    if round_idx == self.start_round:
+      self.first_round_seconds = seconds
+      progress.info("round %d/%d: trained in %.1fs (compilation included)", round_idx + 1,
+                    program.num_rounds, seconds)
+    self._diverged(f"round {round_idx + 1}", {"train_loss": out.train_loss}, state)
     self.ledger.add(out.floats_up_per_layer, out.floats_down_per_layer, out.bytes, out.bits_up,
                     out.floats_up_other, out.floats_down_other)
-    if not np.isfinite(out.train_loss):
-      raise DivergenceError(
-          f"non-finite training loss ({out.train_loss}) at round {round_idx}: stopped; the workdir "
-          f"keeps the last checkpoint. Accepted: finite losses; try a smaller config.local_lr "
-          f"(now {config.local_lr}) or config.server_lr (now {config.server_lr})")
     self.host["loss_sum"] += out.train_loss * out.train_count
     self.host["loss_count"] += out.train_count
     total = program.num_rounds
     last = round_idx == total - 1
     if (round_idx + 1) % program.eval_every == 0 or last:
+      per_client = (config.per_client_eval == "every" or
+                    (last and config.per_client_eval == "final"))
+      first = self.eval_seconds is None
+      progress.info("round %d/%d: evaluating%s%s", round_idx + 1, total,
+                    " (the first evaluation compiles)" if first else "",
+                    ", with per-client accuracy" if per_client else "")
+      started = time.perf_counter()
       record = _evaluate(config, program, state, self.fed, round_idx, out, self.host,
-                         self.ledger, self.wall(),
-                         per_client=config.per_client_eval == "every" or
-                         (last and config.per_client_eval == "final"))
+                         self.ledger, self.wall(), per_client=per_client)
+      self.eval_seconds = time.perf_counter() - started
+      self._diverged(f"round {round_idx + 1}",
+                     {k: record.get(k) for k in ("test_loss", "test_accuracy", "val_loss",
+                                                 "val_accuracy")}, state)
       self.records.append(record)
       if self.primary:
         self.writer.write(record)
         if self.tensorboard is not None:
           self.tensorboard.write(record)
-      eta = ((self.wall() - self.wall_offset) / (round_idx + 1 - self.start_round)
-             * (total - round_idx - 1))
-      logger.info("round %d/%d  test_acc %.4f  test_loss %.4f  train_loss %.4f  %.1fs  ETA %.1fs",
-                  round_idx + 1, total, record["test_accuracy"], record["test_loss"],
-                  record["train_loss"], record["wall_seconds"], eta)
+      done = round_idx + 1 - self.start_round
+      # The rate of the rounds after the first: the first one's compilation does not recur.
+      trained = (self.train_seconds - self.first_round_seconds, done - 1) if done > 1 else (
+          self.train_seconds, done)
+      eta = progress.eta_seconds(*trained, total - round_idx - 1, self.eval_seconds,
+                                 self._evaluations_after(round_idx))
+      progress.info("round %d/%d  test_acc %.4f  test_loss %.4f  train_loss %.4f  %.1fs  "
+                    "ETA %.1fs", round_idx + 1, total, record["test_accuracy"],
+                    record["test_loss"], record["train_loss"], record["wall_seconds"], eta)
     if (round_idx + 1) % config.checkpoint_every == 0 or last:
       self.ckpt.save(round_idx, state, {"round": round_idx, "wall_seconds": self.wall(),
                                         "ledger": self.ledger.dump(), "host": self.host,
@@ -361,11 +408,14 @@ class _Run:
     """summary.json and the plots of a completed run."""
     summary = _summary(self.config, self.records, self.ledger, self.program, state, self.wall())
     if self.primary:
-      metrics.write_json(os.path.join(self.workdir, "summary.json"), summary)
+      with progress.Phase(f"writing {os.path.join(self.workdir, 'summary.json')}"):
+        metrics.write_json(os.path.join(self.workdir, "summary.json"), summary)
     if self.primary and self.config.plots:
-      metrics.plot_run(self.workdir, self.records,
-                       title=f"{self.config.algorithm} / {self.config.dataset}")
-      self.program.plot(self.workdir, self.ledger)
+      with progress.Phase(f"writing plots to {self.workdir}"):
+        schedule = self.config.get("schedule", "none")
+        method = self.config.algorithm + ("" if schedule == "none" else f" + {schedule}")
+        plots.run_plots(self.workdir, self.records, title=f"{method} / {self.config.dataset}")
+        self.program.plot(self.workdir, self.ledger)
     return summary
 
 
@@ -381,14 +431,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   if registry.runs_on_clock(config):  # FedAT and its baselines (algorithms.md 3)
     return _train_on_clock(config, workdir, stop_after_tick=stop_after_round)
   fed, model, params, model_state = _prepare(config)
-  program = build_program(config, model, params, model_state, fed,
-                          _client_mesh(config, fed, model, params, model_state,
-                                       _chunk_cap(config, fed)))
+  with progress.Phase(f"building the {config.algorithm} round program"):
+    program = build_program(config, model, params, model_state, fed,
+                            _client_mesh(config, fed, model, params, model_state,
+                                         _chunk_cap(config, fed)))
   check_workdir(workdir, config)  # every check passes before the workdir is written
   run = _Run(config, workdir, program, fed, params)
   state = run.restore(program.init_state())
   try:
     for round_idx in range(run.start_round, program.num_rounds):
+      run.before_round(round_idx)
       state, out = program.run_round(state, round_idx)
       run.after_round(state, round_idx, out)
       if stop_after_round is not None and round_idx >= stop_after_round:
@@ -491,6 +543,9 @@ def train_many(configs, workdirs) -> list:
   failed = {}  # a diverged run stops alone; the others go on
   try:
     for round_idx in range(runs[0].start_round, vec.num_rounds):
+      for i, run in enumerate(runs):
+        if i not in failed:
+          run.before_round(round_idx)
       state, outs = vec.run_round(state, round_idx)
       for i, (run, out) in enumerate(zip(runs, outs)):
         if i in failed:
@@ -514,29 +569,40 @@ def _train_on_clock(config, workdir: str, stop_after_tick: Optional[int]) -> dic
   """
   from fedjax_lama.simulation import clock_run  # pylint: disable=g-import-not-at-top
   options = registry.clock_options(config)
-  dataset = _load_dataset(config, federation.resolve_data_dir(config.data_dir))
+  data_dir = federation.resolve_data_dir(config.data_dir)
+  with progress.Phase(f"loading data: {config.dataset} from {data_dir}"):
+    dataset = _load_dataset(config, data_dir)
   config_lib.validate(config, num_classes=dataset.num_classes)
-  dataset, _ = augment.normalize_dataset(dataset, config.normalization)
-  try:
-    fed = federation.build_federation(partition_spec(config), dataset)
-  except ValueError as e:
-    if isinstance(e, (config_lib.ConfigError, fdata.DataError)):
-      raise
-    raise config_lib.ConfigError(f"config.partition={config.partition!r} with config.num_clients="
-                                 f"{config.num_clients!r}, config.classes_per_client="
-                                 f"{config.classes_per_client!r}: {e}") from e
-  model, params, model_state = _build_model(config, dataset)
+  with progress.Phase(f"partitioning into {config.num_clients} clients ({config.partition})"):
+    dataset, _ = augment.normalize_dataset(dataset, config.normalization)
+    try:
+      fed = federation.build_federation(partition_spec(config), dataset)
+    except ValueError as e:
+      if isinstance(e, (config_lib.ConfigError, fdata.DataError)):
+        raise
+      raise config_lib.ConfigError(
+          f"config.partition={config.partition!r} with config.num_clients="
+          f"{config.num_clients!r}, config.classes_per_client="
+          f"{config.classes_per_client!r}: {e}") from e
+  with progress.Phase(f"building the model ({config.model})"):
+    model, params, model_state = _build_model(config, dataset)
   if jax.tree_util.tree_leaves(model_state):
     raise config_lib.ConfigError(
         f"config.model={config.model!r} keeps BatchNorm statistics, which runs on the simulated "
         "clock do not carry (models travel as parameters only); accepted: a model without them")
   check_workdir(workdir, config)  # every check passes before the workdir is written
-  return clock_run.run(options, fed, model, params, workdir, config_json=_config_dict(config),
-                       # Calls vary in size: each takes its own devices of this mesh
-                       # (engine_adapter.EngineTrainer.call_mesh).
-                       mesh=_client_mesh(config, fed, model, params, {}),
-                       augment=augment.augmentation(config.augmentation, fed.dataset),
-                       stop_after_tick=stop_after_tick)
+  try:
+    return clock_run.run(options, fed, model, params, workdir, config_json=_config_dict(config),
+                         # Calls vary in size: each takes its own devices of this mesh
+                         # (engine_adapter.EngineTrainer.call_mesh).
+                         mesh=_client_mesh(config, fed, model, params, {}),
+                         augment=augment.augmentation(config.augmentation, fed.dataset),
+                         stop_after_tick=stop_after_tick,
+                         advice=f"try a smaller config.local_lr (now {config.local_lr})")
+  except errors.TrainingDiverged as e:  # one error type for every mode (sweeps record it)
+    if isinstance(e, DivergenceError):
+      raise
+    raise DivergenceError(str(e)) from None
 
 
 def _records_up_to(writer: metrics.JsonlWriter, done: int, primary: bool) -> list:

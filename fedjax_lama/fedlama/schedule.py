@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_lama import compression, rng
+from fedjax_lama import compression, plots, rng
 from fedjax_lama.engine import client_store, evaluate, local, reduce, round as round_lib, sharding
 from fedjax_lama.engine.algorithm import Algorithm, ClientContext, ClientInfo, LocalState, ServerState
 from fedjax_lama.errors import ConfigError
@@ -346,65 +346,7 @@ class FedLamaProgram(ProgramBase):
 
   def plot(self, workdir, ledger) -> None:
     del ledger
-    plot_layer_comm(workdir, self.spec.sizes, self._final_counts)
-    plot_selection_curves(workdir, self.rule)
+    plots.fedlama_plots(workdir, list(self.spec.names), self.spec.sizes, self._final_counts,
+                        self.rule)
 
   _final_counts = None
-
-
-def plot_layer_comm(workdir, sizes, counts):
-  """Per-layer sync counts and communicated floats (AAAI Figures 4 and 5)."""
-  if counts is None:
-    return
-  import os  # pylint: disable=g-import-not-at-top
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  counts = np.asarray(counts)
-  fig, axes = plt.subplots(1, 2, figsize=(10, 3.5), dpi=100)
-  axes[0].bar(np.arange(len(counts)), counts)
-  axes[0].set_xlabel("layer")
-  axes[0].set_ylabel("synchronisations c_l")
-  axes[1].bar(np.arange(len(counts)), counts * np.asarray(sizes))
-  axes[1].set_xlabel("layer")
-  axes[1].set_ylabel("floats communicated s_l * c_l")
-  axes[1].set_yscale("log")
-  fig.tight_layout()
-  fig.savefig(os.path.join(workdir, "fedlama_layer_comm.png"))
-  plt.close(fig)
-
-
-def plot_selection_curves(workdir, rule):
-  """delta_k and 1 - lambda_k against k at the logged window ends (v1 Fig. 1, AAAI Fig. 2).
-
-  For "aaai" the layers left of the crossing get the long interval."""
-  import json  # pylint: disable=g-import-not-at-top
-  import os  # pylint: disable=g-import-not-at-top
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  path = os.path.join(workdir, "metrics.jsonl")
-  if not os.path.exists(path):
-    return
-  with open(path) as f:
-    records = [r for r in map(json.loads, f) if r.get("fedlama_delta")]
-  if not records:
-    return
-  picks = records if len(records) <= 4 else [records[i] for i in
-                                             np.linspace(0, len(records) - 1, 4).astype(int)]
-  fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
-  for r in picks:
-    k = np.arange(1, len(r["fedlama_delta"]) + 1)
-    line, = ax.plot(k, r["fedlama_delta"], label=f"delta, step {r['local_steps']}")
-    other = (np.asarray(r["fedlama_lambda"]) if rule in ("v1", "accelerate")
-             else 1 - np.asarray(r["fedlama_lambda"]))
-    ax.plot(k, other, "--", color=line.get_color(),
-            label=("lambda" if rule in ("v1", "accelerate") else "1 - lambda") +
-            f", step {r['local_steps']}")
-  ax.set_xlabel("k (layers in the rule's order)")
-  ax.set_ylabel("fraction")
-  ax.set_title(f"FedLAMA selection curves (rule {rule!r})")
-  ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(os.path.join(workdir, "fedlama_curves.png"))
-  plt.close(fig)

@@ -1,20 +1,22 @@
 """The run contract on the virtual clock: FedAT and its baselines end to end.
 
-`run(options, fed, model, params, workdir, ...)` builds the simulator of algorithms.md
-3.1 with the engine's trainer, evaluator and algebra (engine_adapter.py) and the polyline
-codec (3.3), runs it tick by tick and writes what architecture.md 3 promises
-(FedAT: Chai et al., SC'21, shared/seeds/003_656c618fe5de2ce3.txt):
+`run(options, fed, model, params, workdir, ...)` builds the event-driven simulator
+(simulation/loop.py) with the engine's trainer, evaluator and algebra (engine_adapter.py)
+and the polyline codec, runs it one evaluation tick at a time and writes a run's outputs
+(FedAT: Chai et al., "FedAT: A High-Performance and Communication-Efficient Federated
+Learning System with Asynchronous Tiers", SC'21):
 
-- metrics.jsonl: one record per evaluation tick (3.1.7, 3.5): `virtual_time` beside
+- metrics.jsonl: one record per evaluation tick, written as it happens: `virtual_time` beside
   `wall_seconds`, `test_accuracy` (pooled over every client's local test split),
   `test_loss`, `train_loss` (jobs trained since the previous tick), per-client accuracy
   (`client_test_accuracy` and its mean / population variance / min), `bytes_up`,
   `bytes_down`, `comm_bytes`, `comm_floats_up` / `_down` (parameters carried), update
   counts (`global_updates`, FedAT's `tier_updates`, `uploads`, `downloads`),
   `local_steps`. `round` counts the records (1-based).
-- summary.json: the contract's keys and the measures of 3.5 (best accuracy, variance
+- summary.json: the contract's keys and the robustness measures of FedAT's Sec. 7 (best
+  accuracy, variance
   measures, time and bytes to `target_accuracy` when one is set).
-- PNG plots: accuracy over virtual time (and the usual accuracy vs records / traffic).
+- PNG plots (fedjax_lama.plots): accuracy over virtual time in seconds, and over traffic.
 - orbax checkpoints every `checkpoint_every_ticks` ticks: the models of the simulator's
   `state_dict` as pytrees, the rest of it (clock, event queue, in-flight jobs, logs,
   tick records) and the trainer's counters as JSON. Running again on the same workdir
@@ -23,15 +25,15 @@ codec (3.3), runs it tick by tick and writes what architecture.md 3 promises
 
 The config is read by the training entry point; this module takes typed arguments.
 """
-import logging
 import math
 import os
+import time
 from typing import Any, Callable, Optional
 
 import jax
 import numpy as np
 
-from fedjax_lama import checkpointing, metrics
+from fedjax_lama import checkpointing, divergence, metrics, plots, progress
 from fedjax_lama.engine import sharding
 from fedjax_lama.simulation import engine_adapter
 from fedjax_lama.simulation.codecs import PolylineCodec
@@ -40,11 +42,18 @@ from fedjax_lama.simulation.loop import Simulator, tick_times
 from fedjax_lama.simulation.methods import METHODS
 from fedjax_lama.simulation.run_options import ClockOptions
 
-logger = logging.getLogger("fedjax_lama")
-
 _FORMAT = 1
-PROBE_UPLOAD_VALUES = 2  # TiFL's accuracy probe uploads two int32 counts (3.4.4)
-PLOT_FILE = "accuracy_vs_virtual_time.png"
+PROBE_UPLOAD_VALUES = 2  # TiFL's accuracy probe uploads two int32 counts (Chai et al., TiFL, HPDC'20)
+PLOT_FILE = plots.VIRTUAL_TIME_FILE
+
+
+class NonFiniteTraining(Exception):
+  """A training call returned a non-finite loss or model (raised inside the simulator, turned
+  into TrainingDiverged by `run`, which knows the checkpoints)."""
+
+  def __init__(self, virtual_time: float, what: str):
+    super().__init__(what)
+    self.virtual_time, self.what = virtual_time, what
 
 
 class EngineSimulator(Simulator):
@@ -55,7 +64,43 @@ class EngineSimulator(Simulator):
   cumulative message counts `models_up`, `models_down`, `probes_up`, `probes_down`.
   """
 
+  def _train_pending(self) -> None:
+    """Trains the queued jobs, then stops the run if their loss or models are not finite
+    (before a non-finite upload reaches the codec or the server)."""
+    jobs = [self.jobs[i] for i in self.pending]
+    self._heartbeat(len(jobs))
+    super()._train_pending()
+    if not math.isfinite(float(self.trainer.loss_sum)):
+      raise NonFiniteTraining(self.now, f"train_loss is {float(self.trainer.loss_sum)}")
+    if not divergence.all_finite([job.trained_model for job in jobs]):
+      raise NonFiniteTraining(self.now, "a trained client model holds non-finite values")
+
+  _HEARTBEAT_S = 10.0
+  _last_heartbeat = None
+  _call_sizes = frozenset()
+
+  def _heartbeat(self, num_jobs: int) -> None:
+    """A progress line between ticks: before a padded call size this simulator has not
+    trained yet (it compiles), or when the last such line is _HEARTBEAT_S old."""
+    per_call = self.config.max_clients_per_call
+    chunks = [min(per_call, num_jobs - start) for start in range(0, num_jobs, per_call)]
+    trainer = self.trainer
+    sizes = {trainer.padded_size(n, trainer.call_mesh(n)) for n in chunks}
+    new = sizes - self._call_sizes
+    now = time.perf_counter()
+    if new or self._last_heartbeat is None or now - self._last_heartbeat >= self._HEARTBEAT_S:
+      progress.info("virtual %.1fs: training %d client jobs%s (%d training calls so far)",
+                    self.now, num_jobs,
+                    f", compiling calls of {sorted(new)} clients" if new else "",
+                    trainer.num_calls)
+      self._last_heartbeat = now
+      self._call_sizes = self._call_sizes | sizes
+
   def _record_tick(self, index: int, final: bool = False) -> None:
+    if not self.ticks or self._last_heartbeat is None:
+      progress.info("virtual %.1fs: evaluating tick %d on every client's test split (the "
+                    "first evaluation compiles)", self.now, index)
+      self._last_heartbeat = time.perf_counter()
     super()._record_tick(index, final)
     directions, kinds = self._messages[1], self._messages[4]
     previous = self.ticks[-2] if len(self.ticks) > 1 else None
@@ -88,7 +133,7 @@ def build_simulator(options: ClockOptions, fed, model, params, *, mesh=None,
   """
   if fed.client_test is None or fed.client_test_in != "train":
     raise ValueError("runs on the clock evaluate every client's local test split: build the "
-                     "federation with a local test fraction (3.6.3)")
+                     "federation with a local test fraction (FedAT's 80/20 split per client)")
   mesh = mesh if mesh is not None else sharding.client_mesh()
   ds, system = fed.dataset, options.system
   trainer = engine_adapter.EngineTrainer(
@@ -225,31 +270,6 @@ def ticks_from_records(records: list) -> list:
            "bytes_down": r["bytes_down"]} for r in records]
 
 
-def plot_virtual_time(workdir: str, records: list, title: str = "") -> str:
-  """Accuracy over virtual time (pooled, and the per-client mean +- std band), as a PNG."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
-  t = np.array([r["virtual_time"] for r in records], np.float64)
-  acc = np.array([r["test_accuracy"] for r in records], np.float64)
-  mean = np.array([r["client_test_accuracy_mean"] for r in records], np.float64)
-  std = np.sqrt(np.array([r["client_test_accuracy_var"] for r in records], np.float64))
-  fig, ax = plt.subplots(figsize=(5.5, 3.5), dpi=100)
-  ax.plot(t, acc, label="accuracy (pooled local test sets)")
-  ax.fill_between(t, mean - std, mean + std, alpha=0.2, label="per-client mean ± std")
-  ax.set_xlabel("virtual time (s)")
-  ax.set_ylabel("test accuracy")
-  ax.set_title(title)
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=7)
-  fig.tight_layout()
-  path = os.path.join(workdir, PLOT_FILE)
-  fig.savefig(path)
-  plt.close(fig)
-  return path
-
-
 def _summary(options: ClockOptions, sim: EngineSimulator, records: list,
              num_parameters: int) -> dict:
   last = records[-1]
@@ -274,10 +294,35 @@ def _summary(options: ClockOptions, sim: EngineSimulator, records: list,
   }
 
 
+def _last_checkpoint(ckpt: checkpointing.Checkpointer) -> Optional[str]:
+  """The tick a rerun resumes after, read from the checkpoint on disk (None: none yet)."""
+  step = ckpt.latest_step()
+  if step is None:
+    return None
+  return f"tick {ckpt.restore_meta(step)['num_ticks'] - 1}"
+
+
+def _check_tick(sim: EngineSimulator, tick: dict, previous: Optional[dict], record: dict,
+                ckpt: checkpointing.Checkpointer, ckpt_dir: str, advice: str) -> None:
+  """Stops the run when a tick's losses, accuracy or global model are not finite."""
+  trained = tick["train_count"] > (previous["train_count"] if previous else 0.0)
+  divergence.check(
+      f"tick {record['tick']} (virtual time {record['virtual_time']:.0f} s)",
+      {"train_loss": record["train_loss"] if trained else None,  # NaN by design when no job ran
+       "test_loss": record["test_loss"], "test_accuracy": record["test_accuracy"]},
+      sim.method.global_model(),
+      lambda: divergence.rerun_statement(_last_checkpoint(ckpt), ckpt_dir), advice)
+
+
 def run(options: ClockOptions, fed, model, params, workdir: str, *, config_json: dict,
         mesh=None, augment: Optional[Callable] = None,
-        stop_after_tick: Optional[int] = None) -> dict:
+        stop_after_tick: Optional[int] = None, advice: str = "try a smaller local_lr") -> dict:
   """Runs (or resumes) one run on the clock, writing the run contract into `workdir`.
+
+  The simulator runs one evaluation tick at a time: each tick's record is appended to
+  metrics.jsonl and logged as it happens, whatever the checkpoint interval. A checkpoint
+  covers the records of its ticks; a rerun drops the records written after the latest
+  checkpoint and computes them again, so the file never holds a tick twice or misses one.
 
   Args:
     options, fed, model, params, mesh, augment: see `build_simulator`.
@@ -285,9 +330,12 @@ def run(options: ClockOptions, fed, model, params, workdir: str, *, config_json:
     config_json: the resolved config, written to config.json on the first start.
     stop_after_tick: stop, as if interrupted, after the checkpoint that follows tick
       index `stop_after_tick` (tests of resume).
+    advice: the settings a divergence message suggests changing.
 
   Returns:
     The summary (also written to summary.json), or {"interrupted_after_tick": i}.
+  Raises:
+    TrainingDiverged: a tick's loss, accuracy or global model is not finite.
   """
   sim = build_simulator(options, fed, model, params, mesh=mesh, augment=augment)
   num_parameters = int(sum(np.size(x) for x in jax.tree_util.tree_leaves(params)))
@@ -297,47 +345,65 @@ def run(options: ClockOptions, fed, model, params, workdir: str, *, config_json:
   if primary and not os.path.exists(config_path):
     metrics.write_json(config_path, config_json)
   writer = metrics.JsonlWriter(os.path.join(workdir, "metrics.jsonl"))
-  ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  ckpt = checkpointing.Checkpointer(ckpt_dir)
   latest = ckpt.latest_step()
   if latest is not None:
-    state, meta = restore_checkpoint(ckpt, latest, params)
-    sim.load_state_dict(state)
-    sim.trainer.load_state_dict(meta["trainer"])
+    with progress.Phase(f"restoring the latest checkpoint from {workdir}"):
+      state, meta = restore_checkpoint(ckpt, latest, params)
+      sim.load_state_dict(state)
+      sim.trainer.load_state_dict(meta["trainer"])
     records = writer.truncate_after(meta["num_ticks"]) if primary else writer.read()
+    progress.info("resuming after tick %d (virtual time %.0f s)", len(sim.ticks) - 1, sim.now)
   else:
     records = writer.truncate_after(0) if primary else []
-  saved_step = latest
+  saved_step, saved_ticks = latest, len(sim.ticks)
   times = tick_times(options.system)
   every = options.checkpoint_every_ticks
-  while not sim.finished:
-    end = min(sim.next_tick + every - 1, len(times) - 1)
-    if stop_after_tick is not None:
-      end = min(end, max(stop_after_tick, sim.next_tick))
-    sim.run(until=times[end])
-    for position in range(len(records), len(sim.ticks)):
-      previous = sim.ticks[position - 1] if position else None
-      records.append(tick_record(sim.ticks[position], previous, position, num_parameters))
-      if primary:
-        writer.write(records[-1])
-      r = records[-1]
-      logger.info("tick %d  virtual %.0f/%.0fs  test_acc %.4f  client_var %.5f  updates %d  "
-                  "MB %.1f  wall %.1fs", r["tick"], r["virtual_time"],
-                  options.system.max_virtual_time_s, r["test_accuracy"],
-                  r["client_test_accuracy_var"], r["global_updates"], r["comm_bytes"] / 1e6,
-                  r["wall_seconds"])
-    if len(sim.event_log) != saved_step:
-      save_checkpoint(ckpt, sim, params)
-      saved_step = len(sim.event_log)
-    if stop_after_tick is not None and sim.ticks and (
-        sim.ticks[-1]["tick"] >= stop_after_tick) and not sim.finished:
-      ckpt.close()
-      return {"interrupted_after_tick": sim.ticks[-1]["tick"]}
-  ckpt.close()
+  budget = options.system.max_virtual_time_s
+  progress.info("simulating %.0f s of virtual time, an evaluation every %.0f s (%d ticks); the "
+                "first training and evaluation calls compile", budget,
+                options.system.eval_interval_s, len(times))
+  wall_start, ticks_start = sim.wall_elapsed, len(sim.ticks)
+  try:
+    while not sim.finished:
+      # One tick per call: its record and log line come out as soon as it is evaluated.
+      try:
+        sim.run(until=times[min(sim.next_tick, len(times) - 1)])
+      except NonFiniteTraining as e:
+        divergence.fail(
+            f"virtual time {e.virtual_time:.1f} s (after tick {len(sim.ticks) - 1})", e.what,
+            lambda: divergence.rerun_statement(_last_checkpoint(ckpt), ckpt_dir), advice)
+      for position in range(len(records), len(sim.ticks)):
+        tick, previous = sim.ticks[position], sim.ticks[position - 1] if position else None
+        record = tick_record(tick, previous, position, num_parameters)
+        _check_tick(sim, tick, previous, record, ckpt, ckpt_dir, advice)
+        records.append(record)
+        if primary:
+          writer.write(record)
+        done, left = len(sim.ticks) - ticks_start, max(len(times) - len(sim.ticks), 0)
+        eta = progress.eta_seconds(sim.wall_elapsed - wall_start, done, left)
+        progress.info("tick %d  virtual %.0f/%.0fs  test_acc %.4f  client_var %.5f  "
+                      "updates %d  MB %.1f  wall %.1fs  ETA %.1fs", record["tick"],
+                      record["virtual_time"], budget, record["test_accuracy"],
+                      record["client_test_accuracy_var"], record["global_updates"],
+                      record["comm_bytes"] / 1e6, record["wall_seconds"], eta)
+      stop = stop_after_tick is not None and sim.ticks and (
+          sim.ticks[-1]["tick"] >= stop_after_tick) and not sim.finished
+      due = len(sim.ticks) - saved_ticks >= every or sim.finished or stop
+      if due and len(sim.event_log) != saved_step:
+        save_checkpoint(ckpt, sim, params)
+        saved_step, saved_ticks = len(sim.event_log), len(sim.ticks)
+      if stop:
+        return {"interrupted_after_tick": sim.ticks[-1]["tick"]}
+  finally:
+    ckpt.close()
   summary = _summary(options, sim, records, num_parameters)
   if primary:
-    metrics.write_json(os.path.join(workdir, "summary.json"), summary)
+    with progress.Phase(f"writing {os.path.join(workdir, 'summary.json')}"):
+      metrics.write_json(os.path.join(workdir, "summary.json"), summary)
   if primary and options.plots:
-    title = f"{options.algorithm or options.method} / {options.dataset}"
-    plot_virtual_time(workdir, records, title)
-    metrics.plot_run(workdir, records, title=title)
+    with progress.Phase(f"writing plots to {workdir}"):
+      plots.clock_plots(workdir, records, f"{options.algorithm or options.method} / "
+                        f"{options.dataset}")
   return summary

@@ -1,7 +1,7 @@
 """The virtual clock and event loop of the asynchronous/tiered simulation.
 
-Implements algorithms.md 3.1.7 for FedAT (Chai et al., SC'21,
-shared/seeds/003_656c618fe5de2ce3.txt) and the baselines of 3.4: a heap of
+Simulates the tiered system of FedAT (Chai et al., SC'21) and its asynchronous and
+synchronous baselines (FedAvg, FedProx, FedAsync, TiFL): a heap of
 (time, class, seq, payload) events, the job life cycle with lost jobs, the
 method hooks, evaluation ticks, the stopping rules, the message log, deferred
 vectorised training through an injected Trainer, and an exact
@@ -181,7 +181,7 @@ class Simulator:
     """Dispatches one job per client, all starting from `model`, at `now`.
 
     The download is encoded once (at `precision`) and counted once per client
-    (3.2.4); the decoded model is both the start point and the proximal anchor.
+    (every client receives its own copy); the decoded model is both the start point and the proximal anchor.
 
     Args:
       clients: clients to dispatch, in dispatch order; none may have departed.
@@ -433,7 +433,7 @@ class Simulator:
             for t, d, b, c, m in zip(time, direction, num_bytes, client, kind)]
 
   def summary(self, target: Optional[float] = None) -> dict:
-    """The per-run measures of 3.5, plus how the run ended."""
+    """The per-run measures of FedAT's Sec. 7, plus how the run ended."""
     out = metrics_lib.summarize(self.ticks, target)
     out.update(method=self.method.name, stop_reason=self.stop_reason,
                global_updates=int(self.method.global_updates),

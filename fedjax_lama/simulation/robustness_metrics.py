@@ -1,4 +1,4 @@
-"""Robustness metrics of the FedAT paper (Def. 3.1, Sec. 7; algorithms.md 3.5).
+"""Robustness metrics of the FedAT paper (Chai et al., SC'21, Def. 3.1 and Sec. 7).
 
 Per evaluation tick: pooled global accuracy, per-client accuracy, its mean and
 population variance (ddof = 0: the K clients are the whole population), over
@@ -12,7 +12,7 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
-MB = 1e6  # the paper's MB, read as 10^6 bytes (3.5)
+MB = 1e6  # the paper's MB, read as 10^6 bytes
 SMOOTHING_TICKS = 5
 
 
@@ -59,7 +59,7 @@ def _first_at_least(values: np.ndarray, target: float) -> Optional[int]:
 
 
 def summarize(ticks: Sequence[Mapping], target: Optional[float] = None) -> dict:
-  """Per-run measures of 3.5 from the tick records of a run.
+  """Per-run measures (FedAT Sec. 7) from the tick records of a run.
 
   Args:
     ticks: the run's tick records (Simulator.ticks), in time order.
@@ -102,7 +102,7 @@ def summarize(ticks: Sequence[Mapping], target: Optional[float] = None) -> dict:
 
 
 def improvement(acc_fedat: float, acc_baseline: float) -> float:
-  """impr = (acc_FedAT - acc_baseline) / acc_FedAT (Table 1's impr. rows, 3.5)."""
+  """impr = (acc_FedAT - acc_baseline) / acc_FedAT (FedAT Table 1's impr. rows)."""
   return (acc_fedat - acc_baseline) / acc_fedat
 
 

@@ -1,0 +1,181 @@
+"""Every figure a run writes, in one place.
+
+Figures are built as matplotlib `Figure` objects (no pyplot state, so nothing leaks between
+runs and tests can inspect them), then saved as PNG files into the run's workdir. Every
+figure has a title, axes say their units, legends sit beside the axes rather than on the
+data, and virtual-time axes are in seconds from 0.
+
+- Synchronous runs: accuracy against rounds and against communicated floats.
+- Runs on the simulated clock: accuracy against virtual time (s) with the per-client
+  spread, and against communicated floats.
+- FedLAMA (Lee et al., AAAI 2023): synchronisations and communicated floats per layer,
+  named by layer (AAAI Figs. 4 and 5), and the interval-selection curves (arXiv v1 Fig. 1,
+  AAAI Fig. 2).
+
+matplotlib is imported when a figure is drawn, so importing this module stays cheap.
+"""
+import os
+from typing import Optional, Sequence
+
+import numpy as np
+
+from fedjax_lama import metrics
+
+ROUND_FILE = "accuracy_vs_round.png"
+COMM_FILE = "accuracy_vs_comm.png"
+VIRTUAL_TIME_FILE = "accuracy_vs_virtual_time.png"
+LAYER_COMM_FILE = "fedlama_layer_comm.png"
+CURVES_FILE = "fedlama_curves.png"
+
+
+def _figure(width: float, height: float, ncols: int = 1):
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  fig = Figure(figsize=(width, height), dpi=100)
+  axes = fig.subplots(1, ncols)
+  return fig, axes
+
+
+def _legend_beside(ax) -> None:
+  """The legend right of the axes, off the data."""
+  ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=7)
+
+
+def save(fig, path: str) -> str:
+  """Writes `fig` as a PNG (the legend beside the axes included)."""
+  fig.savefig(path, bbox_inches="tight")
+  return path
+
+
+def _finite(records, key):
+  return [r for r in records if r.get(key) is not None and np.isfinite(r[key])]
+
+
+# ---- synchronous runs --------------------------------------------------------------------------
+def accuracy_figure(xs: Sequence[float], accuracy: Sequence[float], xlabel: str, title: str):
+  fig, ax = _figure(5.5, 3.5)
+  ax.plot(xs, accuracy, marker=".")
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel("test accuracy")
+  ax.set_title(title)
+  ax.grid(alpha=0.3)
+  return fig
+
+
+def run_figures(records: Sequence[dict], title: str) -> dict:
+  """{file name: Figure}: test accuracy against rounds and against communicated floats."""
+  records = _finite(records, "test_accuracy")
+  if not records:
+    return {}
+  acc = [r["test_accuracy"] for r in records]
+  comm = [r["comm_floats_up"] + r["comm_floats_down"] for r in records]
+  return {
+      ROUND_FILE: accuracy_figure([r["round"] for r in records], acc, "round",
+                                  f"{title}: test accuracy by round"),
+      COMM_FILE: accuracy_figure(comm, acc, "floats communicated (up + down)",
+                                 f"{title}: test accuracy by communication"),
+  }
+
+
+def run_plots(workdir: str, records: Sequence[dict], title: str) -> list[str]:
+  """The PNG files of a synchronous run, in workdir; returns their paths."""
+  return [save(fig, os.path.join(workdir, name))
+          for name, fig in run_figures(records, title).items()]
+
+
+# ---- runs on the simulated clock ---------------------------------------------------------------
+def virtual_time_figure(records: Sequence[dict], title: str):
+  """Pooled test accuracy and the per-client mean +- std against virtual time in seconds."""
+  t = np.array([r["virtual_time"] for r in records], np.float64)
+  acc = np.array([r["test_accuracy"] for r in records], np.float64)
+  mean = np.array([r["client_test_accuracy_mean"] for r in records], np.float64)
+  std = np.sqrt(np.array([r["client_test_accuracy_var"] for r in records], np.float64))
+  fig, ax = _figure(6.5, 3.5)
+  ax.plot(t, acc, marker=".", label="accuracy (pooled local test sets)")
+  ax.fill_between(t, mean - std, mean + std, alpha=0.2, label="per-client mean ± std")
+  ax.set_xlabel("virtual time (s)")
+  ax.set_ylabel("test accuracy")
+  ax.set_xlim(0.0, max(float(t.max()) if t.size else 0.0, 1e-9))
+  ax.set_title(f"{title}: test accuracy over virtual time")
+  ax.grid(alpha=0.3)
+  _legend_beside(ax)
+  return fig
+
+
+def clock_figures(records: Sequence[dict], title: str) -> dict:
+  """{file name: Figure} of a run on the clock (its x axes are time and traffic, not rounds:
+  its evaluations are ticks of virtual time)."""
+  records = _finite(records, "test_accuracy")
+  if not records:
+    return {}
+  acc = [r["test_accuracy"] for r in records]
+  comm = [r["comm_floats_up"] + r["comm_floats_down"] for r in records]
+  return {
+      VIRTUAL_TIME_FILE: virtual_time_figure(records, title),
+      COMM_FILE: accuracy_figure(comm, acc, "floats communicated (up + down)",
+                                 f"{title}: test accuracy by communication"),
+  }
+
+
+def clock_plots(workdir: str, records: Sequence[dict], title: str) -> list[str]:
+  return [save(fig, os.path.join(workdir, name))
+          for name, fig in clock_figures(records, title).items()]
+
+
+# ---- FedLAMA -----------------------------------------------------------------------------------
+def layer_comm_figure(names: Sequence[str], sizes: Sequence[int], counts: Sequence[int]):
+  """Synchronisations c_l and floats s_l * c_l of every layer, bars labelled by layer name."""
+  counts = np.asarray(counts)
+  positions = np.arange(len(counts))
+  fig, axes = _figure(max(10.0, 0.6 * len(counts) + 4.0), 4.0, ncols=2)
+  for ax, values, ylabel, title in (
+      (axes[0], counts, "synchronisations c_l", "synchronisations per layer"),
+      (axes[1], counts * np.asarray(sizes), "floats communicated s_l * c_l (log)",
+       "floats communicated per layer")):
+    ax.bar(positions, values)
+    ax.set_xticks(positions)
+    ax.set_xticklabels(list(names), rotation=45, ha="right", fontsize=7)
+    ax.set_xlabel("layer")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+  axes[1].set_yscale("log")
+  fig.suptitle("FedLAMA: per-layer communication")
+  fig.tight_layout()
+  return fig
+
+
+def selection_curves_figure(records: Sequence[dict], rule: str):
+  """delta_k and 1 - lambda_k (lambda_k for the v1 rules) against k at up to four logged
+  window ends. For "aaai" the layers left of the crossing get the long interval."""
+  records = [r for r in records if r.get("fedlama_delta")]
+  if not records:
+    return None
+  picks = records if len(records) <= 4 else [records[i] for i in
+                                             np.linspace(0, len(records) - 1, 4).astype(int)]
+  v1 = rule in ("v1", "accelerate")
+  fig, ax = _figure(7.5, 4.0)
+  for r in picks:
+    k = np.arange(1, len(r["fedlama_delta"]) + 1)
+    line, = ax.plot(k, r["fedlama_delta"], label=f"delta, step {r['local_steps']}")
+    lam = np.asarray(r["fedlama_lambda"])
+    ax.plot(k, lam if v1 else 1 - lam, "--", color=line.get_color(),
+            label=("lambda" if v1 else "1 - lambda") + f", step {r['local_steps']}")
+  ax.set_xlabel("k (layers in the rule's order)")
+  ax.set_ylabel("fraction")
+  ax.set_title(f"FedLAMA selection curves (rule {rule!r})")
+  ax.grid(alpha=0.3)
+  _legend_beside(ax)
+  return fig
+
+
+def fedlama_plots(workdir: str, names: Sequence[str], sizes: Sequence[int],
+                  counts: Optional[Sequence[int]], rule: str) -> list[str]:
+  """FedLAMA's per-layer bars and selection curves (read from workdir/metrics.jsonl)."""
+  paths = []
+  if counts is not None:
+    paths.append(save(layer_comm_figure(names, sizes, counts),
+                      os.path.join(workdir, LAYER_COMM_FILE)))
+  records = metrics.JsonlWriter(os.path.join(workdir, "metrics.jsonl")).read()
+  fig = selection_curves_figure(records, rule)
+  if fig is not None:
+    paths.append(save(fig, os.path.join(workdir, CURVES_FILE)))
+  return paths
