@@ -10,13 +10,14 @@ import dataclasses
 from typing import Any, Optional
 
 from fedjax_lama.simulation.config import (ASOFedConfig, FedAsyncConfig, FedATConfig,
-                                           FedAvgConfig, FedProxConfig, SystemConfig,
+                                           FedAvgConfig, FedBuffConfig, FedProxConfig, SystemConfig,
                                            TiFLConfig)
 
 LOCAL_OPTIMIZERS = ("adam", "sgd")
 POLYLINE_MODES = ("flat", "pairs")
 METHOD_CONFIGS = {"fedat": FedATConfig, "fedavg": FedAvgConfig, "fedprox": FedProxConfig,
-                  "tifl": TiFLConfig, "fedasync": FedAsyncConfig, "asofed": ASOFedConfig}
+                  "tifl": TiFLConfig, "fedasync": FedAsyncConfig, "asofed": ASOFedConfig,
+                  "fedbuff": FedBuffConfig}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,7 +26,7 @@ class ClockOptions:
 
   Attributes:
     method: a name of `simulation.METHODS` ("fedat", "fedavg", "fedprox", "tifl",
-      "fedasync", "asofed").
+      "fedasync", "asofed", "fedbuff").
     method_config: its typed config (METHOD_CONFIGS[method]).
     system: the simulated system and the run (3.1.8).
     local_lr: eta of the local solver (constant; 3.6.5).
