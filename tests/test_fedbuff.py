@@ -305,3 +305,28 @@ def test_state_of_another_method_is_refused():
                            codec=RoundingCodec())
   with pytest.raises(ValueError, match="SystemConfig"):
     changed.load_state_dict(sim.state_dict())
+
+
+@pytest.mark.slow
+def test_engine_run_interrupted_then_resumed_equals_uninterrupted(tmp_path):
+  """Through the training entry point: checkpoints keep the buffer and the versions in flight."""
+  # pylint: disable=g-import-not-at-top
+  from fedjax_lama import training
+  from fedjax_lama.simulation import clock_run
+  from tests.test_fedat_engine import clock_config, clock_setup
+  c = clock_config(algorithm="fedbuff", **{"fedbuff.concurrency": 6, "fedbuff.buffer_size": 3,
+                                           "fedbuff.server_lr": 0.8})
+  whole, split = str(tmp_path / "whole"), str(tmp_path / "split")
+  summary = training.train_and_evaluate(c, whole)
+  assert training.train_and_evaluate(c, split, stop_after_round=1) == {
+      "interrupted_after_tick": 1}
+  resumed = training.train_and_evaluate(c, split)
+  wall = ("wall_seconds", "wall_time")
+  assert {k: v for k, v in summary.items() if k not in wall} == {
+      k: v for k, v in resumed.items() if k not in wall}
+  assert summary["global_updates"] >= 3
+  params = clock_setup()[2]
+  a, b = clock_run.latest_state(whole, params), clock_run.latest_state(split, params)
+  assert a["event_log"] == b["event_log"] and a["method_state"]["version"] >= 3
+  for x, y in zip(tree_leaves(a["method_state"]), tree_leaves(b["method_state"]), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

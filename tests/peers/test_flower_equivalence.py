@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 flwr = pytest.importorskip(
-    "flwr", reason="Flower (flwr) is not installed: pip install flwr==1.42.0 (requirements-peers.txt)")
+    "flwr",
+    reason="Flower (flwr) is not installed: pip install flwr==1.42.0 (requirements-peers.txt)")
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax.numpy as jnp  # pylint: disable=wrong-import-position

@@ -138,7 +138,8 @@ class FedBuff(Method):
     return self.version
 
   def state_dict(self) -> dict:
-    return {"version": self.version,
+    # "model" (the global model, also in "models") is what readers of a checkpoint look up.
+    return {"version": self.version, "model": self.model,
             "models": [[v, self.models[v]] for v in sorted(self.models)],
             "in_flight": [[k, self.in_flight[k]] for k in sorted(self.in_flight)],
             "buffer": [[k, j, v, s, model] for k, j, v, s, model in self.buffer],
