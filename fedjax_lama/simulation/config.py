@@ -458,6 +458,10 @@ class ASOFedConfig:
 class FedBuffConfig:
   """FedBuff (Nguyen et al., AISTATS 2022, Algorithm 1).
 
+  K = 10 and s(tau) = 1 / sqrt(1 + tau) are the paper's; concurrency 100 lets every client
+  of the default 100-client system train at once, and eta_g = 1 applies the buffer's mean
+  as it is.
+
   Attributes:
     concurrency: clients training at once (fewer when fewer alive clients are
       idle); a freed slot starts a new client at once.
