@@ -11,8 +11,8 @@ config.algorithm="fedlama" is the alias for config.fedlama.local_algorithm (FedA
 default) under that schedule.
 
 Runs on the simulated clock (algorithms.md 3; fedjax_lama.simulation): config.algorithm
-in CLOCK_METHODS (FedAT, TiFL, FedAsync, ASO-Fed) always runs there, and the registry's
-FedAvg and FedProx run there with config.system.clock=True. `clock_options` turns
+in CLOCK_METHODS (FedAT, TiFL, FedAsync, ASO-Fed, FedBuff) always runs there, and the
+registry's FedAvg and FedProx run there with config.system.clock=True. `clock_options` turns
 config.system.* and config.<method>.* into the simulation's typed configs.
 """
 import dataclasses
@@ -36,7 +36,7 @@ COMPRESSOR_NAMES = ("auto",) + tuple(compression.COMPRESSORS)
 
 
 # Methods that exist only on the simulated clock, and registry algorithms that also run there.
-CLOCK_METHODS = ("fedat", "tifl", "fedasync", "asofed")
+CLOCK_METHODS = ("fedat", "tifl", "fedasync", "asofed", "fedbuff")
 CLOCK_SYNC = ("fedavg", "fedprox")
 
 

@@ -23,7 +23,7 @@ Modules (imports are one-way, top to bottom):
   tiers       straggler parts, unstable clients, profiling and tiering
   events      the event queue
   metrics     tick statistics and run summaries (Chai et al., SC'21, Sec. 6)
-  methods     FedAT, FedAvg, FedProx, TiFL, FedAsync, ASO-Fed
+  methods     FedAT, FedAvg, FedProx, TiFL, FedAsync, ASO-Fed, FedBuff
   loop        Simulator: the clock, jobs, deferred training, ticks, state_dict
   testing     numpy stand-ins (ShiftTrainer, SineEvaluator, RoundingCodec), make_simulator
 
@@ -37,12 +37,12 @@ The JAX side, imported on its own (this package's __init__ does not load it):
 """
 from fedjax_lama.simulation.codecs import PolylineCodec, RawCodec
 from fedjax_lama.simulation.system_config import (ASOFedConfig, ComputeModel, FedAsyncConfig,
-                                           FedATConfig, FedAvgConfig, FedProxConfig,
+                                           FedATConfig, FedAvgConfig, FedBuffConfig, FedProxConfig,
                                            NetworkModel, SystemConfig, TiFLConfig)
 from fedjax_lama.simulation.interfaces import (Codec, Evaluator, ModelAlgebra, Trainer, TrainJob,
                                                TrainResult)
 from fedjax_lama.simulation.loop import Simulator, tick_times
-from fedjax_lama.simulation.methods import (ASOFed, FedAsync, FedAT, FedAvg, FedProx, METHODS,
+from fedjax_lama.simulation.methods import (ASOFed, FedAsync, FedAT, FedAvg, FedBuff, FedProx, METHODS,
                                             TiFL, cross_tier_fractions, cross_tier_weights)
 from fedjax_lama.simulation.robustness_metrics import summarize
 from fedjax_lama.simulation.pytree import NumpyAlgebra
@@ -50,7 +50,8 @@ from fedjax_lama.simulation.streams import Stream
 
 __all__ = [
     "ASOFed", "ASOFedConfig", "Codec", "ComputeModel", "Evaluator", "FedAT", "FedATConfig",
-    "FedAsync", "FedAsyncConfig", "FedAvg", "FedAvgConfig", "FedProx", "FedProxConfig",
+    "FedAsync", "FedAsyncConfig", "FedAvg", "FedAvgConfig", "FedBuff", "FedBuffConfig",
+    "FedProx", "FedProxConfig",
     "METHODS", "ModelAlgebra", "NetworkModel", "NumpyAlgebra", "PolylineCodec", "RawCodec",
     "Simulator", "Stream", "SystemConfig", "TiFL", "TiFLConfig", "TrainJob", "TrainResult",
     "Trainer", "cross_tier_fractions", "cross_tier_weights", "summarize", "tick_times",

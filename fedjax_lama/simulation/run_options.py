@@ -1,7 +1,7 @@
 """Typed options of one run on the virtual clock (the run contract of docs/design.md).
 
 FedAT (Chai et al., SC'21) and its baselines run
-on the simulated system (simulation/config.py). The registry
+on the simulated system (simulation/system_config.py). The registry
 (fedjax_lama.registry.clock_options) builds a `ClockOptions` from a config
 (config.system.*, config.<method>.*); clock_run.py runs it. Pure dataclasses: importing
 this module pulls in neither JAX nor a config library.
@@ -10,13 +10,14 @@ import dataclasses
 from typing import Any, Optional
 
 from fedjax_lama.simulation.system_config import (ASOFedConfig, FedAsyncConfig, FedATConfig,
-                                           FedAvgConfig, FedProxConfig, SystemConfig,
+                                           FedAvgConfig, FedBuffConfig, FedProxConfig, SystemConfig,
                                            TiFLConfig)
 
 LOCAL_OPTIMIZERS = ("adam", "sgd")
 POLYLINE_MODES = ("flat", "pairs")
 METHOD_CONFIGS = {"fedat": FedATConfig, "fedavg": FedAvgConfig, "fedprox": FedProxConfig,
-                  "tifl": TiFLConfig, "fedasync": FedAsyncConfig, "asofed": ASOFedConfig}
+                  "tifl": TiFLConfig, "fedasync": FedAsyncConfig, "asofed": ASOFedConfig,
+                  "fedbuff": FedBuffConfig}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,7 +26,7 @@ class ClockOptions:
 
   Attributes:
     method: a name of `simulation.METHODS` ("fedat", "fedavg", "fedprox", "tifl",
-      "fedasync", "asofed").
+      "fedasync", "asofed", "fedbuff").
     method_config: its typed config (METHOD_CONFIGS[method]).
     system: the simulated system and the run.
     local_lr: eta of the local solver (constant).

@@ -453,3 +453,45 @@ class ASOFedConfig:
   def __post_init__(self):
     _float("lam", self.lam)
     _precision("compression_precision", self.compression_precision)
+
+
+@dataclasses.dataclass(frozen=True)
+class FedBuffConfig:
+  """FedBuff (Nguyen et al., AISTATS 2022, Algorithm 1).
+
+  K = 10 and s(tau) = 1 / sqrt(1 + tau) are the paper's; concurrency 100 lets every client
+  of the default 100-client system train at once, and eta_g = 1 applies the buffer's mean
+  as it is.
+
+  Attributes:
+    concurrency: clients training at once (fewer when fewer alive clients are
+      idle); a freed slot starts a new client at once.
+    buffer_size: K, client updates per server update.
+    server_lr: eta_g of w <- w - eta_g * mean of the buffer's weighted updates.
+    staleness: the weight s(tau) of an update made tau server updates ago:
+      "polynomial" ((1 + tau)^-poly_a; the paper's 1 / sqrt(1 + tau) with
+      poly_a = 0.5), "constant" (1) or "hinge" (1 up to tau = hinge_b, then
+      1 / (hinge_a (tau - hinge_b) + 1)).
+    rho: proximal coefficient of the local objective (the paper uses none: 0).
+    compression_precision: polyline precision of the messages; None = raw float32.
+  """
+  concurrency: int = 100
+  buffer_size: int = 10
+  server_lr: float = 1.0
+  staleness: str = "polynomial"
+  poly_a: float = 0.5
+  hinge_a: float = 10.0
+  hinge_b: float = 4.0
+  rho: float = 0.0
+  compression_precision: Optional[int] = None
+
+  def __post_init__(self):
+    _int("concurrency", self.concurrency, 1)
+    _int("buffer_size", self.buffer_size, 1)
+    _float("server_lr", self.server_lr, strict=True)
+    _choice("staleness", self.staleness, STALENESS_FUNCTIONS)
+    _float("poly_a", self.poly_a, strict=True)
+    _float("hinge_a", self.hinge_a, strict=True)
+    _float("hinge_b", self.hinge_b)
+    _float("rho", self.rho)
+    _precision("compression_precision", self.compression_precision)

@@ -1,0 +1,129 @@
+r"""Wall and CPU time per simulated client update: FedBuff beside FedAsync, in one process.
+
+Both methods run the same small run on the simulated clock (digits, an MLP, every client
+training at once: FedAsync always keeps every client in flight, so FedBuff gets
+concurrency = num_clients), built as the training entry point builds it (one federation,
+model and w0 for all runs), interleaved, after one warm-up run each. A client update is
+one model upload that reached the server. Each run's trainer compiles its own programs
+in the first quarter of the virtual-time budget, so only the rest of the run is timed:
+local training, evaluation ticks and the server rule. CPU time (every thread of this
+process) is less disturbed than wall time when other work shares the machine.
+
+    python -m benchmarks.fedbuff_speed --repeats=5 --budget_s=400
+    python -m benchmarks.fedbuff_speed --mode=server --repeats=3
+
+--mode=server times the same comparison without training: the numpy stand-in trainer
+and evaluator (simulation.testing) on an MLP-sized model with the engine's jitted model
+sums, so what is left is the event loop and each method's server rule.
+"""
+import statistics
+import time
+
+from absl import app, flags
+import numpy as np
+
+from fedjax_lama import data as fdata
+from fedjax_lama import federation, registry, training
+from fedjax_lama.config import base_config
+from fedjax_lama.simulation import FedAsync, FedBuff, FedBuffConfig, SystemConfig
+from fedjax_lama.simulation import clock_run
+from fedjax_lama.simulation.engine_adapter import JaxAlgebra
+from fedjax_lama.simulation.testing import make_simulator
+
+_MODE = flags.DEFINE_enum("mode", "engine", ["engine", "server"],
+                          "engine: runs through the training entry point; server: stand-ins")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "measured runs of each method (after a warm-up)")
+_BUDGET = flags.DEFINE_float("budget_s", 200.0, "virtual-time budget of each run, seconds")
+_CLIENTS = flags.DEFINE_integer("num_clients", 10, "clients (all of them train at once)")
+_BUFFER = flags.DEFINE_integer("buffer_size", 3, "FedBuff's K")
+
+
+def run_config(method: str, num_clients: int, budget_s: float, buffer_size: int):
+  c = base_config()
+  c.algorithm = method
+  c.dataset, c.model = "digits", "mlp"
+  c.model_options.hidden_sizes = (32,)
+  c.partition, c.classes_per_client, c.num_clients = "class_cyclic", 2, num_clients
+  c.local_test_fraction = 0.2
+  c.local_epochs, c.local_steps, c.batch_size, c.local_lr = 1, 0, 10, 3e-3
+  c.system.compute_model.step_cost_s = 0.5
+  c.system.num_unstable = 0
+  c.system.max_virtual_time_s = budget_s
+  c.system.eval_interval_s = budget_s / 4
+  c.plots = False
+  if method == "fedbuff":
+    c.fedbuff.concurrency = num_clients
+    c.fedbuff.buffer_size = buffer_size
+  return c
+
+
+_SETUP = {}
+
+
+def arrivals(sim) -> int:
+  return sum(1 for e in sim.event_log if e[2] == "arrival")
+
+
+def timed_rest_of_run(sim, warm_until: float) -> tuple[float, float, int]:
+  """Runs to `warm_until` (compilation), then times the rest: (wall s, CPU s, updates)."""
+  sim.run(until=warm_until)
+  before = arrivals(sim)
+  wall, cpu = time.perf_counter(), time.process_time()
+  sim.run()
+  return time.perf_counter() - wall, time.process_time() - cpu, arrivals(sim) - before
+
+
+def engine_seconds_per_update(method: str) -> tuple[float, float, int]:
+  """(wall, CPU) seconds per client update after the first quarter of the budget."""
+  config = run_config(method, _CLIENTS.value, _BUDGET.value, _BUFFER.value)
+  if not _SETUP:  # one federation, model and w0 for every run (what training builds)
+    dataset = fdata.load_dataset(config.dataset, data_dir="")
+    fed = federation.build_federation(training.partition_spec(config), dataset)
+    model, params, _ = training._build_model(config, dataset)  # pylint: disable=protected-access
+    _SETUP.update(fed=fed, model=model, params=params)
+  sim = clock_run.build_simulator(registry.clock_options(config), _SETUP["fed"],
+                                  _SETUP["model"], _SETUP["params"])
+  wall, cpu, updates = timed_rest_of_run(sim, _BUDGET.value / 4)
+  return wall / updates, cpu / updates, updates
+
+
+def server_seconds_per_update(method: str) -> tuple[float, float, int]:
+  """Stand-in trainer and evaluator: the loop and the server rule only (no training)."""
+  sizes = {"w1": (64, 32), "b1": (32,), "w2": (32, 10), "b2": (10,)}  # digits' MLP
+  model = {k: np.zeros(shape, np.float32) for k, shape in sizes.items()}
+  num_clients = _CLIENTS.value
+  config = SystemConfig(num_clients=num_clients, num_unstable=0, num_tiers=2,
+                        max_virtual_time_s=100 * _BUDGET.value, eval_interval_s=_BUDGET.value)
+  rule = FedAsync() if method == "fedasync" else FedBuff(FedBuffConfig(
+      concurrency=num_clients, buffer_size=_BUFFER.value))
+  sim = make_simulator(config, rule, initial_model=model, algebra=JaxAlgebra())
+  wall, cpu, updates = timed_rest_of_run(sim, config.max_virtual_time_s / 4)
+  return wall / updates, cpu / updates, updates
+
+
+def main(argv):
+  del argv
+  methods = ("fedasync", "fedbuff")
+  if _MODE.value == "server":
+    seconds_per_update = server_seconds_per_update  # pylint: disable=redefined-outer-name
+  else:
+    seconds_per_update = engine_seconds_per_update
+  for method in methods:  # warm-up: compile every call size once
+    seconds_per_update(method)
+  walls, cpus = {m: [] for m in methods}, {m: [] for m in methods}
+  for _ in range(_REPEATS.value):
+    for method in methods:
+      wall, cpu, updates = seconds_per_update(method)
+      walls[method].append(wall)
+      cpus[method].append(cpu)
+      print(f"{method:9s} {updates:5d} client updates  {1e3 * wall:8.3f} ms wall, "
+            f"{1e3 * cpu:8.3f} ms CPU per update", flush=True)
+  for name, table in (("wall", walls), ("CPU", cpus)):
+    medians = {m: statistics.median(t) for m, t in table.items()}
+    print(f"median {name}: fedasync {1e3 * medians['fedasync']:.3f} ms, fedbuff "
+          f"{1e3 * medians['fedbuff']:.3f} ms per client update; fedbuff / fedasync = "
+          f"{medians['fedbuff'] / medians['fedasync']:.3f}")
+
+
+if __name__ == "__main__":
+  app.run(main)

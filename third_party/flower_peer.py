@@ -1,0 +1,123 @@
+"""Flower's server strategies driven on fixed client uploads, for equivalence checks.
+
+Flower (flwr, https://flower.ai; Beutel et al., "Flower: A Friendly Federated Learning
+Research Framework", arXiv:2007.14390) implements its server strategies (FedAvg, FedAvgM,
+FedAdam, FedYogi, FedAdagrad) on numpy arrays: `Strategy.aggregate_fit(round, results,
+failures)` takes each client's uploaded parameters and example count and returns the new
+server parameters. This adapter calls exactly that, with no clients, network or PyTorch,
+and reads the strategy's state (FedAvgM's momentum vector, FedOpt's m_t and v_t) after
+each round.
+
+Two conventions of Flower's FedOpt strategies differ from Reddi et al. ("Adaptive
+Federated Optimization", ICLR 2021, Algorithm 2): the second moment starts at v = 0
+(the paper: v_{-1} = tau^2), and FedAdam multiplies eta by the bias correction
+sqrt(1 - beta2^(r+1)) / (1 - beta1^(r+1)) in round r (the paper has none).
+`paper_convention=True` makes the peer follow the paper instead: it starts v_t at tau^2
+and divides eta by that factor before each FedAdam round, so both sides compute the same
+update (up to rounding). Flower is an optional dependency (requirements-peers.txt).
+"""
+from typing import Optional, Sequence
+
+import numpy as np
+
+STRATEGIES = ("fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
+
+
+def _flwr():
+  try:
+    import flwr  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError("Flower is not installed: pip install flwr==1.42.0 (requirements-peers.txt; "
+                      "into a virtual environment of its own)") from e
+  return flwr
+
+
+def version() -> str:
+  return _flwr().__version__
+
+
+def make_strategy(name: str, initial: Sequence[np.ndarray], *, server_lr: float = 1.0,
+                  momentum: float = 0.0, beta1: float = 0.9, beta2: float = 0.99,
+                  tau: float = 1e-3):
+  """Flower's strategy `name` starting from the arrays `initial`, every client sampled."""
+  flwr = _flwr()
+  strategy = flwr.server.strategy
+  params = flwr.common.ndarrays_to_parameters([np.asarray(x) for x in initial])
+  common = dict(fraction_fit=1.0, fraction_evaluate=0.0, min_fit_clients=1,
+                min_available_clients=1)
+  if name == "fedavg":
+    return strategy.FedAvg(initial_parameters=params, **common)
+  if name == "fedavgm":
+    return strategy.FedAvgM(initial_parameters=params, server_learning_rate=server_lr,
+                            server_momentum=momentum, **common)
+  if name == "fedadam":
+    return strategy.FedAdam(initial_parameters=params, eta=server_lr, beta_1=beta1,
+                            beta_2=beta2, tau=tau, **common)
+  if name == "fedyogi":
+    return strategy.FedYogi(initial_parameters=params, eta=server_lr, beta_1=beta1,
+                            beta_2=beta2, tau=tau, **common)
+  if name == "fedadagrad":
+    # Flower's FedAdagrad keeps m_t with beta_1 = 0 (plain Adagrad), as Reddi et al.'s defaults.
+    return strategy.FedAdagrad(initial_parameters=params, eta=server_lr, tau=tau, **common)
+  raise ValueError(f"strategy {name!r} is not driven here; accepted: {', '.join(STRATEGIES)}")
+
+
+def _fit_results(uploads: Sequence[Sequence[np.ndarray]], num_examples: Sequence[int]):
+  flwr = _flwr()
+  c = flwr.common
+  ok = c.Status(code=c.Code.OK, message="")
+  # The client proxies are not read by aggregate_fit: None stands for each.
+  return [(None, c.FitRes(status=ok, parameters=c.ndarrays_to_parameters(list(arrays)),
+                          num_examples=int(n), metrics={}))
+          for arrays, n in zip(uploads, num_examples, strict=True)]
+
+
+def run_rounds(name: str, initial: Sequence[np.ndarray],
+               uploads_per_round: Sequence[Sequence[Sequence[np.ndarray]]],
+               num_examples: Sequence[int], *, paper_convention: bool = False,
+               server_lr: float = 1.0, momentum: float = 0.0, beta1: float = 0.9,
+               beta2: float = 0.99, tau: float = 1e-3) -> list[dict]:
+  """Runs Flower's strategy for len(uploads_per_round) rounds on fixed uploads.
+
+  Args:
+    name: one of STRATEGIES.
+    initial: the initial server arrays.
+    uploads_per_round: for each round, each client's uploaded arrays (its model after
+      local training).
+    num_examples: each client's example count (Flower weights its mean by them).
+    paper_convention: run FedAdam/FedYogi/FedAdagrad in Reddi et al.'s convention
+      (v starts at tau^2, no bias correction; see the module docstring).
+    server_lr, momentum, beta1, beta2, tau: the strategy's eta (FedAvgM's
+      server_learning_rate), FedAvgM's momentum and FedOpt's beta_1, beta_2, tau.
+
+  Returns:
+    One dict per round: "params" (the server arrays), and the strategy's state:
+    "momentum" (FedAvgM), "m" and "v" (FedOpt), as lists of arrays.
+  """
+  flwr = _flwr()
+  strategy = make_strategy(name, initial, server_lr=server_lr, momentum=momentum, beta1=beta1,
+                           beta2=beta2, tau=tau)
+  if paper_convention and name in ("fedadam", "fedyogi", "fedadagrad"):
+    strategy.v_t = [np.full_like(np.asarray(x), tau * tau) for x in initial]
+  history = []
+  for r, uploads in enumerate(uploads_per_round, start=1):
+    if paper_convention and name == "fedadam":
+      # Flower multiplies eta by sqrt(1 - b2^(r+1)) / (1 - b1^(r+1)) in round r.
+      strategy.eta = server_lr * (1 - beta1 ** (r + 1.0)) / np.sqrt(1 - beta2 ** (r + 1.0))
+    params, _ = strategy.aggregate_fit(r, _fit_results(uploads, num_examples), [])
+    record = {"params": flwr.common.parameters_to_ndarrays(params)}
+    if name == "fedavgm":
+      record["momentum"] = [np.array(x) for x in (strategy.momentum_vector or [])]
+    elif name != "fedavg":
+      record["m"] = [np.array(x) for x in strategy.m_t]
+      record["v"] = [np.array(x) for x in strategy.v_t]
+    history.append(record)
+  return history
+
+
+def largest_difference(a: Sequence[np.ndarray], b: Sequence[np.ndarray],
+                       scale: Optional[float] = None) -> float:
+  """max |a - b| over every array (divided by `scale` when given)."""
+  diff = max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+             for x, y in zip(a, b, strict=True))
+  return diff / scale if scale else diff
