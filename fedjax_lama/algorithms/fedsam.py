@@ -27,7 +27,8 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
-from fedjax_lama.algorithms.common import Common, Spec, fedavg_like, require, require_one_of, tree_map
+from fedjax_lama.algorithms.common import (Common, Spec, fedavg_like, require, require_one_of,
+                                           tree_map)
 from fedjax_lama.algorithms.fedspeed import global_norm
 from fedjax_lama.engine.algorithm import Algorithm
 
@@ -115,4 +116,5 @@ def build(hp: Hparams, common: Common) -> Algorithm:
       correct=with_reference_clip(None, hp.clip_norm) if hp.clip_mode == "reference" else None)
 
 
-SPECS = (Spec("fedsam", Hparams, build, "sharpness-aware local steps, FedAvg's server (d each way)"),)
+SPECS = (Spec("fedsam", Hparams, build,
+              "sharpness-aware local steps, FedAvg's server (d each way)"),)
