@@ -16,7 +16,7 @@ import pytest
 from fedjax_lama import algorithms
 from fedjax_lama.algorithms import Common
 from fedjax_lama.errors import HparamError
-from tests.test_algorithm_reference import A, B, ETA, K, N, engine, grad
+from tests.test_algorithm_reference import ETA, K, N, engine, grad
 
 ATOL = 1e-10
 FULL = ((0, 1),) * 3

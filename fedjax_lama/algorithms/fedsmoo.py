@@ -31,14 +31,13 @@ import dataclasses
 import math
 from typing import NamedTuple
 
-import jax
 import jax.numpy as jnp
 import optax
 
 from fedjax_lama.algorithms import fedspeed
 from fedjax_lama.algorithms.common import Common, Spec, require, require_one_of, tree_map
 from fedjax_lama.algorithms.fedsam import ascent, check_sam_options
-from fedjax_lama.engine.algorithm import SUM, Algorithm, Reduction, ServerState, upload
+from fedjax_lama.engine.algorithm import Algorithm, ServerState, upload
 from fedjax_lama.tree import tree_zeros_like
 
 
