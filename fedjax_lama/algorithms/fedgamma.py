@@ -21,7 +21,8 @@ Readings (the paper's is the default):
   its SGD step adds weight decay; the paper clips nothing.
 FL-Simulator divides x - y_K by a nominal step count (client 0's batches per epoch) times
 the rate; this module by each client's own sum of step sizes (equal when clients take
-equal steps). rho = 0 is the project's scaffold (option II) exactly, with either reading.
+equal steps). rho = 0 (clip_mode "none") is the project's scaffold (option II) exactly,
+with either reading.
 """
 import dataclasses
 

@@ -18,7 +18,7 @@ authors' simulator) differs in two places, each an option here:
 - clip_mode="reference": FL-Simulator clips every method's final local direction (here g~)
   to global norm clip_norm (10) by PyTorch's clip_grad_norm_ formula before its SGD step
   adds weight decay; the papers clip nothing.
-rho = 0 skips the second gradient (a static branch): FedAvg exactly.
+rho = 0 skips the second gradient (a static branch): with clip_mode "none", FedAvg exactly.
 """
 import dataclasses
 import math
