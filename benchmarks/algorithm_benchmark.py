@@ -1,15 +1,16 @@
 r"""Cost of each algorithm's round against a FedAvg round of the same shape, side by side.
 
   python -m benchmarks.algorithm_benchmark [--model=fedat_cnn --clients=16 --steps=10 \
-      --algorithms=scaffold,feddyn,fedadam,fedspeed --fedlama_over=fedavg,scaffold,feddyn,fedadam]
+      --algorithms=scaffold,feddyn,fedadam,fedspeed,fedsam,mofedsam,fedsmoo,fedgamma \
+      --fedlama_over=fedavg,scaffold,feddyn,fedadam]
 
 Every program is driven exactly as the training loop drives it (host sampling, packing, row
 gather/scatter, server update) on the same CIFAR-shaped data and model. Timings are
 interleaved (one round of each program per repeat, in turn) so that load on this shared
 machine hits all of them alike, and the best repeat of each is kept. Targets: SCAFFOLD,
-FedDyn and FedAdam <= 1.1x FedAvg (their extra work is O(d) per client per round), FedSpeed
-<= 2.2x (two gradients per step), FedLAMA over an algorithm <= 1.1x that algorithm (a window
-of phi sub-rounds against phi rounds). The last line is JSON.
+FedDyn and FedAdam <= 1.1x FedAvg (their extra work is O(d) per client per round), FedSpeed,
+FedSAM, MoFedSAM, FedSMOO and FedGamma <= 2.2x (two gradients per step), FedLAMA over an
+algorithm <= 1.1x that algorithm (a window of phi sub-rounds against phi rounds). The last line is JSON.
 """
 import json
 import time
@@ -29,7 +30,8 @@ flags.DEFINE_integer("clients", 16, "Participating clients per round.")
 flags.DEFINE_integer("steps", 10, "Local steps per round (FedLAMA: tau').")
 flags.DEFINE_integer("phi", 2, "FedLAMA's phi.")
 flags.DEFINE_integer("batch", 32, "Local batch size.")
-flags.DEFINE_list("algorithms", ["scaffold", "feddyn", "fedadam", "fedspeed"],
+flags.DEFINE_list("algorithms", ["scaffold", "feddyn", "fedadam", "fedspeed", "fedsam",
+                                 "mofedsam", "fedsmoo", "fedgamma"],
                   "Algorithms timed against FedAvg.")
 flags.DEFINE_list("fedlama_over", ["fedavg", "scaffold", "feddyn", "fedadam"],
                   "Algorithms timed under the FedLAMA schedule against themselves.")
@@ -80,7 +82,8 @@ class _Timed:
 
 
 def run(model="fedat_cnn", clients=16, steps=10, phi=2, batch=32,
-        algorithms=("scaffold", "feddyn", "fedadam", "fedspeed"),
+        algorithms=("scaffold", "feddyn", "fedadam", "fedspeed", "fedsam", "mofedsam", "fedsmoo",
+                    "fedgamma"),
         fedlama_over=("fedavg", "scaffold", "feddyn", "fedadam"), repeats=5) -> dict:
   dataset = _dataset(2 * clients * steps * batch)
   mesh = sharding.client_mesh()

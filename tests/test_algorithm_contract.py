@@ -54,6 +54,7 @@ TRAFFIC = {
     "feddyn": (1, 0, 1), "fedcm": (1, 0, 2), "fedadmm": (1, 0, 1), "fedsgd": (1, 0, 1),
     "fedpaq": (1, 0, 1), "fedcom": (1, 0, 1), "fedspeed": (1, 0, 1), "fedlamb": (2, 0, 2),
     "fedams": (2, 0, 2),
+    "fedsam": (1, 0, 1), "mofedsam": (1, 0, 2), "fedsmoo": (2, 0, 2), "fedgamma": (2, 0, 2),
 }
 QUANTIZED = {"fedpaq", "fedcom"}
 

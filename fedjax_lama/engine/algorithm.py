@@ -114,6 +114,10 @@ class Aggregates(NamedTuple):
 # Signatures (one client, one server; no client axis anywhere).
 ValueAndGrad = Callable[[PyTree], tuple[tuple[jax.Array, Any], PyTree]]
 GradOracle = Callable[[ValueAndGrad, PyTree], tuple[tuple[jax.Array, Any], PyTree]]
+# (value_and_grad, params, ctx, opt_state) -> ((loss, aux), grads, opt_state): an oracle whose
+# extra gradient depends on the client's downloads and row and on state kept across its steps.
+ContextGradOracle = Callable[[ValueAndGrad, PyTree, "ClientContext", PyTree],
+                             tuple[tuple[jax.Array, Any], PyTree, PyTree]]
 Correction = Callable[[PyTree, PyTree, ClientContext], PyTree]           # (g, params, ctx) -> g
 LocalInit = Callable[[ClientContext], PyTree]                            # ctx -> opt_state
 Finish = Callable[[LocalState, ClientContext, ClientInfo], tuple[dict, PyTree]]
@@ -158,6 +162,9 @@ class Algorithm:
   server_tx: optax.GradientTransformation = dataclasses.field(
       default_factory=lambda: optax.sgd(1.0))
   grad: GradOracle = single_gradient
+  # Replaces `grad` when set: for a perturbation built from the downloads, the row or a
+  # per-step dual kept in the local optimizer state (FedSMOO, FedGamma).
+  context_grad: Optional[ContextGradOracle] = None
   correct: Optional[Correction] = None
   local_init: Optional[LocalInit] = None       # None: local_tx.init(ctx.shared["params"])
   row_init: Optional[Callable[[PyTree], PyTree]] = None   # params -> one client's row

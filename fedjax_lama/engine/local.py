@@ -148,6 +148,7 @@ def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
   the gather happens inside the step, so only indices cross the host boundary.
   """
   local_tx, grad_oracle, correct = algorithm.local_tx, algorithm.grad, algorithm.correct
+  context_grad = algorithm.context_grad
 
   def client_train(state: LocalState, ctx: ClientContext, data_x, data_y, indices, example_mask,
                    step_mask, key, step_offset, key_offset=0):
@@ -162,10 +163,16 @@ def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
         x = augment(x, jax.random.fold_in(k, 1))
       value_and_grad = jax.value_and_grad(
           lambda p: loss_fn(p, carry.model_state, x, y, emask, k), has_aux=True)
-      (loss, (new_model_state, correct_count)), grads = grad_oracle(value_and_grad, carry.params)
+      opt_state = carry.opt_state
+      if context_grad is not None:
+        (loss, (new_model_state, correct_count)), grads, opt_state = context_grad(
+            value_and_grad, carry.params, ctx, opt_state)
+      else:
+        (loss, (new_model_state, correct_count)), grads = grad_oracle(value_and_grad,
+                                                                      carry.params)
       if correct is not None:
         grads = correct(grads, carry.params, ctx)
-      direction, new_opt = local_tx.update(grads, carry.opt_state, carry.params)
+      direction, new_opt = local_tx.update(grads, opt_state, carry.params)
       lr = lr_schedule(step_offset + s)
       new_params = jax.tree_util.tree_map(lambda p, u: p - lr * u, carry.params, direction)
       new = LocalState(new_params, new_model_state, new_opt)

@@ -1,0 +1,57 @@
+"""MoFedSAM: FedSAM with client-level momentum.
+
+Z. Qu, X. Li, R. Duan, Y. Liu, B. Tang, Z. Lu, "Generalized Federated Learning via
+Sharpness Aware Minimization", ICML 2022 (Algorithm 2, MoFedSAM).
+
+The momentum is FedCM's (J. Xu, S. Wang, L. Wang, A. C.-C. Yao, 2021), which this module
+builds on: the server keeps D, last round's mean displacement in gradient units
+(D = -mean_S (y_K - x) / (the client's sum of step sizes), 0 at start) and sends it with
+the model (2d down). Each local step takes SAM's two gradients on one minibatch, g at y
+and g~ at y + rho g / ||g|| (fedsam.py), and steps along alpha g~ + (1 - alpha) D: the
+perturbation follows the plain local gradient, the momentum enters the descent only.
+The client uploads y_K - x (d up); the server steps with their mean (server_lr 1 is the
+paper's x + mean Delta_i).
+
+Readings: FL-Simulator agrees with the paper on the direction (it scales the perturbed
+loss by alpha and adds (1 - alpha) D), and differs by
+- perturb_eps: ||g|| + 1e-7 there (the paper divides by ||g||);
+- clip_mode="reference": it clips alpha g~ + (1 - alpha) D to global norm clip_norm before
+  its SGD step adds weight decay;
+- it divides the mean displacement by one nominal step count (client 0's batches per
+  epoch) times last round's rate, where this module divides each client's displacement by
+  its own sum of step sizes: the same whenever clients take equal steps (no option).
+rho = 0 is the project's fedcm with the same alpha exactly; alpha = 1 is fedsam.
+"""
+import dataclasses
+
+from fedjax_lama.algorithms import fedcm
+from fedjax_lama.algorithms.common import Common, Spec, require
+from fedjax_lama.algorithms.fedsam import check_sam_options, sam_oracle, with_reference_clip
+from fedjax_lama.engine.algorithm import Algorithm
+
+
+@dataclasses.dataclass(frozen=True)
+class Hparams:
+  rho: float = 0.1             # perturbation radius
+  alpha: float = 0.1           # weight of the local gradient; 1 - alpha on D (FL-Simulator: 0.1)
+  perturb_eps: float = 1e-12   # ||g|| + perturb_eps; FL-Simulator: 1e-7
+  clip_mode: str = "none"      # "none" (paper) | "reference" (FL-Simulator's clip)
+  clip_norm: float = 10.0
+
+  def __post_init__(self):
+    check_sam_options(self)
+    require(isinstance(self.alpha, (int, float)) and not isinstance(self.alpha, bool)
+            and 0.0 <= self.alpha <= 1.0, "alpha", self.alpha, "a number in [0, 1]")
+
+
+def build(hp: Hparams, common: Common) -> Algorithm:
+  momentum = fedcm.build(fedcm.Hparams(alpha=hp.alpha), common)
+  correct = momentum.correct
+  if hp.clip_mode == "reference":
+    correct = with_reference_clip(correct, hp.clip_norm)
+  return dataclasses.replace(momentum, name="mofedsam", grad=sam_oracle(hp.rho, hp.perturb_eps),
+                             correct=correct)
+
+
+SPECS = (Spec("mofedsam", Hparams, build,
+              "sharpness-aware local steps + client-level momentum D (2d down)"),)
