@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_lama.algorithms.common import (Common, Spec, require, require_nonnegative,
-                                           require_one_of, tree_map)
+                                           require_one_of, server_rate, tree_map)
 from fedjax_lama.engine.algorithm import Algorithm, ServerState, apply_server_tx, displacement
 from fedjax_lama.tree import tree_zeros_like
 
@@ -176,7 +176,7 @@ def build(hp: AmsHparams, common: Common) -> Algorithm:
   require(common.local_momentum == 0, "local_momentum", common.local_momentum,
           f"0 ({name}'s first moment is its momentum: config.{name}.beta1)")
   local_tx = build_local_tx(hp, common)
-  server_tx = optax.sgd(common.server_lr)  # lr 1: theta_bar_r = mean of the models exactly
+  server_tx = optax.sgd(server_rate(common))  # lr 1: theta_bar_r = mean of the models exactly
   server_mode = hp.v_hat_source == "server"
   carry_m, carry_v = hp.m_round_init == "carry", hp.v_round_init == "carry"
 
@@ -222,7 +222,8 @@ def build(hp: AmsHparams, common: Common) -> Algorithm:
       name, local_tx=local_tx, server_tx=server_tx, local_init=local_init,
       row_init=row_init if carry_m or carry_v else None, finish=finish,
       server_init=server_init, server_update=server_update, downloads=("params", "v_hat"),
-      model_upload="delta", layerwise=True)
+      model_upload="delta", layerwise=True,
+      local_sgd=None)  # AMSGrad's step is adaptive: no effective step
 
 
 SPECS = (
