@@ -39,15 +39,16 @@ def least_squares_loss(params, model_state, x, y, example_mask, key):
 
 
 def engine(alg, rounds, steps=(K, K), weighting="uniform", participants=((0, 1),) * 3,
-           num_examples=(2.0, 2.0), x0=None):
-  """Runs `rounds` rounds; client i takes steps[i] full-batch steps. Returns (server, rows)."""
+           num_examples=(2.0, 2.0), x0=None, schedule=optax.constant_schedule(ETA)):
+  """Runs `rounds` rounds; client i takes steps[i] full-batch steps at the rates
+  schedule(r * max(steps) + k). Returns (server, rows)."""
   with jax.enable_x64(True):
     data_x = jnp.asarray(np.concatenate(A))
     data_y = jnp.asarray(np.concatenate(B))
     params = {"w": jnp.asarray(np.zeros(2) if x0 is None else x0)}
     max_steps = max(steps)
     train_chunk, server_update = round_lib.make_round_fns(
-        least_squares_loss, alg, optax.constant_schedule(ETA), seed=0, weighting=weighting,
+        least_squares_loss, alg, schedule, seed=0, weighting=weighting,
         local_steps=max_steps, population=N)
     server = alg.init_server(params, {})
     template = alg.row_init(params) if alg.row_init is not None else {}
@@ -226,6 +227,120 @@ def test_fednova_normalises_unequal_steps():
   want = sum(P[i] * steps[i] for i in range(N)) * sum(P[i] * d[i] / steps[i] for i in range(N))
   np.testing.assert_allclose(plain.params["w"], want, atol=ATOL)
   assert not np.allclose(want, ref_fedavg(np.zeros(2), steps=steps))
+
+
+# ---- heavy-ball local momentum: the effective step ||a_i||_1 --------------------------------
+BETA = 0.9
+
+
+def heavy_ball(i, x, extra, rates, nesterov=False):
+  """Client i's local steps from x under optax.trace(BETA): m = BETA m + g, y -= rate * m
+  (with nesterov: y -= rate * (g + BETA m)); g = grad_i(y) + extra(y)."""
+  y, m = x.copy(), np.zeros(2)
+  for rate in rates:
+    g = grad(i, y) + extra(y)
+    m = BETA * m + g
+    y = y - rate * ((g + BETA * m) if nesterov else m)
+  return y
+
+
+def norm_a(rates, nesterov=False):
+  """FedNova's ||a||_1 with the rates inside (Wang et al. 2020): gradient j enters the
+  displacement with coefficient sum_{k >= j} rate_k BETA^(k - j) (nesterov: rate_j +
+  sum_{k >= j} rate_k BETA^(k - j + 1)); the sum of these coefficients."""
+  n = len(rates)
+  coeffs = []
+  for j in range(n):
+    tail = sum(rates[k] * BETA ** (k - j + (1 if nesterov else 0)) for k in range(j, n))
+    coeffs.append(tail + (rates[j] if nesterov else 0.0))
+  return sum(coeffs)
+
+
+def test_effective_step_is_the_sum_of_the_gradient_coefficients():
+  """The coefficients of norm_a really are how each gradient enters the displacement: on a
+  problem whose gradient is a fixed vector g, y - x = -||a||_1 g."""
+  rates = [0.1, 0.05, 0.2]
+  for nesterov in (False, True):
+    y, m = np.zeros(2), np.zeros(2)
+    g = np.array([1.0, -2.0])
+    for rate in rates:
+      m = BETA * m + g
+      y = y - rate * ((g + BETA * m) if nesterov else m)
+    np.testing.assert_allclose(y, -norm_a(rates, nesterov) * g, rtol=1e-13)
+
+
+def test_scaffold_option_ii_with_momentum_estimates_the_mean_gradient():
+  """Karimireddy et al. 2020, option II (Eq. 4): c_i+ = c_i - c + (x - y) / (step), where
+  the step is the client's effective step under heavy-ball momentum 0.9, ||a_i||_1 of
+  FedNova -- not K eta, which under momentum overestimates the mean gradient about
+  tenfold. One round and a second one, clients with 3 and 2 steps."""
+  steps = (3, 2)
+  x, c, ci = np.zeros(2), np.zeros(2), [np.zeros(2), np.zeros(2)]
+  for r in range(2):
+    dy, dc = [], []
+    for i in range(N):
+      rates = [ETA] * steps[i]
+      y = heavy_ball(i, x, lambda y, i=i: c - ci[i], rates)
+      new = ci[i] - c + (x - y) / norm_a(rates)
+      dy.append(y - x)
+      dc.append(new - ci[i])
+      ci[i] = new
+    x = x + sum(P[i] * dy[i] for i in range(N))
+    c = c + sum(dc) / N
+    server, rows = engine(build("scaffold", Common(local_momentum=BETA)), r + 1, steps=steps)
+    np.testing.assert_allclose(server.params["w"], x, atol=ATOL)
+    np.testing.assert_allclose(server.extra["c"]["w"], c, atol=ATOL)
+    np.testing.assert_allclose(rows["w"], np.stack(ci), atol=ATOL)
+    if r == 0:
+      # Round 1 (c = c_i = 0): c_i+ is the mean of the gradients weighted by their
+      # coefficients, so it lies within the range of the gradients the client computed.
+      for i in range(N):
+        ys, m, grads = np.zeros(2), np.zeros(2), []
+        for _ in range(steps[i]):
+          grads.append(grad(i, ys))
+          m = BETA * m + grads[-1]
+          ys = ys - ETA * m
+        lo, hi = np.min(grads, 0), np.max(grads, 0)
+        assert np.all(ci[i] >= lo - 1e-12) and np.all(ci[i] <= hi + 1e-12)
+
+
+def test_fedcm_direction_with_momentum_uses_the_effective_step():
+  """FedCM (Xu et al. 2021): D <- -mean_i delta_i / (client i's effective step) under local
+  heavy-ball momentum; clients step along alpha g + (1 - alpha) D."""
+  alpha, steps = 0.5, (3, 2)
+  x, d = np.zeros(2), np.zeros(2)
+  for _ in range(2):
+    deltas, dirs = [], []
+    for i in range(N):
+      rates = [ETA] * steps[i]
+      y = heavy_ball(i, x, lambda y, i=i: (alpha - 1) * grad(i, y) + (1 - alpha) * d, rates)
+      deltas.append(y - x)
+      dirs.append(-(y - x) / norm_a(rates))
+    x = x + sum(P[i] * deltas[i] for i in range(N))
+    d = sum(P[i] * dirs[i] for i in range(N))
+  server, _ = engine(build("fedcm", Common(local_momentum=BETA), alpha=alpha), 2, steps=steps)
+  np.testing.assert_allclose(server.params["w"], x, atol=ATOL)
+  np.testing.assert_allclose(server.extra["D"]["w"], d, atol=ATOL)
+
+
+def test_fednova_with_momentum_and_per_step_rates():
+  """FedNova's ||a_i||_1 with a decaying rate, each step at its own rate: the server step
+  is tau_eff sum_i p_i delta_i / ||a_i||_1 with tau_eff = sum_i p_i ||a_i||_1 (the unit of
+  a -- rates inside or not -- cancels)."""
+  steps = (3, 2)
+  schedule = lambda s: ETA * 0.7 ** s
+  x = np.zeros(2)
+  for r in range(2):
+    deltas, norms = [], []
+    for i in range(N):
+      rates = [schedule(r * max(steps) + k) for k in range(steps[i])]
+      deltas.append(heavy_ball(i, x, lambda y: 0.0, rates) - x)
+      norms.append(norm_a(rates))
+    tau_eff = sum(P[i] * norms[i] for i in range(N))
+    x = x + tau_eff * sum(P[i] * deltas[i] / norms[i] for i in range(N))
+  server, _ = engine(build("fednova", Common(local_momentum=BETA)), 2, steps=steps,
+                     schedule=schedule)
+  np.testing.assert_allclose(server.params["w"], x, atol=ATOL)
 
 
 def test_fednova_proximal_closed_form():
