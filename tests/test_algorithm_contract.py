@@ -7,7 +7,7 @@ traffic table below must then name them):
   checkpoint, fresh program) ends with bit-identical parameters, server state and rows;
 - nothing compiles after the first round;
 - rows of clients never sampled are bit-for-bit unchanged, rows of sampled ones moved;
-- communication per round is 5.13's floats up and down per participant;
+- communication per round is each algorithm's floats up and down per participant;
 - padded clients, steps and examples change nothing (engine level);
 - chunked rounds equal unchunked ones;
 - 8 fake CPU devices equal 1 (one subprocess per mesh, all algorithms in it);
@@ -50,7 +50,7 @@ COMMON = {"fedadam": {"server_lr": 0.03}, "fedyogi": {"server_lr": 0.03},
           "fedams": {"local_momentum": 0.0, "local_lr": 0.01},
           "fedlamb": {"local_momentum": 0.0, "local_lr": 0.01}}
 
-# 5.13: floats per participating client and round, in units of d (number of parameters),
+# Floats per participating client and round, in units of d (number of parameters),
 # plus scalars: (up in d, up scalars, down in d). Bits of compressed uploads are checked
 # separately (fedpaq, fedcom: 32 L + d (1 + ceil(log2(s + 1)))).
 TRAFFIC = {
@@ -183,7 +183,7 @@ def test_resume_compiles_rows_and_traffic(runs, name):
     pick = lambda tree, ids: jax.tree_util.tree_map(lambda a: a[ids], tree)
     assert _bits(pick(rows, never)) == _bits(pick(run["initial_rows"], never))
     assert _bits(pick(rows, run["sampled"])) != _bits(pick(run["initial_rows"], run["sampled"]))
-  # 5.13's traffic per participant.
+  # The traffic per participant of TRAFFIC.
   program = run["program"]
   d = sum(np.size(x) for x in jax.tree_util.tree_leaves(program.params))
   up_d, up_scalars, down_d = TRAFFIC[name]

@@ -1,9 +1,9 @@
 """Every baseline against a hand-written numpy reference of its paper's equations.
 
-The problem is algorithms.md 5.14's: two clients, f_i(w) = 0.5 ||A_i w - b_i||^2,
-full-batch gradients, eta_l = 0.1, K = 2, x^0 = 0, float64. The references below are
-written from the equations of 5.1-5.11 (not from the code under test); 5.14's printed
-numbers are asserted literally as well. The engine runs the same rounds through
+The problem: two clients, f_i(w) = 0.5 ||A_i w - b_i||^2, full-batch gradients,
+eta_l = 0.1, K = 2, x^0 = 0, float64. The references below are written from each paper's
+equations (not from the code under test); the first rounds of a worked example, computed
+by hand, are asserted literally as well. The engine runs the same rounds through
 engine/round.py (the vmapped scan, the algorithm's finish, reductions and server
 update) with a least-squares loss.
 """
@@ -74,7 +74,7 @@ def build(name, common=Common(), **hparams):
   return algorithms.build(name, common, **hparams)
 
 
-# ---- references (5.14's program, extended to every baseline) -------------------------------
+# ---- references (the worked example's program, extended to every baseline) ----------------
 def local(i, x, extra, steps=K):
   y = x.copy()
   for _ in range(steps):
@@ -87,7 +87,7 @@ def ref_fedavg(x, eta_g=1.0, steps=(K, K)):
   return x + eta_g * sum(P[i] * d[i] for i in range(N))
 
 
-def test_fedavg_and_fedprox_match_5_14():
+def test_fedavg_and_fedprox_match_the_worked_example():
   xa, xp = np.zeros(2), np.zeros(2)
   mu = 0.5
   for r, (want_a, want_p) in enumerate([([0.085, 0.34], [0.0825, 0.33]),
@@ -104,7 +104,7 @@ def test_fedavg_and_fedprox_match_5_14():
     np.testing.assert_allclose(server.params["w"], xp, atol=ATOL)
 
 
-def test_scaffold_option_ii_matches_5_14():
+def test_scaffold_option_ii_matches_the_worked_example():
   x, c, ci = np.zeros(2), np.zeros(2), [np.zeros(2), np.zeros(2)]
   printed = [([0.085, 0.34], [-0.425, -1.7], [-0.95, -1.6], [0.1, -1.8]),
              ([0.125875, 0.50085], [-0.204375, -0.80425], [-0.8955, -0.492], [0.48675, -1.1165])]
@@ -167,7 +167,7 @@ def test_scaffold_partial_participation_uses_one_over_n():
   np.testing.assert_allclose(server.extra["c"]["w"], rows["w"].mean(0), atol=ATOL)
 
 
-def test_feddyn_and_fedadmm_match_5_14():
+def test_feddyn_and_fedadmm_match_the_worked_example():
   alpha = rho = 0.5
   x, h, lam = np.zeros(2), np.zeros(2), [np.zeros(2), np.zeros(2)]
   xm, z, xhat = np.zeros(2), [np.zeros(2), np.zeros(2)], [np.zeros(2), np.zeros(2)]
@@ -207,7 +207,8 @@ def test_feddyn_and_fedadmm_match_5_14():
 def test_fednova_normalises_unequal_steps():
   """Client 0 takes 2 steps, client 1 takes 3: x + tau_eff sum_i p_i delta_i / ||a_i||_1."""
   steps, rho, x = (2, 3), 0.5, np.zeros(2)
-  # Heavy-ball closed form of 5.4: ||a||_1 = [tau - rho (1 - rho^tau) / (1 - rho)] / (1 - rho).
+  # Heavy-ball closed form (Wang et al. 2020):
+  # ||a||_1 = [tau - rho (1 - rho^tau) / (1 - rho)] / (1 - rho).
   norm_a = [(t - rho * (1 - rho ** t) / (1 - rho)) / (1 - rho) for t in steps]
   for _ in range(2):
     deltas = []
@@ -344,7 +345,7 @@ def test_fednova_with_momentum_and_per_step_rates():
 
 
 def test_fednova_proximal_closed_form():
-  """||a||_1 = (1 - (1 - eta mu)^tau) / (eta mu) for FedProx clients (5.4)."""
+  """||a||_1 = (1 - (1 - eta mu)^tau) / (eta mu) for FedProx clients (Wang et al. 2020)."""
   mu, steps, x = 2.0, (2, 3), np.zeros(2)
   beta = ETA * mu
   norm_a = [(1 - (1 - beta) ** t) / beta for t in steps]
@@ -367,7 +368,8 @@ def test_fedavgm():
 
 @pytest.mark.parametrize("kind", ["adam", "yogi", "adagrad"])
 def test_reddi_adaptive_server_optimizers(kind):
-  """Reddi et al.'s equations (5.5): m, v of the mean update, v^-1 = tau^2, no bias correction."""
+  """Reddi et al.'s equations (Algorithm 2): m, v of the mean update, v^-1 = tau^2, no bias
+  correction."""
   eta_g, b1, b2, tau = 0.3, (0.0 if kind == "adagrad" else 0.9), 0.99, 1e-3
   x, m, v = np.zeros(2), np.zeros(2), np.full(2, tau * tau)
   for _ in range(3):
@@ -422,7 +424,7 @@ def _without_uplink(alg):
   return dataclasses.replace(alg, uplink=None)
 
 
-# ---- reductions to FedAvg (5.13's last column) ----------------------------------------------
+# ---- reductions to FedAvg (the setting of each algorithm that is FedAvg) -------------------
 def _bits(tree):
   return [np.asarray(x).tobytes() for x in jax.tree_util.tree_leaves(tree)]
 
@@ -474,9 +476,9 @@ def test_fedadmm_rho_zero_full_participation_equal_weights_is_fedavg():
     ("adagrad", {}, 2.0),            # v = T^2 + delta^2
 ])
 def test_adaptive_server_optimizers_approach_fedavg_in_the_limit(kind, hparams, lr_over_tau):
-  """No setting is FedAvg (5.5). With beta1 = 0 and tau = T the first step is
+  """No setting is FedAvg. With beta1 = 0 and tau = T the first step is
   server_lr * delta / (sqrt(v) + T), which tends to delta when server_lr / (sqrt(v) + T) -> 1:
-  for Adam with beta2 = 0 that is server_lr = T (5.5's statement, relative error at most
+  for Adam with beta2 = 0 that is server_lr = T (relative error at most
   sqrt(v) / T); since v starts at tau^2 = T^2, Yogi and Adagrad need server_lr = 2T."""
   big = 1e8
   server, _ = engine(build("fed" + kind, Common(server_lr=lr_over_tau * big), beta1=0.0,
