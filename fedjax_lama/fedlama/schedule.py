@@ -216,12 +216,16 @@ class FedLamaProgram(ProgramBase):
       stats_sum = stats_sum + jnp.stack([jnp.sum(st.loss_sum), jnp.sum(st.correct),
                                          jnp.sum(st.count), 0.0])
       since_steps = since_steps + st.steps[:, None]
-      # Each layer's effective step since its last sync continues from the unit momentum
-      # accumulated since then (local.StepStats).
-      since_size = since_size + st.effective_step[:, None] + st.carry_gain[:, None] * since_m
-      since_m = st.unit_momentum[:, None] + st.unit_decay[:, None] * since_m
+      if alg.local_sgd is not None:
+        # Each layer's effective step since its last sync continues from the unit momentum
+        # accumulated since then (local.StepStats).
+        since_size = since_size + st.effective_step[:, None] + st.carry_gain[:, None] * since_m
+        since_m = st.unit_momentum[:, None] + st.unit_decay[:, None] * since_m
+        step_size = self._per_leaf(since_size)
+      else:  # no effective step (nan, as in synchronous rounds); the state stays finite
+        step_size = self._per_leaf(jnp.full_like(since_size, jnp.nan))
       info = self.phase.info(st, c, step0)._replace(
-          steps=self._per_leaf(since_steps), effective_step=self._per_leaf(since_size))
+          steps=self._per_leaf(since_steps), effective_step=step_size)
       uploads, new_rows = self.phase.finish(slots, ctx, info, c.client_ids, sub_round)
       weights = reduce.client_weights(c.client_mask, c.num_examples, self.opts.weighting)
       sync = jnp.mod(r + 1, mult) == 0
