@@ -17,7 +17,9 @@ import pytest
 
 from fedjax_lama import algorithms
 from fedjax_lama.algorithms import Common
+from fedjax_lama.engine import local as local_lib
 from fedjax_lama.engine import round as round_lib
+from fedjax_lama.engine.algorithm import ClientContext, LocalState
 
 A = [np.array([[1., 0.], [0., 2.]]), np.array([[1., 1.], [0., 1.]])]
 B = [np.array([1., 1.]), np.array([0., 2.])]
@@ -497,3 +499,36 @@ def test_optax_sgd_server_is_fedavg_bitwise():
 def test_fedpaq_and_fedcom_with_identity_compression_are_fedavg():
   for name in ("fedpaq", "fedcom"):
     assert _bits(engine(_without_uplink(build(name)), 2)[0].params) == _bits(_fedavg())
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_effective_step_of_a_span_split_in_two_calls(nesterov):
+  """The per-leaf count of the FedLAMA schedule: the effective step of steps 1..5 in one call
+  equals that of steps 1..3 plus steps 4..5 continued from the unit momentum of the first
+  call (StepStats.carry_gain, unit_momentum, unit_decay), each step at its own rate, and
+  padded steps count for nothing. The reference is norm_a's coefficient sum."""
+  schedule = lambda s: ETA * 0.7 ** s
+  alg = build("fedavg", Common(local_momentum=BETA, nesterov=nesterov))
+  train = local_lib.make_client_train(least_squares_loss, alg, schedule)
+  with jax.enable_x64(True):
+    data_x, data_y = jnp.asarray(np.concatenate(A)), jnp.asarray(np.concatenate(B))
+    params = {"w": jnp.zeros(2)}
+    state = LocalState(params, {}, alg.local_tx.init(params))
+    ctx = ClientContext({"params": params}, {}, 2.0, 0)
+
+    def run(steps, offset, padded=0):
+      idx = jnp.tile(jnp.array([0, 1]), (steps + padded, 1))
+      mask = jnp.concatenate([jnp.ones(steps), jnp.zeros(padded)])
+      return train(state, ctx, data_x, data_y, idx, jnp.ones(idx.shape), mask,
+                   jax.random.PRNGKey(0), offset)[1]
+
+    whole = run(5, 0, padded=2)
+    first, second = run(3, 0, padded=1), run(2, 3)
+    composed = (first.effective_step + second.effective_step
+                + second.carry_gain * first.unit_momentum)
+    want = norm_a([schedule(k) for k in range(5)], nesterov)
+    np.testing.assert_allclose(float(whole.effective_step), want, rtol=1e-12)
+    np.testing.assert_allclose(float(composed), want, rtol=1e-12)
+    np.testing.assert_allclose(float(second.unit_momentum + second.unit_decay
+                                     * first.unit_momentum),
+                               float(whole.unit_momentum), rtol=1e-12)
