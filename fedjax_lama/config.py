@@ -69,10 +69,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.local_lr_decay_steps = ()  # "step": boundaries in local steps
   c.local_lr_decay_factor = 0.1  # "step": factor per boundary; "exponential": factor per round
   c.local_momentum = 0.0
+  # The local optimizer's state across rounds: "reset" (a fresh state every round, or every
+  # FedLAMA window) or "carry" (kept; only under config.schedule="fedlama", where each slot
+  # keeps its optimizer for the whole run as FedLAMA's reference code does).
+  c.local_optimizer_state = "reset"
   c.weight_decay = 0.0
   c.label_smoothing = 0.0
   # Server.
-  c.server_lr = 1.0
+  # None: the algorithm's own default (1.0; FedAdam, FedYogi 0.01 and FedAdagrad 0.1).
+  c.server_lr = ml_collections.FieldReference(None, field_type=float)
   c.weighting = "examples"
   # Algorithm-specific keys, one section per algorithm (and config.fedlama for the schedule),
   # with the defaults of their typed hyper-parameters (algorithms.md 5.13).
@@ -150,10 +155,14 @@ def validate(c: ml_collections.ConfigDict, num_classes: int | None = None) -> No
   if not (0.0 <= c.validation_fraction < 1.0):
     _fail("validation_fraction", c.validation_fraction, "a fraction in [0, 1)")
   for field in ("local_lr", "server_lr"):
+    if field == "server_lr" and c[field] is None:
+      continue  # the algorithm's default
     if not (isinstance(c[field], (int, float)) and math.isfinite(c[field]) and c[field] > 0):
-      _fail(field, c[field], "a finite number > 0")
+      _fail(field, c[field], "a finite number > 0" + (
+          " or None (the algorithm's default)" if field == "server_lr" else ""))
   if not 0.0 <= c.local_momentum < 1.0:
     _fail("local_momentum", c.local_momentum, "a momentum in [0, 1)")
+  _one_of(c, "local_optimizer_state", ("reset", "carry"))
   _one_of(c, "augmentation", AUGMENTATIONS)
   _one_of(c, "normalization", ("none", "per_channel", "per_pixel"))
   if c.weight_decay < 0:

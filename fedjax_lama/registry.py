@@ -112,10 +112,17 @@ def select(config) -> Selection:
 
 def common_options(config, num_clients: int = 1, mean_client_examples: float = 1.0
                    ) -> common.Common:
-  return common.Common(local_momentum=float(config.local_momentum),
-                       weight_decay=float(config.weight_decay), server_lr=float(config.server_lr),
-                       num_clients=int(num_clients),
-                       mean_client_examples=float(mean_client_examples))
+  """The shared fields as `Common`; server_lr None stays None (the algorithm's default)."""
+  server_lr = config.get("server_lr")
+  try:
+    return common.Common(local_momentum=float(config.local_momentum),
+                         weight_decay=float(config.weight_decay),
+                         server_lr=None if server_lr is None else float(server_lr),
+                         num_clients=int(num_clients),
+                         mean_client_examples=float(mean_client_examples),
+                         local_optimizer_state=config.get("local_optimizer_state", "reset"))
+  except common.HparamError as e:
+    raise ConfigError(f"config.{e}") from e
 
 
 def build_algorithm(config, num_clients: int = 1, mean_client_examples: float = 1.0
@@ -129,9 +136,14 @@ def build_algorithm(config, num_clients: int = 1, mean_client_examples: float = 
   hparams = _typed(spec.hparams, config, spec.name)
   opts = common_options(config, num_clients, mean_client_examples)
   try:
-    algorithm = spec.build(hparams, opts)
+    algorithm = spec.make(hparams, opts)
   except common.HparamError as e:  # a shared field the module cannot combine with
     raise ConfigError(f"config.{e} (with config.algorithm={spec.name!r})") from e
+  if opts.local_optimizer_state == "carry" and selection.schedule == "none":
+    raise ConfigError(
+        "config.local_optimizer_state='carry' is not accepted with config.schedule='none' "
+        "(synchronous rounds start every client's local optimizer afresh); accepted: 'reset', "
+        "or 'carry' with config.schedule='fedlama' (each slot keeps its optimizer)")
   if selection.schedule != "none" and algorithm.layerwise is not True:
     raise ConfigError(
         f"config.schedule={selection.schedule!r} cannot run config.algorithm="
@@ -232,7 +244,10 @@ def _clock_shared_fields(config) -> None:
   refuse(config.weighting == "examples", "weighting", "'examples' (n_k-weighted means, 3.4)")
   refuse(config.local_lr_schedule == "constant", "local_lr_schedule", "'constant'")
   refuse(config.local_lr_warmup_steps == 0, "local_lr_warmup_steps", "0")
-  refuse(config.server_lr == 1.0, "server_lr", "1.0 (the simulation's server rules, 3.2-3.4)")
+  refuse(config.server_lr in (None, 1.0), "server_lr",
+         "None or 1.0 (the simulation's server rules, 3.2-3.4)")
+  refuse(config.get("local_optimizer_state", "reset") == "reset", "local_optimizer_state",
+         "'reset' (each job starts its local optimizer afresh)")
   refuse(config.get("schedule", "none") == "none", "schedule", "'none'")
   refuse(config.validation_fraction == 0.0, "validation_fraction", "0.0")
   refuse(0.0 < config.local_test_fraction < 1.0, "local_test_fraction",

@@ -7,13 +7,17 @@ traffic table below must then name them):
   checkpoint, fresh program) ends with bit-identical parameters, server state and rows;
 - nothing compiles after the first round;
 - rows of clients never sampled are bit-for-bit unchanged, rows of sampled ones moved;
-- communication per round is 5.13's floats up and down per participant;
+- communication per round is each algorithm's floats up and down per participant;
 - padded clients, steps and examples change nothing (engine level);
 - chunked rounds equal unchunked ones;
 - 8 fake CPU devices equal 1 (one subprocess per mesh, all algorithms in it);
-- FedLAMA over the algorithm: phi = 1 is the algorithm itself, a phi = 2 run resumes
+- FedLAMA over the algorithm: phi = 1 is the algorithm itself (local momentum 0.9, the
+  local optimizer's state started afresh each round under both), a phi = 2 run resumes
   exactly and compiles once; combinations that cannot work stop with a ConfigError naming
   both fields.
+
+Every run here uses local momentum 0.9 (the algorithms whose local optimizer is adaptive
+refuse SGD momentum and run without it).
 """
 import chex
 import jax
@@ -41,11 +45,12 @@ HPARAMS = {
 }
 COMMON = {"fedadam": {"server_lr": 0.03}, "fedyogi": {"server_lr": 0.03},
           "fedadagrad": {"server_lr": 0.03},
-          # Adaptive local optimizers have their own first moment instead of SGD momentum.
+          # Adaptive local optimizers have their own first moment instead of SGD momentum
+          # (they refuse config.local_momentum > 0).
           "fedams": {"local_momentum": 0.0, "local_lr": 0.01},
           "fedlamb": {"local_momentum": 0.0, "local_lr": 0.01}}
 
-# 5.13: floats per participating client and round, in units of d (number of parameters),
+# Floats per participating client and round, in units of d (number of parameters),
 # plus scalars: (up in d, up scalars, down in d). Bits of compressed uploads are checked
 # separately (fedpaq, fedcom: 32 L + d (1 + ceil(log2(s + 1)))).
 TRAFFIC = {
@@ -71,7 +76,7 @@ NOT_LAYERWISE = [n for n in NAMES if not _layerwise(n)]
 
 def config_for(name: str, fedlama: bool = False, **overrides):
   """A tiny config of algorithm `name` (under the FedLAMA schedule if asked)."""
-  c = helpers.tiny_config(**overrides)
+  c = helpers.tiny_config(**{"local_momentum": 0.9, **overrides})
   c.algorithm = name
   for key, value in HPARAMS.get(name, {}).items():
     c[name][key] = value
@@ -79,7 +84,6 @@ def config_for(name: str, fedlama: bool = False, **overrides):
     c[key] = value
   if fedlama:
     c.schedule = "fedlama"
-    c.fedlama.opt_state_policy = "reset_on_sample"
   return c
 
 
@@ -180,7 +184,7 @@ def test_resume_compiles_rows_and_traffic(runs, name):
     pick = lambda tree, ids: jax.tree_util.tree_map(lambda a: a[ids], tree)
     assert _bits(pick(rows, never)) == _bits(pick(run["initial_rows"], never))
     assert _bits(pick(rows, run["sampled"])) != _bits(pick(run["initial_rows"], run["sampled"]))
-  # 5.13's traffic per participant.
+  # The traffic per participant of TRAFFIC.
   program = run["program"]
   d = sum(np.size(x) for x in jax.tree_util.tree_leaves(program.params))
   up_d, up_scalars, down_d = TRAFFIC[name]
@@ -209,7 +213,10 @@ def test_fedlama_over_the_algorithm_resumes_and_compiles_once(runs, name):
 
 @pytest.mark.parametrize("name", LAYERWISE)
 def test_fedlama_with_phi_one_is_the_algorithm(runs, name):
+  """With local momentum 0.9 (0 for the adaptive local optimizers, which refuse it)."""
   lama = config_for(name, fedlama=True, active_ratio=0.25)
+  assert lama.local_momentum == COMMON.get(name, {}).get("local_momentum", 0.9)
+  assert lama.local_optimizer_state == "reset"  # the default, with and without the schedule
   lama.fedlama.phi = 1
   lama.fedlama.base_interval = lama.local_steps
   lama.fedlama.total_steps = 3 * lama.local_steps
@@ -219,6 +226,17 @@ def test_fedlama_with_phi_one_is_the_algorithm(runs, name):
   chex.assert_trees_all_close((l_server.params, l_server.opt_state, l_server.extra, l_rows),
                               (s_server.params, s_server.opt_state, s_server.extra, s_rows),
                               rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_carried_local_optimizer_state_needs_the_schedule(name):
+  """Synchronous rounds start every local optimizer afresh: "carry" without the FedLAMA
+  schedule is refused naming both fields."""
+  c = config_for(name)
+  c.local_optimizer_state = "carry"
+  with pytest.raises(config_lib.ConfigError,
+                     match=r"config\.local_optimizer_state='carry'.*config\.schedule='none'"):
+    config_lib.validate(c)
 
 
 @pytest.mark.parametrize("name", NOT_LAYERWISE)

@@ -1,9 +1,9 @@
 """Every baseline against a hand-written numpy reference of its paper's equations.
 
-The problem is algorithms.md 5.14's: two clients, f_i(w) = 0.5 ||A_i w - b_i||^2,
-full-batch gradients, eta_l = 0.1, K = 2, x^0 = 0, float64. The references below are
-written from the equations of 5.1-5.11 (not from the code under test); 5.14's printed
-numbers are asserted literally as well. The engine runs the same rounds through
+The problem: two clients, f_i(w) = 0.5 ||A_i w - b_i||^2, full-batch gradients,
+eta_l = 0.1, K = 2, x^0 = 0, float64. The references below are written from each paper's
+equations (not from the code under test); the first rounds of a worked example, computed
+by hand, are asserted literally as well. The engine runs the same rounds through
 engine/round.py (the vmapped scan, the algorithm's finish, reductions and server
 update) with a least-squares loss.
 """
@@ -17,7 +17,9 @@ import pytest
 
 from fedjax_lama import algorithms
 from fedjax_lama.algorithms import Common
+from fedjax_lama.engine import local as local_lib
 from fedjax_lama.engine import round as round_lib
+from fedjax_lama.engine.algorithm import ClientContext, LocalState
 
 A = [np.array([[1., 0.], [0., 2.]]), np.array([[1., 1.], [0., 1.]])]
 B = [np.array([1., 1.]), np.array([0., 2.])]
@@ -39,15 +41,16 @@ def least_squares_loss(params, model_state, x, y, example_mask, key):
 
 
 def engine(alg, rounds, steps=(K, K), weighting="uniform", participants=((0, 1),) * 3,
-           num_examples=(2.0, 2.0), x0=None):
-  """Runs `rounds` rounds; client i takes steps[i] full-batch steps. Returns (server, rows)."""
+           num_examples=(2.0, 2.0), x0=None, schedule=optax.constant_schedule(ETA)):
+  """Runs `rounds` rounds; client i takes steps[i] full-batch steps at the rates
+  schedule(r * max(steps) + k). Returns (server, rows)."""
   with jax.enable_x64(True):
     data_x = jnp.asarray(np.concatenate(A))
     data_y = jnp.asarray(np.concatenate(B))
     params = {"w": jnp.asarray(np.zeros(2) if x0 is None else x0)}
     max_steps = max(steps)
     train_chunk, server_update = round_lib.make_round_fns(
-        least_squares_loss, alg, optax.constant_schedule(ETA), seed=0, weighting=weighting,
+        least_squares_loss, alg, schedule, seed=0, weighting=weighting,
         local_steps=max_steps, population=N)
     server = alg.init_server(params, {})
     template = alg.row_init(params) if alg.row_init is not None else {}
@@ -73,7 +76,7 @@ def build(name, common=Common(), **hparams):
   return algorithms.build(name, common, **hparams)
 
 
-# ---- references (5.14's program, extended to every baseline) -------------------------------
+# ---- references (the worked example's program, extended to every baseline) ----------------
 def local(i, x, extra, steps=K):
   y = x.copy()
   for _ in range(steps):
@@ -86,7 +89,7 @@ def ref_fedavg(x, eta_g=1.0, steps=(K, K)):
   return x + eta_g * sum(P[i] * d[i] for i in range(N))
 
 
-def test_fedavg_and_fedprox_match_5_14():
+def test_fedavg_and_fedprox_match_the_worked_example():
   xa, xp = np.zeros(2), np.zeros(2)
   mu = 0.5
   for r, (want_a, want_p) in enumerate([([0.085, 0.34], [0.0825, 0.33]),
@@ -103,7 +106,7 @@ def test_fedavg_and_fedprox_match_5_14():
     np.testing.assert_allclose(server.params["w"], xp, atol=ATOL)
 
 
-def test_scaffold_option_ii_matches_5_14():
+def test_scaffold_option_ii_matches_the_worked_example():
   x, c, ci = np.zeros(2), np.zeros(2), [np.zeros(2), np.zeros(2)]
   printed = [([0.085, 0.34], [-0.425, -1.7], [-0.95, -1.6], [0.1, -1.8]),
              ([0.125875, 0.50085], [-0.204375, -0.80425], [-0.8955, -0.492], [0.48675, -1.1165])]
@@ -166,7 +169,7 @@ def test_scaffold_partial_participation_uses_one_over_n():
   np.testing.assert_allclose(server.extra["c"]["w"], rows["w"].mean(0), atol=ATOL)
 
 
-def test_feddyn_and_fedadmm_match_5_14():
+def test_feddyn_and_fedadmm_match_the_worked_example():
   alpha = rho = 0.5
   x, h, lam = np.zeros(2), np.zeros(2), [np.zeros(2), np.zeros(2)]
   xm, z, xhat = np.zeros(2), [np.zeros(2), np.zeros(2)], [np.zeros(2), np.zeros(2)]
@@ -206,7 +209,8 @@ def test_feddyn_and_fedadmm_match_5_14():
 def test_fednova_normalises_unequal_steps():
   """Client 0 takes 2 steps, client 1 takes 3: x + tau_eff sum_i p_i delta_i / ||a_i||_1."""
   steps, rho, x = (2, 3), 0.5, np.zeros(2)
-  # Heavy-ball closed form of 5.4: ||a||_1 = [tau - rho (1 - rho^tau) / (1 - rho)] / (1 - rho).
+  # Heavy-ball closed form (Wang et al. 2020):
+  # ||a||_1 = [tau - rho (1 - rho^tau) / (1 - rho)] / (1 - rho).
   norm_a = [(t - rho * (1 - rho ** t) / (1 - rho)) / (1 - rho) for t in steps]
   for _ in range(2):
     deltas = []
@@ -228,8 +232,122 @@ def test_fednova_normalises_unequal_steps():
   assert not np.allclose(want, ref_fedavg(np.zeros(2), steps=steps))
 
 
+# ---- heavy-ball local momentum: the effective step ||a_i||_1 --------------------------------
+BETA = 0.9
+
+
+def heavy_ball(i, x, extra, rates, nesterov=False):
+  """Client i's local steps from x under optax.trace(BETA): m = BETA m + g, y -= rate * m
+  (with nesterov: y -= rate * (g + BETA m)); g = grad_i(y) + extra(y)."""
+  y, m = x.copy(), np.zeros(2)
+  for rate in rates:
+    g = grad(i, y) + extra(y)
+    m = BETA * m + g
+    y = y - rate * ((g + BETA * m) if nesterov else m)
+  return y
+
+
+def norm_a(rates, nesterov=False):
+  """FedNova's ||a||_1 with the rates inside (Wang et al. 2020): gradient j enters the
+  displacement with coefficient sum_{k >= j} rate_k BETA^(k - j) (nesterov: rate_j +
+  sum_{k >= j} rate_k BETA^(k - j + 1)); the sum of these coefficients."""
+  n = len(rates)
+  coeffs = []
+  for j in range(n):
+    tail = sum(rates[k] * BETA ** (k - j + (1 if nesterov else 0)) for k in range(j, n))
+    coeffs.append(tail + (rates[j] if nesterov else 0.0))
+  return sum(coeffs)
+
+
+def test_effective_step_is_the_sum_of_the_gradient_coefficients():
+  """The coefficients of norm_a really are how each gradient enters the displacement: on a
+  problem whose gradient is a fixed vector g, y - x = -||a||_1 g."""
+  rates = [0.1, 0.05, 0.2]
+  for nesterov in (False, True):
+    y, m = np.zeros(2), np.zeros(2)
+    g = np.array([1.0, -2.0])
+    for rate in rates:
+      m = BETA * m + g
+      y = y - rate * ((g + BETA * m) if nesterov else m)
+    np.testing.assert_allclose(y, -norm_a(rates, nesterov) * g, rtol=1e-13)
+
+
+def test_scaffold_option_ii_with_momentum_estimates_the_mean_gradient():
+  """Karimireddy et al. 2020, option II (Eq. 4): c_i+ = c_i - c + (x - y) / (step), where
+  the step is the client's effective step under heavy-ball momentum 0.9, ||a_i||_1 of
+  FedNova -- not K eta, which under momentum overestimates the mean gradient about
+  tenfold. One round and a second one, clients with 3 and 2 steps."""
+  steps = (3, 2)
+  x, c, ci = np.zeros(2), np.zeros(2), [np.zeros(2), np.zeros(2)]
+  for r in range(2):
+    dy, dc = [], []
+    for i in range(N):
+      rates = [ETA] * steps[i]
+      y = heavy_ball(i, x, lambda y, i=i: c - ci[i], rates)
+      new = ci[i] - c + (x - y) / norm_a(rates)
+      dy.append(y - x)
+      dc.append(new - ci[i])
+      ci[i] = new
+    x = x + sum(P[i] * dy[i] for i in range(N))
+    c = c + sum(dc) / N
+    server, rows = engine(build("scaffold", Common(local_momentum=BETA)), r + 1, steps=steps)
+    np.testing.assert_allclose(server.params["w"], x, atol=ATOL)
+    np.testing.assert_allclose(server.extra["c"]["w"], c, atol=ATOL)
+    np.testing.assert_allclose(rows["w"], np.stack(ci), atol=ATOL)
+    if r == 0:
+      # Round 1 (c = c_i = 0): c_i+ is the mean of the gradients weighted by their
+      # coefficients, so it lies within the range of the gradients the client computed.
+      for i in range(N):
+        ys, m, grads = np.zeros(2), np.zeros(2), []
+        for _ in range(steps[i]):
+          grads.append(grad(i, ys))
+          m = BETA * m + grads[-1]
+          ys = ys - ETA * m
+        lo, hi = np.min(grads, 0), np.max(grads, 0)
+        assert np.all(ci[i] >= lo - 1e-12) and np.all(ci[i] <= hi + 1e-12)
+
+
+def test_fedcm_direction_with_momentum_uses_the_effective_step():
+  """FedCM (Xu et al. 2021): D <- -mean_i delta_i / (client i's effective step) under local
+  heavy-ball momentum; clients step along alpha g + (1 - alpha) D."""
+  alpha, steps = 0.5, (3, 2)
+  x, d = np.zeros(2), np.zeros(2)
+  for _ in range(2):
+    deltas, dirs = [], []
+    for i in range(N):
+      rates = [ETA] * steps[i]
+      y = heavy_ball(i, x, lambda y, i=i: (alpha - 1) * grad(i, y) + (1 - alpha) * d, rates)
+      deltas.append(y - x)
+      dirs.append(-(y - x) / norm_a(rates))
+    x = x + sum(P[i] * deltas[i] for i in range(N))
+    d = sum(P[i] * dirs[i] for i in range(N))
+  server, _ = engine(build("fedcm", Common(local_momentum=BETA), alpha=alpha), 2, steps=steps)
+  np.testing.assert_allclose(server.params["w"], x, atol=ATOL)
+  np.testing.assert_allclose(server.extra["D"]["w"], d, atol=ATOL)
+
+
+def test_fednova_with_momentum_and_per_step_rates():
+  """FedNova's ||a_i||_1 with a decaying rate, each step at its own rate: the server step
+  is tau_eff sum_i p_i delta_i / ||a_i||_1 with tau_eff = sum_i p_i ||a_i||_1 (the unit of
+  a -- rates inside or not -- cancels)."""
+  steps = (3, 2)
+  schedule = lambda s: ETA * 0.7 ** s
+  x = np.zeros(2)
+  for r in range(2):
+    deltas, norms = [], []
+    for i in range(N):
+      rates = [schedule(r * max(steps) + k) for k in range(steps[i])]
+      deltas.append(heavy_ball(i, x, lambda y: 0.0, rates) - x)
+      norms.append(norm_a(rates))
+    tau_eff = sum(P[i] * norms[i] for i in range(N))
+    x = x + tau_eff * sum(P[i] * deltas[i] / norms[i] for i in range(N))
+  server, _ = engine(build("fednova", Common(local_momentum=BETA)), 2, steps=steps,
+                     schedule=schedule)
+  np.testing.assert_allclose(server.params["w"], x, atol=ATOL)
+
+
 def test_fednova_proximal_closed_form():
-  """||a||_1 = (1 - (1 - eta mu)^tau) / (eta mu) for FedProx clients (5.4)."""
+  """||a||_1 = (1 - (1 - eta mu)^tau) / (eta mu) for FedProx clients (Wang et al. 2020)."""
   mu, steps, x = 2.0, (2, 3), np.zeros(2)
   beta = ETA * mu
   norm_a = [(1 - (1 - beta) ** t) / beta for t in steps]
@@ -252,7 +370,8 @@ def test_fedavgm():
 
 @pytest.mark.parametrize("kind", ["adam", "yogi", "adagrad"])
 def test_reddi_adaptive_server_optimizers(kind):
-  """Reddi et al.'s equations (5.5): m, v of the mean update, v^-1 = tau^2, no bias correction."""
+  """Reddi et al.'s equations (Algorithm 2): m, v of the mean update, v^-1 = tau^2, no bias
+  correction."""
   eta_g, b1, b2, tau = 0.3, (0.0 if kind == "adagrad" else 0.9), 0.99, 1e-3
   x, m, v = np.zeros(2), np.zeros(2), np.full(2, tau * tau)
   for _ in range(3):
@@ -307,7 +426,7 @@ def _without_uplink(alg):
   return dataclasses.replace(alg, uplink=None)
 
 
-# ---- reductions to FedAvg (5.13's last column) ----------------------------------------------
+# ---- reductions to FedAvg (the setting of each algorithm that is FedAvg) -------------------
 def _bits(tree):
   return [np.asarray(x).tobytes() for x in jax.tree_util.tree_leaves(tree)]
 
@@ -359,9 +478,9 @@ def test_fedadmm_rho_zero_full_participation_equal_weights_is_fedavg():
     ("adagrad", {}, 2.0),            # v = T^2 + delta^2
 ])
 def test_adaptive_server_optimizers_approach_fedavg_in_the_limit(kind, hparams, lr_over_tau):
-  """No setting is FedAvg (5.5). With beta1 = 0 and tau = T the first step is
+  """No setting is FedAvg. With beta1 = 0 and tau = T the first step is
   server_lr * delta / (sqrt(v) + T), which tends to delta when server_lr / (sqrt(v) + T) -> 1:
-  for Adam with beta2 = 0 that is server_lr = T (5.5's statement, relative error at most
+  for Adam with beta2 = 0 that is server_lr = T (relative error at most
   sqrt(v) / T); since v starts at tau^2 = T^2, Yogi and Adagrad need server_lr = 2T."""
   big = 1e8
   server, _ = engine(build("fed" + kind, Common(server_lr=lr_over_tau * big), beta1=0.0,
@@ -380,3 +499,36 @@ def test_optax_sgd_server_is_fedavg_bitwise():
 def test_fedpaq_and_fedcom_with_identity_compression_are_fedavg():
   for name in ("fedpaq", "fedcom"):
     assert _bits(engine(_without_uplink(build(name)), 2)[0].params) == _bits(_fedavg())
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_effective_step_of_a_span_split_in_two_calls(nesterov):
+  """The per-leaf count of the FedLAMA schedule: the effective step of steps 1..5 in one call
+  equals that of steps 1..3 plus steps 4..5 continued from the unit momentum of the first
+  call (StepStats.carry_gain, unit_momentum, unit_decay), each step at its own rate, and
+  padded steps count for nothing. The reference is norm_a's coefficient sum."""
+  schedule = lambda s: ETA * 0.7 ** s
+  alg = build("fedavg", Common(local_momentum=BETA, nesterov=nesterov))
+  train = local_lib.make_client_train(least_squares_loss, alg, schedule)
+  with jax.enable_x64(True):
+    data_x, data_y = jnp.asarray(np.concatenate(A)), jnp.asarray(np.concatenate(B))
+    params = {"w": jnp.zeros(2)}
+    state = LocalState(params, {}, alg.local_tx.init(params))
+    ctx = ClientContext({"params": params}, {}, 2.0, 0)
+
+    def run(steps, offset, padded=0):
+      idx = jnp.tile(jnp.array([0, 1]), (steps + padded, 1))
+      mask = jnp.concatenate([jnp.ones(steps), jnp.zeros(padded)])
+      return train(state, ctx, data_x, data_y, idx, jnp.ones(idx.shape), mask,
+                   jax.random.PRNGKey(0), offset)[1]
+
+    whole = run(5, 0, padded=2)
+    first, second = run(3, 0, padded=1), run(2, 3)
+    composed = (first.effective_step + second.effective_step
+                + second.carry_gain * first.unit_momentum)
+    want = norm_a([schedule(k) for k in range(5)], nesterov)
+    np.testing.assert_allclose(float(whole.effective_step), want, rtol=1e-12)
+    np.testing.assert_allclose(float(composed), want, rtol=1e-12)
+    np.testing.assert_allclose(float(second.unit_momentum + second.unit_decay
+                                     * first.unit_momentum),
+                               float(whole.unit_momentum), rtol=1e-12)

@@ -49,13 +49,29 @@ def _assert_same_run(a, b):
   assert [r["test_accuracy"] for r in ra] == [r["test_accuracy"] for r in rb]
 
 
-@pytest.mark.parametrize("overrides", [
-    {}, {"local_momentum": 0.9, "fedlama.opt_state_policy": "reset_on_sample"}])
+@pytest.mark.parametrize("overrides", [{}, {"local_momentum": 0.9}])
 def test_phi_one_is_fedavg_base_interval(tmp_path, overrides):
+  """With local momentum too: the local optimizer starts afresh each round under both
+  (config.local_optimizer_state="reset", the default)."""
   s = training.train_and_evaluate(_config(**{"fedlama.phi": 1, **overrides}), str(tmp_path / "l"))
   training.train_and_evaluate(_fedavg(2, **overrides), str(tmp_path / "a"))
   _assert_same_run(tmp_path / "l", tmp_path / "a")
   assert s["comm_ratio"] == pytest.approx(1.0)
+
+
+def test_carried_local_optimizer_state_keeps_each_slots_momentum(tmp_path):
+  """"carry" keeps the momentum from one window to the next: with momentum it is another
+  run than "reset" from the second window on, and the same one in the first window; without
+  momentum there is no state to keep and the two are the same run."""
+  for momentum in (0.9, 0.0):
+    for rule in ("reset", "carry"):
+      training.train_and_evaluate(
+          _config(**{"fedlama.phi": 1, "local_momentum": momentum,
+                     "local_optimizer_state": rule}), str(tmp_path / f"{rule}{momentum}"))
+  reset, carry = _rows(tmp_path / "reset0.9"), _rows(tmp_path / "carry0.9")
+  assert reset[0]["test_loss"] == carry[0]["test_loss"]
+  assert reset[-1]["test_loss"] != carry[-1]["test_loss"]
+  _assert_same_run(tmp_path / "reset0.0", tmp_path / "carry0.0")
 
 
 def test_all_layers_at_phi_is_fedavg_long_interval(tmp_path):

@@ -30,4 +30,4 @@ def build(name: str, common: Optional[Common] = None, **hparams) -> Algorithm:
   if name not in SPECS:
     raise ValueError(f"algorithm {name!r} is unknown; accepted: {', '.join(sorted(SPECS))}")
   spec = SPECS[name]
-  return spec.build(spec.hparams(**hparams), common or Common())
+  return spec.make(spec.hparams(**hparams), common or Common())

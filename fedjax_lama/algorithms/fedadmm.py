@@ -1,4 +1,4 @@
-"""FedADMM (algorithms.md 5.8).
+"""FedADMM.
 
 H. Wang, S. Marella, J. Anderson, "FedADMM: A Federated Primal-Dual Algorithm Allowing
 Partial Participation", IEEE CDC 2022 (arXiv 2203.15104). Not Gong, Li and Freris's

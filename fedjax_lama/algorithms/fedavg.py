@@ -1,4 +1,4 @@
-"""FedAvg (algorithms.md 5.1).
+"""FedAvg.
 
 H. B. McMahan, E. Moore, D. Ramage, S. Hampson, B. Aguera y Arcas,
 "Communication-Efficient Learning of Deep Networks from Decentralized Data",

@@ -1,4 +1,4 @@
-"""FedCM (algorithms.md 5.7).
+"""FedCM.
 
 J. Xu, S. Wang, L. Wang, A. C.-C. Yao, "FedCM: Federated Learning with Client-level
 Momentum", arXiv 2106.10874, 2021.
@@ -6,8 +6,10 @@ Momentum", arXiv 2106.10874, 2021.
 The server keeps D, the global momentum direction in gradient units (0 at start),
 and sends it with the model (2d down). Clients step along alpha g + (1 - alpha) D and
 upload delta (d up). The server steps with mean(delta) and sets
-D <- -sum_i p_i delta_i / (sum of client i's step sizes) (= eta_l K_i for a constant
-rate), normalised by the round that produced it so a learning-rate schedule cannot
+D <- -sum_i p_i delta_i / (client i's effective step), the mean direction in gradient
+units (the paper divides by eta_l K, the plain-SGD step; the effective step,
+ClientInfo.effective_step, is eta_l K_i for plain SGD and FedNova's ||a_i||_1 under local
+momentum), normalised by the round that produced it so a learning-rate schedule cannot
 mix rounds. alpha = 1 (not 0) with server_lr 1 is FedAvg exactly.
 """
 import dataclasses
@@ -37,7 +39,8 @@ def build(hp: Hparams, common: Common) -> Algorithm:
 
   def direction(uploads, info):  # in gradient units; the server knows each client's steps and lr
     delta = uploads["delta"]
-    return tree_map(lambda d, s: -d / safe_positive(s), delta, leafwise(info.lr_sum, delta))
+    return tree_map(lambda d, s: -d / safe_positive(s), delta,
+                    leafwise(info.effective_step, delta))
 
   def server_update(server: ServerState, agg) -> ServerState:
     server = apply_server_tx(server_tx, server, agg["delta"])

@@ -1,4 +1,4 @@
-"""FedDyn (algorithms.md 5.6).
+"""FedDyn.
 
 D. A. E. Acar, Y. Zhao, R. Matas, M. Mattina, P. Whatmough, V. Saligrama, "Federated
 Learning Based on Dynamic Regularization", ICLR 2021.

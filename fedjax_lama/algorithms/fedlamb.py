@@ -1,21 +1,22 @@
-"""Fed-LAMB and Fed-AMS (algorithms.md 4; seed shared/seeds/004_753c1b0506df9c7d.txt).
+"""Fed-LAMB and Fed-AMS.
 
 B. Karimi, P. Li, X. Li, "Fed-LAMB: Layer-wise and Dimension-wise Locally Adaptive
-Federated Learning", Baidu Research. Algorithm 1 as resolved in 4.1.2, choices C1-C11 (4.2).
+Federated Learning", Baidu Research. Algorithm 1, with the choices the paper leaves open
+as options (the Hparams below).
 
 Round r: the server sends x = theta_bar_{r-1} and v_hat_{r-1} (downloads). Each client
 starts at theta^0 = x, m^0 = 0, v^0 = w^0 = v_hat_{r-1}, counter 0 (`local_init`), and
 steps t = 1..T_i:
-  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;  w = max(w, v~)     (v~ = v, or v/(1-b2^t), C3)
-  p = m_hat / (sqrt(w + eps_root) + eps)                               (m_hat: m/(1-b1^t), C3)
+  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;  w = max(w, v~)     (v~ = v, or v/(1-b2^t))
+  p = m_hat / (sqrt(w + eps_root) + eps)                               (m_hat: m/(1-b1^t))
   fedlamb, per tensor l:  u = p_l + lam theta_l,
-    theta_l -= alpha_r phi(||theta_l||) u / ||u||   (C2 when phi(||theta_l||) = 0 or ||u|| = 0)
-  fedams:                 theta -= alpha_r p                               (4.3)
+    theta_l -= alpha_r phi(||theta_l||) u / ||u||   (zero_norm when phi(||theta_l||) = 0 or ||u|| = 0)
+  fedams:                 theta -= alpha_r p                               (no layer ratio)
 It uploads the displacement and its RAW v (`finish`); the server averages both with the
 round's weights and keeps v_hat_r = max(v_hat_{r-1}, mean v) (`server_update`).
-Traffic: 2d each way per participant, twice FedAvg (4.1.2).
+Traffic: 2d each way per participant, twice FedAvg.
 
-optax pieces (4.4): the moments are optax.scale_by_amsgrad, warm-started by replacing nu and
+optax pieces: the moments are optax.scale_by_amsgrad, warm-started by replacing nu and
 nu_max of a fresh state with v_hat (count 0, mu 0); lam is optax.add_decayed_weights after it.
 The layer step is this module's `scale_by_layer_trust_ratio`: with phi = identity and
 "unit_ratio" it equals optax.scale_by_trust_ratio (tested), and it also gives the clipped phi
@@ -29,7 +30,7 @@ reset and no server v_hat; (7) a weight-decay mask (ours: lam_mask "all" by defa
 Paper vs the authors' code (BelhalK/baiduresearch, f)LarsFL): both form the ratio as
 ||theta_l|| / ||r_l + lam theta_l||, phi the identity. The code divides by the server's v_hat
 frozen for the round (its own v in round 1), corrects neither moment and carries m, v per
-client; the defaults follow the paper's local AMSGrad (4.1.2), the code is reachable with
+client; the defaults follow the paper's local AMSGrad, the code is reachable with
 v_hat_source="server", m_bias_correction=False, m_round_init="carry", v_round_init="carry".
 """
 import dataclasses
@@ -39,7 +40,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_lama.algorithms.common import (Common, Spec, require, require_nonnegative,
-                                           require_one_of, tree_map)
+                                           require_one_of, server_rate, tree_map)
 from fedjax_lama.engine.algorithm import Algorithm, ServerState, apply_server_tx, displacement
 from fedjax_lama.tree import tree_zeros_like
 
@@ -56,8 +57,8 @@ class AmsHparams:
   v_init: float = 1e-8
   m_bias_correction: bool = True
   v_bias_correction: bool = False
-  v_hat_source: str = "local_max"  # | "server" (the authors' code, C5)
-  m_round_init: str = "zeros"      # | "carry" (per-client rows, C7)
+  v_hat_source: str = "local_max"  # | "server" (the authors' code)
+  m_round_init: str = "zeros"      # | "carry" (per-client rows, the authors' code)
   v_round_init: str = "server"     # | "carry"
 
   def __post_init__(self):
@@ -68,7 +69,7 @@ class AmsHparams:
     for field in ("eps", "eps_root", "v_init"):
       require_nonnegative(field, getattr(self, field))
     require(self.eps > 0 or self.eps_root > 0, "eps", self.eps,
-            "a number > 0 unless eps_root > 0 (the floor of p's denominator, 4.1.3 I3)")
+            "a number > 0 unless eps_root > 0 (the floor of p's denominator)")
     for field in ("m_bias_correction", "v_bias_correction"):
       require(isinstance(getattr(self, field), bool), field, getattr(self, field), "True, False")
     require_one_of("v_hat_source", self.v_hat_source, ("local_max", "server"))
@@ -79,13 +80,13 @@ class AmsHparams:
 @dataclasses.dataclass(frozen=True)
 class LambHparams(AmsHparams):
   """config.fedlamb: the ams_* fields and the spec's fedlamb_* fields (prefixes dropped)."""
-  phi: str = "identity"            # | "clip": min(max(x, phi_min), phi_max) (C1)
+  phi: str = "identity"            # | "clip": min(max(x, phi_min), phi_max)
   phi_min: float = 0.0
   phi_max: float = 10.0
-  zero_norm: str = "unit_ratio"    # | "skip" (C2)
-  lam: float = 0.0                 # lambda inside the normalised direction (C6)
+  zero_norm: str = "unit_ratio"    # | "skip": leave the layer unmoved
+  lam: float = 0.0                 # lambda inside the normalised direction
   lam_mask: str = "all"            # | "exclude_1d" (biases, norm scales)
-  layer_unit: str = "tensor"       # C9: one params leaf is one layer (only value)
+  layer_unit: str = "tensor"       # one params leaf is one layer (only value)
 
   def __post_init__(self):
     super().__post_init__()
@@ -130,7 +131,7 @@ class ServerVHatState(NamedTuple):
 
 
 def scale_by_server_v_hat(hp: AmsHparams, **amsgrad) -> optax.GradientTransformation:
-  """C5 "server": optax's AMSGrad moments, but p = m_hat / (sqrt(v_hat_{r-1} + eps_root) + eps)
+  """v_hat_source="server": optax's AMSGrad moments, but p = m_hat / (sqrt(v_hat_{r-1} + eps_root) + eps)
   with the downloaded v_hat; before the server's first maximum the client's own v~ stands in."""
   inner = optax.scale_by_amsgrad(**amsgrad)
 
@@ -161,7 +162,7 @@ def build_local_tx(hp: AmsHparams, common: Common) -> optax.GradientTransformati
   parts.append(scale_by_server_v_hat(hp, **amsgrad) if hp.v_hat_source == "server"
                else optax.scale_by_amsgrad(**amsgrad))
   if isinstance(hp, LambHparams):
-    if hp.lam:  # lambda enters only u = p + lam theta, never m or v (C6)
+    if hp.lam:  # lambda enters only u = p + lam theta, never m or v
       mask = None if hp.lam_mask == "all" else (
           lambda params: tree_map(lambda p: p.ndim > 1, params))
       parts.append(optax.add_decayed_weights(hp.lam, mask=mask))
@@ -176,11 +177,11 @@ def build(hp: AmsHparams, common: Common) -> Algorithm:
   require(common.local_momentum == 0, "local_momentum", common.local_momentum,
           f"0 ({name}'s first moment is its momentum: config.{name}.beta1)")
   local_tx = build_local_tx(hp, common)
-  server_tx = optax.sgd(common.server_lr)  # lr 1: theta_bar_r = mean of the models exactly
+  server_tx = optax.sgd(server_rate(common))  # lr 1: theta_bar_r = mean of the models exactly
   server_mode = hp.v_hat_source == "server"
   carry_m, carry_v = hp.m_round_init == "carry", hp.v_round_init == "carry"
 
-  def known(v_hat):  # the sentinel of "server" mode read as v_init (4.1.2's v_hat_0)
+  def known(v_hat):  # the sentinel of "server" mode read as v_init (the paper's v_hat_0)
     return tree_map(lambda v: jnp.where(v < 0, hp.v_init, v), v_hat) if server_mode else v_hat
 
   def local_init(ctx):
@@ -190,7 +191,7 @@ def build(hp: AmsHparams, common: Common) -> Algorithm:
       fields["mu"] = ctx.row["m"]
     if server_mode:
       fields["v_hat"] = v_hat
-    # A fresh optax state (count 0, mu 0) with the warm-started second moments (4.4).
+    # A fresh optax state (count 0, mu 0) with the warm-started second moments.
     return optax.tree_utils.tree_set(local_tx.init(ctx.shared["params"]), **fields)
 
   def row_init(params):
@@ -207,7 +208,7 @@ def build(hp: AmsHparams, common: Common) -> Algorithm:
       row["m"] = moments.mu
     if carry_v:
       row["v"] = moments.nu
-    return {"delta": displacement(final, ctx), "v": moments.nu}, row  # the raw v (4.1.2, 5.)
+    return {"delta": displacement(final, ctx), "v": moments.nu}, row  # the raw v (Algorithm 1)
 
   def server_init(params):
     start = NO_SERVER_MAX if server_mode else hp.v_init
@@ -222,7 +223,8 @@ def build(hp: AmsHparams, common: Common) -> Algorithm:
       name, local_tx=local_tx, server_tx=server_tx, local_init=local_init,
       row_init=row_init if carry_m or carry_v else None, finish=finish,
       server_init=server_init, server_update=server_update, downloads=("params", "v_hat"),
-      model_upload="delta", layerwise=True)
+      model_upload="delta", layerwise=True,
+      local_sgd=None)  # AMSGrad's step is adaptive: no effective step
 
 
 SPECS = (

@@ -1,4 +1,4 @@
-"""FedNova (algorithms.md 5.4).
+"""FedNova.
 
 J. Wang, Q. Liu, H. Liang, G. Joshi, H. V. Poor, "Tackling the Objective
 Inconsistency Problem in Heterogeneous Federated Optimization", NeurIPS 2020.
@@ -8,20 +8,21 @@ delta_i = -lr sum_k a_ik g_ik. FedAvg thereby weights clients by ||a_i||_1 (more
 steps, more weight); FedNova uploads delta_i and the scalar ||a_i||_1 and the
 server steps with tau_eff * sum_i p_i delta_i / ||a_i||_1, tau_eff = sum_i p_i ||a_i||_1.
 
-||a_i||_1 = -e_tau / lr for the local optimizer run on a scalar from e_0 = 0 with every
-gradient replaced by 1, keeping the terms that depend on the iterate (5.4, "general
-rule"): m_k = rho m_{k-1} + 1 + mu e_k, e_{k+1} = e_k - lr m_k. Plain SGD gives tau,
-heavy-ball rho gives [tau - rho (1 - rho^tau) / (1 - rho)] / (1 - rho), the proximal
-pull gives (1 - (1 - lr mu)^tau) / (lr mu). Weight decay is treated as part of the
-gradient. With equal step counts and plain SGD, FedNova is FedAvg (up to rounding).
+||a_i||_1 is the engine's effective step (ClientInfo.effective_step, one definition
+for every algorithm): -e_tau for the local optimizer run on a scalar from e_0 = 0 with
+every gradient replaced by 1, keeping the terms that depend on the iterate (the paper's
+general rule, Sec. 4): m_k = rho m_{k-1} + 1 + mu e_k, e_{k+1} = e_k - lr_k m_k, each
+real step at its own rate. At a constant rate lr, plain SGD gives lr tau, heavy-ball rho
+gives lr [tau - rho (1 - rho^tau) / (1 - rho)] / (1 - rho), the proximal pull alone
+lr (1 - (1 - lr mu)^tau) / (lr mu). The paper's ||a_i||_1 is this divided by lr; the
+server's tau_eff delta_i / ||a_i||_1 is the same with either unit. Weight decay is
+treated as part of the gradient. With equal step counts and plain SGD, FedNova is
+FedAvg (up to rounding).
 """
 import dataclasses
 
-import jax
-import jax.numpy as jnp
-
-from fedjax_lama.algorithms.common import (Common, Spec, fedavg_like, require, require_nonnegative,
-                                           safe_positive, tree_map)
+from fedjax_lama.algorithms.common import (Common, Spec, fedavg_like, local_sgd_rule, require,
+                                           require_nonnegative, safe_positive, tree_map)
 from fedjax_lama.algorithms.fedprox import proximal
 from fedjax_lama.engine.algorithm import Algorithm, Reduction, ServerState, apply_server_tx, displacement
 
@@ -34,29 +35,10 @@ class Hparams:
     require_nonnegative("mu", self.mu)
 
 
-def accumulated_weight(steps: jax.Array, lr: jax.Array, momentum: float, mu: float) -> jax.Array:
-  """||a||_1 of `steps` local steps at a constant rate `lr` (the general rule above)."""
-  if not momentum and not mu:
-    return steps
-
-  def body(_, carry):
-    e, m = carry
-    m = momentum * m + 1.0 + mu * e
-    return e - lr * m, m
-
-  zero = jnp.zeros((), jnp.result_type(float))
-  e, _ = jax.lax.fori_loop(0, steps.astype(jnp.int32), body, (zero, zero))
-  return -e / lr
-
-
 def build(hp: Hparams, common: Common) -> Algorithm:
-  require(not common.nesterov, "nesterov", common.nesterov,
-          "False with fednova (its ||a_i||_1 is for heavy-ball momentum)")
-  momentum = common.local_momentum
 
   def finish(final, ctx, info):
-    a = accumulated_weight(info.steps, info.lr, momentum, hp.mu)
-    return {"delta": displacement(final, ctx), "a": a}, ctx.row
+    return {"delta": displacement(final, ctx), "a": info.effective_step}, ctx.row
 
   def normalized(uploads, info):
     del info
@@ -69,6 +51,7 @@ def build(hp: Hparams, common: Common) -> Algorithm:
   server_tx = fedavg_like("fednova", common).server_tx
   return fedavg_like(
       "fednova", common, correct=proximal(hp.mu) if hp.mu else None, finish=finish,
+      local_sgd=local_sgd_rule(common, pull=hp.mu),
       reductions={"delta": Reduction(normalized),
                   "tau_eff": Reduction(lambda uploads, info: uploads["a"])},
       server_tx=server_tx, server_update=server_update,

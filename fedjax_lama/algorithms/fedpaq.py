@@ -1,4 +1,4 @@
-"""FedPAQ and FedCOM: FedAvg with quantized uploads (algorithms.md 5.10, 5.11).
+"""FedPAQ and FedCOM: FedAvg with quantized uploads.
 
 FedPAQ: A. Reisizadeh, A. Mokhtari, H. Hassani, A. Jadbabaie, R. Pedarsani, "FedPAQ: A
 Communication-Efficient Federated Learning Method with Periodic Averaging and

@@ -1,4 +1,4 @@
-"""FedProx (algorithms.md 5.2).
+"""FedProx.
 
 T. Li, A. K. Sahu, M. Zaheer, M. Sanjabi, A. Talwalkar, V. Smith, "Federated
 Optimization in Heterogeneous Networks", MLSys 2020 (arXiv 1812.06127).

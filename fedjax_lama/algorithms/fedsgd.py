@@ -1,4 +1,4 @@
-"""FedSGD (algorithms.md 5.9).
+"""FedSGD.
 
 H. B. McMahan et al., AISTATS 2017 (the "FedSGD" baseline of the FedAvg paper).
 

@@ -1,4 +1,4 @@
-"""FedSpeed (algorithms.md 2.0-2.2; pitfalls and a worked step in 6.3).
+"""FedSpeed.
 
 Y. Sun, L. Shen, T. Huang, L. Ding, D. Tao, "FedSpeed: Larger Local Interval, Less
 Communication Round, and Higher Generalization Accuracy", ICLR 2023 (arXiv 2302.10429).
@@ -7,20 +7,20 @@ Each local step takes two gradients on the same minibatch (and key): g1 at y and
 y + rho g1 / (||g1|| + eps) (one global L2 norm per client; `rho_normalize=False` is
 the slides' unnormalised line 8), mixes them into (1 - alpha) g1 + alpha g2 and steps
 along  g~ - g_hat_i + (1/lam) (y - x)  (line 11; weight decay is added afterwards by the
-local optimizer, at the unperturbed y, D7). After K steps the client's controller
+local optimizer, at the unperturbed y). After K steps the client's controller
 g_hat_i <- g_hat_i - (1/lam) (y_K - x) (line 13; no lr, no K) is kept as its row, 0 at
 start, untouched in rounds it skips. `lam` is the slides' lambda; the reference code's
-`lamb` is 1/lam (D3): lamb = 0.1 is lam = 10.
+`lamb` is 1/lam: lamb = 0.1 is lam = 10.
 
 server_average="active" (the slides, line 16): the client uploads x_hat - x with
-x_hat = y_K - lam g_hat_new (= y_K + h_i, 2.1) and x <- mean_S x_hat.
-server_average="all_clients" (the reference code, D5): the client uploads y_K - x and
+x_hat = y_K - lam g_hat_new (= y_K + h_i) and x <- mean_S x_hat.
+server_average="all_clients" (the reference code): the client uploads y_K - x and
 the server keeps mean_j g_hat_j over all N clients (FedDyn's h, updated by the SUM of
 (1/lam) delta_i and 1/N), x <- mean_S y_K - lam mean_j g_hat_j = mean_S y_K + mean_j h_j.
-Either way one model goes down and one comes up (D4). prox_correction=False drops the
+Either way one model goes down and one comes up. prox_correction=False drops the
 controller and the prox term and uploads y_K - x (FedAvg's server). clip_mode="reference"
 clips g~ - g_hat_i - x / lam by its global norm (PyTorch's clip_grad_norm_ formula) and
-adds (1/lam) y unclipped, as the reference code does (D6).
+adds (1/lam) y unclipped, as the reference code does.
 """
 import dataclasses
 import math
@@ -43,13 +43,13 @@ def _positive(value) -> bool:
 @dataclasses.dataclass(frozen=True)
 class Hparams:
   rho: float = 0.1                 # perturbation radius (rho_0 of the ablations when normalised)
-  rho_normalize: bool = True       # divide by ||g1|| + perturb_eps (reference code, D1)
+  rho_normalize: bool = True       # divide by ||g1|| + perturb_eps (the reference code)
   perturb_eps: float = 1e-7
-  alpha: float = 1.0               # weight of g2; the reference code uses g2 alone (D2)
+  alpha: float = 1.0               # weight of g2; the reference code uses g2 alone
   lam: float = 10.0                # the slides' lambda (prox weight 1/lam); code's lamb = 1/lam
-  prox_correction: bool = True     # its own switch: a huge lam is not "off" (D3, 6.3 pitfall 12)
-  server_average: str = "active"   # "active" (slides) | "all_clients" (reference code, D5)
-  clip_mode: str = "none"          # "none" | "reference" (the reference code's clip order, D6)
+  prox_correction: bool = True     # its own switch: a huge lam is not "off" (1/lam stays > 0)
+  server_average: str = "active"   # "active" (slides) | "all_clients" (reference code)
+  clip_mode: str = "none"          # "none" | "reference" (the reference code's clip order)
   clip_norm: float = 10.0
 
   def __post_init__(self):
@@ -68,7 +68,8 @@ class Hparams:
 
 
 def global_norm(tree) -> jax.Array:
-  """One L2 norm over all leaves, accumulated in at least float32 (6.3 pitfall 3)."""
+  """One L2 norm over all leaves (the ascent is scaled for the whole model, not per layer),
+  accumulated in at least float32."""
   leaves = jax.tree_util.tree_leaves(tree)
   return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.promote_types(x.dtype, jnp.float32))))
                       for x in leaves))
@@ -79,10 +80,10 @@ def build(hp: Hparams, common: Common) -> Algorithm:
 
   def quasi_gradient(value_and_grad, params):
     (loss, aux), g1 = value_and_grad(params)
-    if hp.rho == 0 or alpha == 0:  # static: g2 is never computed, g~ = g1 exactly (pitfall 11)
+    if hp.rho == 0 or alpha == 0:  # static: g2 is never computed, g~ = g1 exactly
       return (loss, aux), g1
     scale = hp.rho / (global_norm(g1) + hp.perturb_eps) if hp.rho_normalize else hp.rho
-    # The offset is a constant: g2 is the plain gradient AT y + e, not through e (pitfall 2).
+    # The offset is a constant: g2 is the plain gradient AT y + e, not through e.
     offset = jax.lax.stop_gradient(tree_map(lambda g: (scale * g).astype(g.dtype), g1))
     _, g2 = value_and_grad(tree_map(jnp.add, params, offset))  # same batch, same key
     if alpha == 1:
@@ -98,10 +99,10 @@ def build(hp: Hparams, common: Common) -> Algorithm:
     x = ctx.shared["params"]
     if not hp.prox_correction:  # only reached in reference clip mode: its FedAvg clips g~
       return clip(grads)
-    if hp.clip_mode == "reference":  # clip g~ - g_hat - x/lam, then add y/lam unclipped (D6)
+    if hp.clip_mode == "reference":  # clip g~ - g_hat - x/lam, then add y/lam unclipped
       clipped = clip(tree_map(lambda g, c, xx: g - c - inv_lam * xx, grads, ctx.row, x))
       return tree_map(lambda u, y: u + inv_lam * y, clipped, params)
-    # The same arithmetic as FedDyn's correction with alpha = 1/lam (2.2, last paragraph).
+    # The same arithmetic as FedDyn's correction with alpha = 1/lam.
     return tree_map(lambda g, c, y, xx: g - c + inv_lam * (y - xx), grads, ctx.row, params, x)
 
   if not hp.prox_correction:  # a SAM-type local step with FedAvg's upload and server
@@ -114,7 +115,7 @@ def build(hp: Hparams, common: Common) -> Algorithm:
     del info
     delta = displacement(final, ctx)
     g_hat = tree_map(lambda c, d: c - inv_lam * d, ctx.row, delta)  # line 13, new controller
-    if hp.server_average == "active":  # line 14 with the NEW controller (pitfall 7)
+    if hp.server_average == "active":  # line 14 with the NEW controller (not the previous round's)
       return {"x_hat_delta": tree_map(lambda d, c: d - lam * c, delta, g_hat)}, g_hat
     return {"delta": delta}, g_hat
 

@@ -1,13 +1,17 @@
-"""SCAFFOLD (algorithms.md 5.3).
+"""SCAFFOLD.
 
 S. P. Karimireddy, S. Kale, M. Mohri, S. Reddi, S. Stich, A. T. Suresh, "SCAFFOLD:
 Stochastic Controlled Averaging for Federated Learning", ICML 2020.
 
 State: the server's control variate c and one row c_i per client, all 0 at start.
 Client i receives x and c and steps along g - c_i + c. Its new control variate is
-  option II (default): c_i+ = c_i - c + (x - y_K) / (sum of its step sizes)
-                       (= K_i * lr for a constant rate; this client's own K_i),
-  option I:            c_i+ = the minibatch gradient at x (its first step's gradient).
+  option II (default): c_i+ = c_i - c + (x - y_K) / (its effective step)
+  option I:            c_i+ = the minibatch gradient at x (its first step's gradient)
+(Eq. 4, Algorithm 1). The paper's option II divides by K lr, its plain-SGD
+steps; here the divisor is the client's effective step under its local optimizer
+(ClientInfo.effective_step: K_i lr for plain SGD, about K_i lr / (1 - beta) under heavy-ball
+momentum beta, FedNova's ||a_i||_1 of Wang et al. 2020), so that (x - y_K) / step is the
+mean corrected gradient and c_i+ estimates the client's mean gradient with momentum too.
 It uploads delta = y_K - x and dc = c_i+ - c_i. The server steps with mean(delta)
 and sets c <- c + (1/N) sum_i dc_i over ALL N clients, which keeps c = mean_j c_j.
 Traffic: 2d each way. control_variates=False keeps c = c_i = 0: FedAvg exactly.
@@ -19,7 +23,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_lama.algorithms.common import (Common, Spec, fedavg_like, local_optimizer,
-                                           require_one_of, safe_positive, tree_map)
+                                           require_one_of, safe_positive, server_sgd, tree_map)
 from fedjax_lama.engine.algorithm import (SUM, Algorithm, Reduction, ServerState,
                                           apply_server_tx, displacement, leafwise, upload)
 from fedjax_lama.tree import tree_zeros_like
@@ -68,7 +72,7 @@ def build(hp: Hparams, common: Common) -> Algorithm:
   def finish(final, ctx, info):
     c_i, c = ctx.row, ctx.shared["c"]
     if hp.option == "II":
-      step_sizes = leafwise(info.lr_sum, c_i)
+      step_sizes = leafwise(info.effective_step, c_i)
       c_new = tree_map(lambda ci, cc, x, y, s: ci - cc + (x - y) / safe_positive(s),
                        c_i, c, ctx.shared["params"], final.params, step_sizes)
     else:
@@ -82,7 +86,7 @@ def build(hp: Hparams, common: Common) -> Algorithm:
     c = tree_map(lambda c, s: c + s / agg.population, server.extra["c"], agg["dc"])
     return server._replace(extra={**server.extra, "c": c})
 
-  server_tx = optax.sgd(common.server_lr)
+  server_tx = server_sgd(common)
   return fedavg_like(
       "scaffold", common, local_tx=local_tx, server_tx=server_tx, correct=correct,
       row_init=tree_zeros_like, finish=finish,

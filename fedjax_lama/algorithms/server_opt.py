@@ -1,4 +1,4 @@
-"""Server optimizers: FedAvgM, FedAdam, FedYogi, FedAdagrad (algorithms.md 5.5).
+"""Server optimizers: FedAvgM, FedAdam, FedYogi, FedAdagrad.
 
 FedAvgM: T.-M. H. Hsu, H. Qi, M. Brown, "Measuring the Effects of Non-Identical Data
 Distribution for Federated Visual Classification", arXiv 1909.06335, 2019.
@@ -7,7 +7,7 @@ J. Konecny, S. Kumar, H. B. McMahan, "Adaptive Federated Optimization", ICLR 202
 
 All four are FedAvg clients with another server optimizer on G = -mean(delta). Reddi
 et al.'s updates differ from optax's adam/yogi/adagrad (no bias correction, v starts at
-tau^2, tau outside the root; the table in 5.5), so they are written here as optax
+tau^2, tau outside the root; Reddi et al.'s Algorithm 2), so they are written here as optax
 transforms on G:
   m = b1 m + (1 - b1) G
   v = v + G^2 (adagrad) | v - (1 - b2) G^2 sign(v - G^2) (yogi) | b2 v + (1 - b2) G^2 (adam)
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_lama.algorithms.common import (Common, Spec, fedavg_like, require, require_one_of,
-                                           tree_map)
+                                           server_rate, tree_map)
 from fedjax_lama.engine.algorithm import Algorithm
 from fedjax_lama.tree import tree_zeros_like
 
@@ -35,7 +35,7 @@ class ReddiState(NamedTuple):
 
 def reddi(kind: str, learning_rate: float, beta1: float, beta2: float,
           tau: float) -> optax.GradientTransformation:
-  """Reddi et al.'s server update of kind 'adam' | 'yogi' | 'adagrad' on G (5.5)."""
+  """Reddi et al.'s server update of kind 'adam' | 'yogi' | 'adagrad' on G (Algorithm 2)."""
 
   def init(params):
     return ReddiState(tree_zeros_like(params),
@@ -84,7 +84,14 @@ class AdaptiveHparams:
 
 @dataclasses.dataclass(frozen=True)
 class AdagradHparams(AdaptiveHparams):
-  beta1: float = 0.0  # plain Adagrad (5.5 defaults)
+  beta1: float = 0.0  # plain Adagrad (Reddi et al.'s FedAdagrad keeps no first moment)
+
+
+# Server rates when config.server_lr is None. The 1.0 of the other algorithms leaves these at
+# chance: their step is about server_lr per coordinate whatever the size of G. Reddi et al.
+# 2021 tune the server rate on a log grid with tau = 1e-3; rates of 1e-2..1e-1 train
+# configs/default.py with local momentum 0.9 (tests/test_default_training.py).
+DEFAULT_SERVER_LR = {"adam": 0.01, "yogi": 0.01, "adagrad": 0.1}
 
 
 def adaptive(kind: str):
@@ -92,8 +99,9 @@ def adaptive(kind: str):
 
   def build(hp: AdaptiveHparams, common: Common) -> Algorithm:
     make = reddi if hp.variant == "reddi" else optax_server
+    rate = server_rate(common, DEFAULT_SERVER_LR[kind])
     return fedavg_like(name if hp.variant == "reddi" else f"{name}_optax", common,
-                       server_tx=make(kind, common.server_lr, hp.beta1, hp.beta2, hp.tau))
+                       server_tx=make(kind, rate, hp.beta1, hp.beta2, hp.tau))
 
   return build
 
@@ -109,7 +117,7 @@ class MomentumHparams:
 def build_fedavgm(hp: MomentumHparams, common: Common) -> Algorithm:
   """v <- b v + G, x <- x - server_lr v: optax.sgd with momentum (b = 0: FedAvg exactly)."""
   return fedavg_like("fedavgm", common,
-                     server_tx=optax.sgd(common.server_lr, momentum=hp.momentum or None))
+                     server_tx=optax.sgd(server_rate(common), momentum=hp.momentum or None))
 
 
 SPECS = (

@@ -5,8 +5,7 @@ typed hyper-parameters (fedjax_lama.algorithms.*). It never loops, vmaps, scans,
 shards or chunks: the engine (engine/local.py, engine/round.py) calls its
 functions for ONE client or ONE server, and adds the client axis itself.
 
-One synchronous round, and which function the engine calls where
-(architecture.md 2.2, algorithms.md 5.0):
+One synchronous round, and which function the engine calls where:
 
     shared  = {name: server value for name in downloads}         what goes down
     ctx     = ClientContext(shared, row, num_examples, client_id)
@@ -21,7 +20,7 @@ One synchronous round, and which function the engine calls where
     server = server_update(server, Aggregates)                    the algorithm's own rule
 
 Conventions:
-- Sign (5.0): uploads named "delta" are displacements y - x; server optimizers
+- Sign: uploads named "delta" are displacements y - x; server optimizers
   receive the pseudo-gradient G = -mean(delta) (`apply_server_tx`).
 - Communication follows from the declaration: every upload travels (floats up
   = their sizes; all-scalar uploads are 32 bits each and are never compressed),
@@ -62,13 +61,24 @@ class ClientContext(NamedTuple):
 class ClientInfo(NamedTuple):
   """What the engine knows of one client's round, without any transmission.
 
-  Under a layer-wise schedule `steps` and `lr_sum` are params-shaped pytrees of
-  scalars (the steps since each leaf was last synchronised); otherwise scalars.
+  `effective_step` is the client's effective step size under its local optimizer: the sum
+  of the coefficients with which its (corrected) gradients enter its displacement,
+  y - x = -sum_k a_k g_k, i.e. ||a_i||_1 of Wang et al. 2020 ("Tackling the Objective
+  Inconsistency Problem in Heterogeneous Federated Optimization", Sec. 4) with the
+  learning rates inside a. Plain SGD gives the sum of the learning rates of the real
+  steps (K_i * lr at a constant rate); heavy-ball momentum beta at a constant rate gives
+  lr * sum_{k=1..K_i} (1 - beta^k) / (1 - beta), up to 1 / (1 - beta) times more.
+  (x - y) / effective_step is then the a-weighted mean of the gradients the client used
+  (SCAFFOLD's option II, FedCM's direction, FedNova's normalisation). Computed in the
+  local scan from `Algorithm.local_sgd`; nan when the local optimizer has none.
+
+  Under a layer-wise schedule `steps` and `effective_step` are params-shaped pytrees of
+  scalars (counted since each leaf was last synchronised); otherwise scalars.
   `leafwise(info.steps, tree)` gives a params-shaped view in both cases.
   """
-  steps: PyTree         # K_i: real (unpadded) local steps, float32
-  lr_sum: PyTree        # sum of the learning rates of those steps (= K_i * lr when constant)
-  lr: jax.Array         # learning rate of the round's first step
+  steps: PyTree           # K_i: real (unpadded) local steps, float32
+  effective_step: PyTree  # ||a_i||_1 with the learning rates inside (see above)
+  lr: jax.Array           # learning rate of the round's first step
   num_examples: jax.Array
   client_id: jax.Array
 
@@ -80,8 +90,8 @@ class ServerState(NamedTuple):
   extra: dict           # algorithm state: SCAFFOLD's c, FedDyn's h, Fed-LAMB's v_hat, ...
 
 
-MEAN = "mean"  # sum_i w_i f_i / sum_i w_i with the round's weights (p_i of 5.0)
-SUM = "sum"    # sum_i f_i over the participants (for the 1/N global means of 5.0)
+MEAN = "mean"  # sum_i w_i f_i / sum_i w_i with the round's weights p_i
+SUM = "sum"    # sum_i f_i over the participants (for 1/N means over the federation)
 REDUCTION_KINDS = (MEAN, SUM)
 
 
@@ -130,7 +140,7 @@ def single_gradient(value_and_grad: ValueAndGrad, params: PyTree):
 
 
 def displacement(final: LocalState, ctx: ClientContext) -> PyTree:
-  """y - x: how far the client moved from the downloaded model (5.0's Delta_i)."""
+  """y - x: how far the client moved from the downloaded model (Delta_i)."""
   return jax.tree_util.tree_map(jnp.subtract, final.params, ctx.shared["params"])
 
 
@@ -142,13 +152,34 @@ def upload_delta(final: LocalState, ctx: ClientContext, info: ClientInfo):
 
 def apply_server_tx(tx: optax.GradientTransformation, server: ServerState,
                     delta: PyTree) -> ServerState:
-  """x <- x + tx(G) with the pseudo-gradient G = -delta (5.0: optax minimises).
+  """x <- x + tx(G) with the pseudo-gradient G = -delta (optax minimises).
 
   With tx = optax.sgd(1.0) this is exactly x + delta, FedAvg.
   """
   pseudo_grad = jax.tree_util.tree_map(jnp.negative, delta)
   updates, opt_state = tx.update(pseudo_grad, server.opt_state, server.params)
   return server._replace(params=optax.apply_updates(server.params, updates), opt_state=opt_state)
+
+
+class LocalSGD(NamedTuple):
+  """The local optimizer as a linear rule, for the effective step (ClientInfo).
+
+  Step k moves by -lr_k d_k with m_k = momentum m_(k-1) + g_k (+ pull e_k) and
+  d_k = m_k, or g_k + momentum m_k with nesterov (optax.trace). Weight decay counts as
+  part of the gradient. `pull` is a proximal coefficient mu counted as part of the
+  optimizer, FedNova's "general rule" (Wang et al. 2020, Sec. 4): the gradient of
+  mu/2 ||y - x||^2 enters as mu e_k with e_k the displacement so far.
+  """
+  momentum: float = 0.0
+  nesterov: bool = False
+  pull: float = 0.0
+
+
+# Local optimizer states across rounds (Algorithm.local_optimizer_state):
+#   "reset": every client starts each round (each FedLAMA window) with a fresh state;
+#   "carry": the state is kept from one round to the next (under the FedLAMA schedule, each
+#            slot keeps its optimizer, as FedLAMA's reference code keeps one per worker).
+LOCAL_OPTIMIZER_STATES = ("reset", "carry")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,10 +209,18 @@ class Algorithm:
   layerwise: Union[bool, str] = True     # may a layer-wise schedule run it? (str: why not)
   one_step: bool = False                 # one local step per round (FedSGD) ...
   full_batch: bool = False               # ... over the client's whole data
+  # The local optimizer as a linear rule (ClientInfo.effective_step); None: it has none
+  # (adaptive local optimizers), and ClientInfo.effective_step is nan.
+  local_sgd: Optional[LocalSGD] = LocalSGD()
+  local_optimizer_state: str = "reset"   # LOCAL_OPTIMIZER_STATES
 
   def __post_init__(self):
     if "params" not in self.downloads:
       raise ValueError(f"algorithm {self.name!r}: downloads must include 'params'")
+    if self.local_optimizer_state not in LOCAL_OPTIMIZER_STATES:
+      raise ValueError(f"algorithm {self.name!r}: local_optimizer_state="
+                       f"{self.local_optimizer_state!r}; accepted: "
+                       f"{', '.join(LOCAL_OPTIMIZER_STATES)}")
 
   # ---- the engine's view, defaults resolved ------------------------------------------------
   def shared(self, server: ServerState) -> dict:

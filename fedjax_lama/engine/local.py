@@ -3,7 +3,7 @@
 The body is one masked step of the algorithm's local rule (engine/algorithm.py). A padded step (step_mask 0) leaves the
 whole carry -- parameters, normalisation statistics and optimiser moments --
 bit-for-bit unchanged (a `jnp.where` on the carry, not a zero-gradient step,
-which would still move momentum and weight decay; architecture.md 2.1).
+which would still move momentum and weight decay).
 """
 import math
 import os
@@ -25,8 +25,8 @@ LossFn = Callable[..., tuple[jax.Array, tuple[PyTree, jax.Array]]]
 # matmul reads at the top of each local step, so that the step's update, which reuses the
 # parameter's buffer, cannot overwrite it early; with the analysis it sees that every read comes
 # first and updates in place. Same results bit for bit (tests/test_training_compiler_options.py).
-# Engine A/B in one process on the 2-core Zen 5 EPYC box (docs/performance.md, sixteenth
-# session): leaf_cnn 1.06x to 1.14x, mnist_mlp 1.06x to 1.12x, resnet18_gn 1.08x, pfl_cnn and
+# Engine A/B in one process on the 2-core Zen 5 EPYC box (docs/performance.md):
+# leaf_cnn 1.06x to 1.14x, mnist_mlp 1.06x to 1.12x, resnet18_gn 1.08x, pfl_cnn and
 # cifar_lenet 1.03x; FedAT's CNN, resnet20 and cifar_cnn unchanged; the 8x8 `mlp` 0.95x to
 # 0.98x.
 CPU_TRAINING_COMPILER_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
@@ -44,7 +44,40 @@ class StepStats(NamedTuple):
   correct: jax.Array
   count: jax.Array
   steps: jax.Array     # real (unpadded) steps
-  lr_sum: jax.Array    # sum of the learning rates of the real steps
+  effective_step: jax.Array  # ||a||_1 of these steps from a fresh optimizer (ClientInfo)
+  # For a schedule that counts the effective step across calls (FedLAMA, per leaf since
+  # its last synchronisation): with a unit momentum M carried into this call (the
+  # momentum the optimizer would hold had every earlier gradient been 1), the call's
+  # effective step is effective_step + carry_gain * M and M becomes
+  # unit_momentum + unit_decay * M. Exact without a proximal pull (LocalSGD.pull = 0).
+  carry_gain: jax.Array
+  unit_momentum: jax.Array
+  unit_decay: jax.Array
+
+
+class UnitState(NamedTuple):
+  """The local optimizer run on a scalar whose every gradient is 1 (FedNova's ||a||_1)."""
+  displacement: jax.Array  # e: -e is the effective step so far
+  momentum: jax.Array      # m: the unit momentum from a fresh state
+  decay: jax.Array         # p: what is left of a unit momentum carried in (momentum^k)
+  carry_gain: jax.Array    # b: the effective step per unit of momentum carried in
+
+
+def unit_step(unit: UnitState, rule, lr) -> UnitState:
+  """One local step of the linear rule `rule` (engine.algorithm.LocalSGD) on the unit problem."""
+  beta, pull = rule.momentum, rule.pull
+  m = beta * unit.momentum + 1.0 + pull * unit.displacement
+  p = beta * unit.decay
+  if rule.nesterov:
+    d, dp = 1.0 + pull * unit.displacement + beta * m, beta * p
+  else:
+    d, dp = m, p
+  return UnitState(unit.displacement - lr * d, m, p, unit.carry_gain + lr * dp)
+
+
+def fresh_unit() -> UnitState:
+  zero = jnp.zeros((), jnp.result_type(float))
+  return UnitState(zero, zero, jnp.ones_like(zero), zero)
 
 
 # Targets below zero are padding, never a class: sequence datasets whose padding
@@ -139,7 +172,10 @@ def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
 
   Each step evaluates `algorithm.grad` (one or more gradients on the step's batch),
   adds `algorithm.correct(g, params, ctx)`, and moves the parameters by
-  -lr * local_tx(g) (engine/algorithm.py). step_offset is the global local-step count
+  -lr * local_tx(g) (engine/algorithm.py). Beside it the same steps of
+  `algorithm.local_sgd` run on the unit problem (`unit_step`), which gives the client's
+  effective step (StepStats.effective_step, per client, padded steps skipped, each step's
+  own learning rate). step_offset is the global local-step count
   of the first step (for the LR schedule); step s uses the key
   fold_in(key, key_offset + s), so a span of steps split into several calls draws the
   same keys as one call over the whole span.
@@ -149,13 +185,15 @@ def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
   """
   local_tx, grad_oracle, correct = algorithm.local_tx, algorithm.grad, algorithm.correct
   context_grad = algorithm.context_grad
+  rule = algorithm.local_sgd
 
   def client_train(state: LocalState, ctx: ClientContext, data_x, data_y, indices, example_mask,
                    step_mask, key, step_offset, key_offset=0):
     num_steps = indices.shape[0]
     keys = jax.vmap(lambda s: jax.random.fold_in(key, s))(key_offset + jnp.arange(num_steps))
 
-    def step(carry: LocalState, inp):
+    def step(both, inp):
+      carry, unit = both
       idx, emask, smask, k, s = inp
       x = data_x[idx]
       y = data_y[idx]
@@ -178,17 +216,23 @@ def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
       new = LocalState(new_params, new_model_state, new_opt)
       real = smask > 0
       count = jnp.sum(emask)
-      # Step counts and rates in the default float dtype (float64 under jax_enable_x64):
-      # SCAFFOLD and FedCM divide by them.
+      # Step counts and the unit problem in the default float dtype (float64 under
+      # jax_enable_x64): SCAFFOLD, FedCM and FedNova divide by them.
       real_f = real.astype(jnp.result_type(float))
-      stats = StepStats(loss * count * real, correct_count * real, count * real, real_f,
-                        real_f * lr)
-      return tree_where(real, new, carry), stats
+      if rule is not None:
+        unit = tree_where(real, unit_step(unit, rule, jnp.asarray(lr, real_f.dtype)), unit)
+      sums = (loss * count * real, correct_count * real, count * real, real_f)
+      return (tree_where(real, new, carry), unit), sums
 
-    final, stats = jax.lax.scan(
-        step, state, (indices, example_mask, step_mask, keys, jnp.arange(num_steps)),
-        unroll=unroll)
-    return final, jax.tree_util.tree_map(lambda a: jnp.sum(a, axis=0), stats)
+    (final, unit), sums = jax.lax.scan(
+        step, (state, fresh_unit()),
+        (indices, example_mask, step_mask, keys, jnp.arange(num_steps)), unroll=unroll)
+    loss_sum, correct_sum, count, steps = (jnp.sum(a, axis=0) for a in sums)
+    if rule is None:  # no linear rule: no effective step
+      nan = jnp.full_like(steps, jnp.nan)
+      return final, StepStats(loss_sum, correct_sum, count, steps, nan, nan, nan, nan)
+    return final, StepStats(loss_sum, correct_sum, count, steps, -unit.displacement,
+                            unit.carry_gain, unit.momentum, unit.decay)
 
   return client_train
 

@@ -6,7 +6,7 @@
 `ClientPhase` runs the vmapped local scan and the algorithm's `finish` for a
 group of clients, and decodes their uploads; `reduce_uploads` turns the uploads
 into the algorithm's aggregates as (weighted sum, weight) pairs, so chunked,
-sharded and single-call runs reduce the same quantities (architecture.md 2.2);
+sharded and single-call runs reduce the same quantities;
 `aggregates` divides once; the algorithm's server update runs last. The
 layer-wise schedule (fedjax_lama.fedlama) uses the same pieces with per-leaf
 masks (`select_leafwise`).
@@ -73,7 +73,8 @@ def fresh_state_axes(algorithm: Algorithm, shared_per_client: bool = False) -> L
 
 def fresh_states(algorithm: Algorithm, ctx: ClientContext, model_state, num: int,
                  shared_per_client: bool = False, batched: bool = True) -> LocalState:
-  """Every client starts its round at the downloaded model with a fresh local optimizer.
+  """Every client starts its round at the downloaded model with a fresh local optimizer
+  (Algorithm.local_optimizer_state "reset", the only rule synchronous rounds run).
 
   batched=False leaves the fields every client shares without the client axis
   (`fresh_state_axes` says which), for a ClientPhase built with those `state_axes`.
@@ -128,7 +129,8 @@ class ClientPhase:
   def info(self, stats: local.StepStats, cohort: "Cohort", step_offset) -> ClientInfo:
     lr0 = jnp.broadcast_to(jnp.asarray(self.lr_schedule(step_offset), jnp.result_type(float)),
                            cohort.client_ids.shape)
-    return ClientInfo(stats.steps, stats.lr_sum, lr0, cohort.num_examples, cohort.client_ids)
+    return ClientInfo(stats.steps, stats.effective_step, lr0, cohort.num_examples,
+                      cohort.client_ids)
 
   def finish(self, final: LocalState, ctx: ClientContext, info: ClientInfo, client_ids,
              compress_round) -> tuple[dict, PyTree]:
@@ -186,6 +188,10 @@ def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, lr_schedule: Cal
   values when jit=False (several runs vmapped over a run axis, programs/vectorized.py).
   client_devices: the size of the mesh the client axis is split over (default every device).
   """
+  if algorithm.local_optimizer_state != "reset":
+    raise ValueError(f"local_optimizer_state={algorithm.local_optimizer_state!r} is not "
+                     "accepted by synchronous rounds (every client starts afresh); accepted: "
+                     "'reset' ('carry' runs under the FedLAMA schedule)")
   phase = ClientPhase(loss_fn, algorithm, lr_schedule, seed=seed, unroll=unroll,
                       augment=augment, compressor=compressor,
                       state_axes=fresh_state_axes(algorithm), client_devices=client_devices)
@@ -260,7 +266,7 @@ def select_leafwise(leaf_mask: PyTree, new: PyTree, old: PyTree, params_def) -> 
 
 # ---- static description of an algorithm's traffic ---------------------------------------------
 class Traffic(NamedTuple):
-  """Per participating client and round, from the algorithm's declaration (5.12, 5.13)."""
+  """Per participating client and round, from the algorithm's declaration."""
   up_per_leaf: np.ndarray    # floats of params-shaped uploads, per params leaf
   up_other: int              # floats of other uploads (scalars: FedNova's ||a_i||_1)
   down_per_leaf: np.ndarray  # floats of params-shaped downloads, per params leaf

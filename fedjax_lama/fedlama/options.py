@@ -27,7 +27,6 @@ class FedLamaOptions:
   warmup_windows: int = 0
   layer_granularity: str = "tensor"     # tensor (the authors' code) | module
   bn_stats_sync: str = "window"         # window | round | never ("never": the authors' code)
-  opt_state_policy: str = "slot"        # slot | reset_on_sample
   fixed_multipliers: Optional[Union[int, tuple]] = None  # 1 or phi per layer (equivalence runs)
   total_steps: int = 0                  # 0: rounds * window
   local_algorithm: str = "fedavg"       # the base of config.algorithm="fedlama"
@@ -44,7 +43,6 @@ class FedLamaOptions:
     require_one_of("client_sampling", self.client_sampling, ("window", "round"))
     require_one_of("layer_granularity", self.layer_granularity, ("tensor", "module"))
     require_one_of("bn_stats_sync", self.bn_stats_sync, ("window", "round", "never"))
-    require_one_of("opt_state_policy", self.opt_state_policy, ("slot", "reset_on_sample"))
     require(_is_int(self.total_steps, 0), "total_steps", self.total_steps,
             "an integer >= 0 (0: rounds * window)")
     require(_is_int(self.warmup_windows, 0), "warmup_windows", self.warmup_windows,

@@ -1,10 +1,7 @@
 """FedLAMA: layer-wise adaptive aggregation intervals, as a schedule over any algorithm.
 
 S. Lee, T. Zhang, S. Avestimehr, "Layer-wise Adaptive Model Aggregation for
-Scalable Federated Learning", AAAI 2023 (shared/seeds/001_fc2c573c21b85f9f.txt,
-Algorithm 2); arXiv v1 (shared/seeds/000_d0c84dec6fe26f1e.txt, Algorithm 1).
-Specification and decisions: algorithms.md 1.2.4 (one window step by step) and
-1.4 (D1-D25).
+Scalable Federated Learning", AAAI 2023 (Algorithm 2); arXiv v1 (Algorithm 1).
 
 One program "round" is one window of W = phi * unit local steps, run as ONE
 jitted call: phi sub-rounds of `unit` steps of the vmapped local scan over the
@@ -14,15 +11,20 @@ aggregated and put through the algorithm's server update, and only those layers
 of the server state, the clients' rows and the slots' models take the new values
 (`select_leafwise`); every other layer keeps each slot's own copy bit for bit. Then
 the normalisation statistics, then the interval selection for the next window.
-Slots keep their unsynchronised layers, optimiser state and running statistics
-across sub-rounds. The base algorithm sees, per leaf, the steps and learning rates
-since that leaf's last synchronisation (ClientInfo), and its anchor is the leaf's
-last synchronised value (the server's params). This needs an algorithm whose
-uploads, rows and server state are per leaf (`Algorithm.layerwise`).
+Slots keep their unsynchronised layers and running statistics across sub-rounds.
+The local optimizer's state follows Algorithm.local_optimizer_state, the rule of
+synchronous rounds: "reset" starts it afresh whenever clients are sampled (each window,
+or each sub-round with fedlama.client_sampling="round") and keeps it through the
+window's sub-rounds; "carry" keeps each slot's state for the whole run, as the
+reference code keeps one optimizer per worker. The base algorithm sees, per leaf, the
+steps and the effective step (ClientInfo) since that leaf's last synchronisation, and
+its anchor is the leaf's last synchronised value (the server's params). This needs an
+algorithm whose uploads, rows and server state are per leaf (`Algorithm.layerwise`).
 
-Equivalences (tests): phi = 1 is the base algorithm at tau'; fixed multipliers phi
-for every layer is the base algorithm at phi tau' -- the window's batches and keys are
-those of one round of W steps, because the window is packed as one span of W steps.
+Equivalences (tests): phi = 1 is the base algorithm at tau' (with local momentum too,
+under "reset"); fixed multipliers phi for every layer is the base algorithm at phi tau'
+-- the window's batches and keys are those of one round of W steps, because the window
+is packed as one span of W steps.
 """
 from typing import NamedTuple
 
@@ -48,7 +50,8 @@ class FedLamaState(NamedTuple):
   sync_counts: jax.Array    # int32 [L], c_l (Eq. 8)
   window: jax.Array         # int32, windows completed
   since_steps: jax.Array    # float32 [m, L]: each slot's steps since each layer's last sync
-  since_lr: jax.Array       # float32 [m, L]: the sum of their learning rates
+  since_step_size: jax.Array  # [m, L]: their effective step (ClientInfo.effective_step)
+  since_momentum: jax.Array   # [m, L]: the unit momentum since then (local.StepStats)
 
 
 def check_composable(algorithm: Algorithm, server: ServerState, row, traffic) -> None:
@@ -73,7 +76,7 @@ def check_composable(algorithm: Algorithm, server: ServerState, row, traffic) ->
 
 
 class FedLamaProgram(ProgramBase):
-  """Windows of phi sub-rounds with layer-wise synchronisation (algorithms.md 1.2.4)."""
+  """Windows of phi sub-rounds with layer-wise synchronisation (see the module docstring)."""
 
   def __init__(self, opts: RunOptions, fl: FedLamaOptions, algorithm: Algorithm, model, params,
                model_state, fed, mesh, compressor=None):
@@ -109,6 +112,9 @@ class FedLamaProgram(ProgramBase):
             f"config.fedlama.fixed_multipliers={fl.fixed_multipliers!r} is not accepted; "
             f"accepted: 1 or phi={self.phi} per layer ({len(self.spec.sizes)} layers)")
       self.fixed = jnp.asarray(fixed)
+    if algorithm.local_sgd is not None and algorithm.local_sgd.pull:
+      raise ConfigError(f"config.schedule='fedlama' cannot run config.algorithm="
+                        f"{algorithm.name!r} with a proximal pull in its effective step")
     self.has_state = bool(jax.tree_util.tree_leaves(model_state))
     self.compressor = compressor if compressor is not None else (
         algorithm.uplink or compression.identity())
@@ -142,7 +148,7 @@ class FedLamaProgram(ProgramBase):
     # so window 2 reuses window 1's executable.
     replicated = sharding.replicated_sharding(mesh)
     clients = sharding.clients_sharding(mesh)
-    state_shardings = FedLamaState(clients, *[replicated] * 5, clients, clients)
+    state_shardings = FedLamaState(clients, *[replicated] * 5, clients, clients, clients)
     self.window_fn = local.jit_training(
         self._window, donate_argnums=(0,),
         out_shardings=(state_shardings, clients, replicated, replicated, replicated))
@@ -169,8 +175,10 @@ class FedLamaProgram(ProgramBase):
          self.fixed if self.fixed is not None else self.base,
          jnp.zeros(num_layers, jnp.int32), jnp.zeros((), jnp.int32))), self.mesh)
     since = sharding.shard_clients(jnp.zeros((m, num_layers), jnp.float32), self.mesh)
+    float_since = jnp.zeros((m, num_layers), jnp.result_type(float))
     state = FedLamaState(sharding.shard_clients(own(slots), self.mesh), *rest, since,
-                         jnp.copy(since))
+                         sharding.shard_clients(float_since, self.mesh),
+                         sharding.shard_clients(jnp.copy(float_since), self.mesh))
     rows = {}
     if self.algorithm.row_init is not None:
       rows = self._new_store(self.row_template)
@@ -188,15 +196,17 @@ class FedLamaProgram(ProgramBase):
     mult = state.multipliers
     intervals = (mult * self.unit).astype(jnp.float32)
     slots, server, d, counts = state.slots, state.server, state.discrepancy, state.sync_counts
-    since_steps, since_lr = state.since_steps, state.since_lr
+    since_steps, since_size, since_m = (state.since_steps, state.since_step_size,
+                                        state.since_momentum)
     stats_sum = jnp.zeros(4)  # loss_sum, correct, count, unused
     key = rng.round_key(self.opts.seed, rng.STREAM_TRAIN, window)
     for r in range(self.phi):  # static: phi sub-rounds, each a rolled scan inside
       c = jax.tree_util.tree_map(lambda a: a[r], cohorts)
       sub_round = window * self.phi + r
       ctx = ClientContext(alg.shared(server), rows, c.num_examples, c.client_ids)
-      if fl.opt_state_policy == "reset_on_sample" and (r == 0 or fl.client_sampling == "round"):
+      if alg.local_optimizer_state == "reset" and (r == 0 or fl.client_sampling == "round"):
         slots = slots._replace(opt_state=self._fresh_opt_states(ctx))
+        since_m = jnp.zeros_like(since_m)  # no earlier gradient continues through momentum
       keys = rng.client_keys(key if fl.client_sampling == "window" else
                              rng.round_key(self.opts.seed, rng.STREAM_TRAIN, sub_round),
                              c.client_ids)
@@ -206,9 +216,16 @@ class FedLamaProgram(ProgramBase):
       stats_sum = stats_sum + jnp.stack([jnp.sum(st.loss_sum), jnp.sum(st.correct),
                                          jnp.sum(st.count), 0.0])
       since_steps = since_steps + st.steps[:, None]
-      since_lr = since_lr + st.lr_sum[:, None]
+      if alg.local_sgd is not None:
+        # Each layer's effective step since its last sync continues from the unit momentum
+        # accumulated since then (local.StepStats).
+        since_size = since_size + st.effective_step[:, None] + st.carry_gain[:, None] * since_m
+        since_m = st.unit_momentum[:, None] + st.unit_decay[:, None] * since_m
+        step_size = self._per_leaf(since_size)
+      else:  # no effective step (nan, as in synchronous rounds); the state stays finite
+        step_size = self._per_leaf(jnp.full_like(since_size, jnp.nan))
       info = self.phase.info(st, c, step0)._replace(
-          steps=self._per_leaf(since_steps), lr_sum=self._per_leaf(since_lr))
+          steps=self._per_leaf(since_steps), effective_step=step_size)
       uploads, new_rows = self.phase.finish(slots, ctx, info, c.client_ids, sub_round)
       weights = reduce.client_weights(c.client_mask, c.num_examples, self.opts.weighting)
       sync = jnp.mod(r + 1, mult) == 0
@@ -231,13 +248,14 @@ class FedLamaProgram(ProgramBase):
                                       server.params, slots.params)
       slots = slots._replace(params=params)
       since_steps = jnp.where(sync[None, :], 0.0, since_steps)
-      since_lr = jnp.where(sync[None, :], 0.0, since_lr)
+      since_size = jnp.where(sync[None, :], 0.0, since_size)
+      since_m = jnp.where(sync[None, :], 0.0, since_m)
       if self.has_state and (fl.bn_stats_sync == "round" or
                              (fl.bn_stats_sync == "window" and r == self.phi - 1)):
         mean_stats = reduce.weighted_mean(slots.model_state, weights)
         slots = slots._replace(model_state=broadcast_clients(mean_stats, self.slots_padded))
     # After window-end averaging every slot holds the mean; with "never" slot 0's own
-    # statistics are evaluated (D10).
+    # statistics are evaluated.
     server = server._replace(
         model_state=jax.tree_util.tree_map(lambda s: s[0], slots.model_state))
     if self.fixed is not None:
@@ -247,7 +265,7 @@ class FedLamaProgram(ProgramBase):
                                       self.kernel_mask)
       new_mult = jnp.where(window >= fl.warmup_windows, selected, self.base).astype(jnp.int32)
     new_state = FedLamaState(slots, server, d, new_mult, counts, state.window + 1,
-                             since_steps, since_lr)
+                             since_steps, since_size, since_m)
     return new_state, rows, stats_sum, mult, sync
 
   # ---- host side -------------------------------------------------------------------------

@@ -66,7 +66,8 @@ def per_job_proximal(grads: PyTree, params: PyTree, ctx: ClientContext) -> PyTre
 def job_algorithm(local_tx: optax.GradientTransformation) -> Algorithm:
   """Local training of a simulated job as an engine Algorithm (only the local rule is used:
   the simulation's methods aggregate on the host, methods/)."""
-  return fedavg_like("simulated_job", Common(), local_tx=local_tx, correct=per_job_proximal)
+  return fedavg_like("simulated_job", Common(), local_tx=local_tx, correct=per_job_proximal,
+                     local_sgd=None)  # no effective step: the methods never divide by one
 
 
 def stack_trees(trees: Sequence[PyTree]) -> PyTree:
