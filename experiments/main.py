@@ -153,16 +153,31 @@ def _explain_parse_error(argv, exc: BaseException) -> str:
       keys = list(node.keys()) if hasattr(node, "keys") else []
       if key not in keys:
         where = ".".join(["config"] + walked + [key])
-        if walked and walked[-1] in ("dataset_options", "model_options"):
-          return (f"{where} is not in {'.'.join(['config'] + walked)} of --config={spec}, "
-                  "whose keys a command line can only change, not add (set it in the config "
-                  "file)")
+        if walked == ["dataset_options"] or walked == ["model_options"]:
+          return _unset_option(config, walked[0], key, spec)
         return f"{where} is not a field; {closest(key, keys)}"
       node, walked = node[key], walked + [key]
   message = str(exc)
   if isinstance(exc, flags.Error):
     return message
   return f"{type(exc).__name__}: {message}"
+
+
+def _unset_option(config, section: str, key: str, spec: str) -> str:
+  """The line for --config.dataset_options.KEY (or model_options) that the file does not set."""
+  if section == "dataset_options":
+    from fedjax_lama.data import DATASET_OPTIONS  # pylint: disable=g-import-not-at-top
+    owner, accepted = f"config.dataset={config.dataset!r}", DATASET_OPTIONS.get(config.dataset, {})
+  else:
+    from fedjax_lama import models  # pylint: disable=g-import-not-at-top
+    owner = f"config.model={config.model!r}"
+    accepted = models.options(config.model) if config.model in models.names() else {}
+  if key not in accepted:
+    from fedjax_lama.errors import closest  # pylint: disable=g-import-not-at-top
+    return f"config.{section}.{key} is not an option of {owner}; {closest(key, accepted)}"
+  return (f"config.{section}.{key} is an option of {owner} that --config={spec} does not set: "
+          "the command line can change the options a config file sets, not add them; set it "
+          "in the config file")
 
 
 def parse_flags(argv):
@@ -191,10 +206,18 @@ def main(argv):
   from fedjax_lama import training  # pylint: disable=g-import-not-at-top
   from fedjax_lama import config as config_lib  # pylint: disable=g-import-not-at-top
   from fedjax_lama.errors import FedjaxLamaError  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  if not isinstance(FLAGS.config, ml_collections.ConfigDict):  # config_flags defers some errors
+    try:
+      load_config_file(_config_spec(sys.argv))
+    except UsageFailure as e:
+      fail(str(e), e)
+    fail(f"--config={_config_spec(sys.argv)} did not give an ml_collections.ConfigDict")
   try:
-    # Checked here, before any data is loaded: what the command line set, and the workdir.
-    config_lib.validate(FLAGS.config)
+    # Checked here, before any data is loaded: what the command line set (a field the run
+    # never reads is named before any other problem of that run), then every field.
     config_lib.check_overrides(FLAGS.config, override_paths(sys.argv))
+    config_lib.validate(FLAGS.config)
     summary = training.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except FedjaxLamaError as e:
     fail(str(e), e)

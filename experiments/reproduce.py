@@ -6,7 +6,7 @@ r"""Reproduce a seed paper's table with one command; the report prints the paper
       --data_dir=/data --out=/tmp/fedspeed
 
 Scales (experiments/tables.py): "paper" is the paper's exact setting (for users with the
-data and an accelerator), "small" a reduced version on ../shared/data that finishes on a 2-core
+data and an accelerator), "small" a reduced version on the real datasets that finishes on a 2-core
 CPU within about an hour, "smoke" a few-minute check. Learning rates that the papers tuned are
 tuned on a validation split held out of the training data, never on the test set. Writes
 <out>/<paper>_<table>_<scale>.md (our numbers, the paper's, the exact settings, the machine,
@@ -30,7 +30,7 @@ flags.DEFINE_string("out", "experiments/results/reproduce", "Directory of the re
 flags.DEFINE_string("runs", None, "Directory of the runs (default <out>/runs/<paper>_<table>_"
                     "<scale>; tables of one study share it).")
 flags.DEFINE_string("data_dir", None, "Data directory (default: $FEDJAX_LAMA_DATA_DIR, else "
-                    "../shared/data when it exists, else ./data).")
+                    "./data).")
 flags.DEFINE_bool("list", False, "List every paper and table id, then exit.")
 
 # Config fields worth printing as "the exact settings" of a run.
@@ -122,11 +122,9 @@ def _slim(results):
 
 
 def set_default_data_dir() -> None:
-  """--data_dir, else $FEDJAX_LAMA_DATA_DIR, else ../shared/data when it exists."""
+  """--data_dir, else $FEDJAX_LAMA_DATA_DIR, else ./data (fedjax_lama.data.resolve_data_dir)."""
   if FLAGS.data_dir:
     os.environ["FEDJAX_LAMA_DATA_DIR"] = FLAGS.data_dir
-  elif "FEDJAX_LAMA_DATA_DIR" not in os.environ and os.path.isdir("../shared/data"):
-    os.environ["FEDJAX_LAMA_DATA_DIR"] = os.path.abspath("../shared/data")
 
 
 def main(argv):

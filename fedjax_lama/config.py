@@ -136,6 +136,10 @@ def _check_known_fields(c, base, path: str = "") -> None:
     if isinstance(base[key], ml_collections.ConfigDict) and isinstance(
         c[key], ml_collections.ConfigDict):
       _check_known_fields(c[key], base[key], where + ".")
+  missing = sorted(set(base.keys()) - set(c.keys()))
+  if missing:
+    raise ConfigError(f"config.{path}{missing[0]} is missing; start from "
+                      "fedjax_lama.config.base_config(), which sets every field")
 
 
 def _check_options(c) -> None:
@@ -165,12 +169,7 @@ def validate(c: ml_collections.ConfigDict, num_classes: int | None = None) -> No
     raise ConfigError(f"config must be an ml_collections.ConfigDict (e.g. "
                       f"fedjax_lama.config.base_config() or a config file's get_config()), got "
                       f"{type(c).__name__}")
-  base = base_config()
-  missing = sorted(set(base.keys()) - set(c.keys()))
-  if missing:
-    raise ConfigError(f"config.{missing[0]} is missing; start from "
-                      "fedjax_lama.config.base_config(), which sets every field")
-  _check_known_fields(c, base)
+  _check_known_fields(c, base_config())
   _one_of(c, "dataset", DATASETS)
   _check_options(c)
   if isinstance(c.seed, bool) or not isinstance(c.seed, int) or c.seed < 0:

@@ -41,12 +41,15 @@ class CheckpointError(TrainingError):
   """A checkpoint's bytes differ from those written, or it cannot be read back."""
 
 
-def closest(name: str, accepted: Iterable[str], n: int = 3) -> str:
+def closest(name: str, accepted: Iterable[str], n: int = 3,
+            where: str = "fedjax_lama.config.base_config()") -> str:
   """"closest accepted: a, b" for an unknown `name` (difflib), or every accepted name."""
   accepted = sorted(set(accepted))
   near = difflib.get_close_matches(name, accepted, n=n, cutoff=0.6)
   if near:
     return "closest accepted: " + ", ".join(near)
+  if len(accepted) > 12:
+    return f"no accepted name is close (there are {len(accepted)}; {where} lists them)"
   return "accepted: " + (", ".join(accepted) or "none")
 
 
