@@ -183,13 +183,21 @@ def _unset_option(config, section: str, key: str, spec: str) -> str:
 def parse_flags(argv):
   """absl's flag parsing, with any failure turned into one "error:" line and exit 2."""
   try:
-    return FLAGS(argv)
+    rest = FLAGS(argv)
   except Exception as e:  # pylint: disable=broad-except
     try:
       message = _explain_parse_error(argv, e)
     except UsageFailure as failure:
       message = str(failure)
     fail(message, e)
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  if not isinstance(FLAGS.config, ml_collections.ConfigDict):  # config_flags defers a missing file
+    try:
+      load_config_file(_config_spec(argv))
+    except UsageFailure as e:
+      fail(str(e), e)
+    fail(f"--config={_config_spec(argv)} did not give an ml_collections.ConfigDict")
+  return rest
 
 
 def main(argv):
@@ -206,13 +214,6 @@ def main(argv):
   from fedjax_lama import training  # pylint: disable=g-import-not-at-top
   from fedjax_lama import config as config_lib  # pylint: disable=g-import-not-at-top
   from fedjax_lama.errors import FedjaxLamaError  # pylint: disable=g-import-not-at-top
-  import ml_collections  # pylint: disable=g-import-not-at-top
-  if not isinstance(FLAGS.config, ml_collections.ConfigDict):  # config_flags defers some errors
-    try:
-      load_config_file(_config_spec(sys.argv))
-    except UsageFailure as e:
-      fail(str(e), e)
-    fail(f"--config={_config_spec(sys.argv)} did not give an ml_collections.ConfigDict")
   try:
     # Checked here, before any data is loaded: what the command line set (a field the run
     # never reads is named before any other problem of that run), then every field.

@@ -82,13 +82,6 @@ def check_workdir_usable(workdir) -> None:
     what = "is a file" if probe_dir == os.path.abspath(workdir) else f"is under a file ({probe_dir})"
     raise WorkdirError(f"workdir {workdir} {what}; accepted: a directory, or a path where one "
                        "can be made")
-  try:
-    free = shutil.disk_usage(probe_dir).free
-  except OSError as e:
-    raise WorkdirError(f"workdir {workdir}: {probe_dir} cannot be inspected ({e.strerror})") from e
-  if free < MIN_FREE_BYTES:
-    raise WorkdirError(f"workdir {workdir}: the filesystem of {probe_dir} is full ({free} bytes "
-                       "free); free some space or use another --workdir")
   try:  # os.access answers for the user, not for the filesystem (read-only mounts, quotas)
     with tempfile.NamedTemporaryFile(dir=probe_dir, prefix=".fedjax_lama_probe_") as f:
       f.write(b"\0" * 4096)
@@ -98,6 +91,10 @@ def check_workdir_usable(workdir) -> None:
     why = "the filesystem is full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
     raise WorkdirError(f"workdir {workdir} cannot be written ({probe_dir}: {why}); accepted: a "
                        "writable directory") from e
+  free = shutil.disk_usage(probe_dir).free
+  if free < MIN_FREE_BYTES:
+    raise WorkdirError(f"workdir {workdir}: the filesystem of {probe_dir} is full ({free} bytes "
+                       "free); free some space or use another --workdir")
 
 
 def _read_workdir_config(workdir: str) -> Optional[dict]:
