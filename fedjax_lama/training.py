@@ -134,7 +134,7 @@ def check_workdir(workdir: str, config) -> Optional[int]:
   if diff:
     raise config_lib.ConfigError(
         f"--workdir={workdir} holds a run with a different config (fields: "
-        f"{', '.join('config.' + k for k in diff)}); use a new --workdir, the same config to "
+        f"{', '.join(diff)}); use a new --workdir, the same config to "
         "resume, or a larger config.rounds alone to extend it")
   return extended
 

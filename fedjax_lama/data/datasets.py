@@ -7,7 +7,7 @@ which). Normalisation and augmentation belong to the training code, which
 knows the paper's recipe. Datasets with natural clients (FEMNIST writers,
 Sentiment140 accounts, Shakespeare roles, Reddit users) also carry the client
 of every example, from which the 'natural' partition and `femnist_clients`
-build the federation (algorithms.md D23, 3.6.1).
+build the federation (FedLAMA, Lee et al. 2023: 256 writers, two per client).
 """
 
 import dataclasses
@@ -564,7 +564,7 @@ def load_dataset(name: str, data_dir: str | None = None,
 
 
 # ----------------------------------------------------------------------------
-# FEMNIST clients from natural writers (algorithms.md D23).
+# FEMNIST clients from natural writers (FedLAMA, Lee et al. 2023).
 # ----------------------------------------------------------------------------
 
 
@@ -633,7 +633,7 @@ def femnist_clients(train_client_ids: np.ndarray, num_writers: int = 256,
 
   `num_writers` distinct writers are drawn uniformly at random (stream
   WRITERS of `seed`) and consecutive groups of `writers_per_client` form the
-  clients (256 writers, 2 per client give 128 clients; algorithms.md D23). If
+  clients (256 writers, 2 per client give 128 clients, as in FedLAMA). If
   fewer writers exist, all are used, a warning is issued and
   `num_writers` < `requested_writers` in the result; the last client then holds
   fewer writers when the count does not divide.
@@ -665,7 +665,8 @@ def femnist_clients_round_robin(train_client_ids: np.ndarray,
   """FedLAMA v1 FEMNIST clients: random writers dealt round-robin.
 
   round(writer_fraction * W) writers (at least num_clients) are drawn at random
-  and writer j goes to client j mod num_clients (algorithms.md D23, v1 presets).
+  and writer j goes to client j mod num_clients (FedLAMA's first version: a
+  random 10 % of the writers).
   """
   num_clients = _positive_int(num_clients, 'num_clients')
   if not 0 < writer_fraction <= 1:
