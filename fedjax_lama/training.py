@@ -594,8 +594,9 @@ def train_many(configs, workdirs) -> list:
   """
   from fedjax_lama.programs.vectorized import VectorizedSyncProgram  # pylint: disable=g-import-not-at-top
   configs = [copy.deepcopy(c) for c in configs]
-  for c in configs:
+  for c, w in zip(configs, workdirs):
     config_lib.validate(c)
+    check_workdir_usable(w)
   if not _vectorizable(configs):
     return _one_after_another(configs, workdirs)
   prepared = [_prepare(c) for c in configs]

@@ -260,15 +260,19 @@ def resolve_data_dir(data_dir: str | None = None) -> str:
 
 
 def _missing_files_message(name: str, data_dir: str,
-                           layouts: tuple[str, ...] | None = None) -> str:
-  """One line: the directory looked in, the files expected there, how to get them."""
+                           layouts: tuple[str, ...] | None = None,
+                           tfds: bool = False) -> str:
+  """One line: the directory looked in, the files expected there, how to get them
+  (tfds: also the command that lets tensorflow-datasets fetch them)."""
   layouts = layouts or (name,)
   expected = ' or '.join(
       f'{_PREPARE_HINT[layout]} in one of '
       + ', '.join(_candidate_dirs(layout, data_dir)) for layout in layouts)
+  fetch = (f', or let tensorflow-datasets fetch it: '
+           f'{tfds_loader.prepare_command(name, data_dir)}' if tfds else '')
   return (f'{name}: dataset files not found in {data_dir} (config.data_dir, else '
           f'${DATA_DIR_ENV}, else ./{DEFAULT_DATA_DIR}); expected {expected}; BUILD.md, '
-          '"Data", says where to download them')
+          f'"Data", says where to download them{fetch}')
 
 
 def _load_files(name: str, directory: str,
@@ -558,8 +562,8 @@ def load_dataset(name: str, data_dir: str | None = None,
   if source == 'auto' and 'files' in possible:
     try:
       return _load_tfds(name, data_dir)
-    except DataError as e:  # the files are what the user must provide
-      raise DataError(_missing_files_message(name, data_dir)) from e
+    except DataError as e:  # neither source has it: how to get the files, nothing else
+      raise DataError(_missing_files_message(name, data_dir, tfds=True)) from e
   return _load_tfds(name, data_dir)
 
 
