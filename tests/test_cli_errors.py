@@ -96,9 +96,9 @@ SLOW_CASES = [
      ["{nodata}", "train-images-idx3-ubyte.gz"]),
     ("workdir_under_a_file", ["--workdir={afile}/run"], ["{afile}", "under a file"]),
     ("workdir_holds_another_run", ["--config.local_lr=0.05", "--workdir={rundir}"],
-     ["{rundir}", "config.local_lr"]),
+     ["{rundir}", "fields: local_lr"]),
     ("workdir_holds_a_longer_run", ["--config.rounds=10", "--workdir={rundir}"],
-     ["{rundir}", "config.rounds"]),
+     ["{rundir}", "fields: rounds"]),
 ]
 
 
