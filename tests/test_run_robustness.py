@@ -327,3 +327,21 @@ def test_one_data_dir_default_and_a_missing_data_error_that_says_only_what_to_do
   assert "\n" not in message and str(tmp_path / "nodata") in message
   assert "train-images-idx3-ubyte.gz" in message and "BUILD.md" in message
   assert "prepared" not in message and "Underlying" not in message  # tfds's own words
+
+
+def test_a_checkpoint_that_cannot_be_written_names_its_directory(tmp_path, monkeypatch):
+  """A disk that fills during the run: orbax's OSError becomes one WorkdirError."""
+  import errno  # pylint: disable=g-import-not-at-top
+  from fedjax_lama import checkpointing  # pylint: disable=g-import-not-at-top
+  ckpt = checkpointing.Checkpointer(str(tmp_path / "checkpoints"))
+  state = {"w": np.arange(4, dtype=np.float32)}
+  ckpt.save(0, state, {"round": 0})
+  def full(*args, **kwargs):
+    raise RuntimeError("orbax wraps it") from OSError(errno.ENOSPC, "No space left on device")
+  monkeypatch.setattr(ckpt._manager, "save", full)  # pylint: disable=protected-access
+  with pytest.raises(training.WorkdirError, match=f"{tmp_path / 'checkpoints' / '1'}.*No space"):
+    ckpt.save(1, state, {"round": 1})
+  restored, meta = ckpt.restore(0, state)  # the checkpoint before it is intact
+  np.testing.assert_array_equal(restored["w"], state["w"])
+  assert meta == {"round": 0}
+  ckpt.close()
