@@ -3,7 +3,12 @@ r"""Command-line entry point: one experiment per command.
   python -m experiments.main --config=configs/default.py --workdir=/tmp/run \
       [--config.rounds=5 --config.local_lr=0.05 ...]
 
-Running the same command again on the same --workdir resumes the run.
+Running the same command again on the same --workdir resumes the run; the same command
+with a larger --config.rounds extends a finished run.
+
+A mistake in the input (a config field, a config file, the workdir, the data) stops with
+one "error: ..." line naming what to change and exit status 2, before any data is loaded
+where it can be checked without data. FEDJAX_LAMA_DEBUG=1 also prints the traceback.
 
 Past one machine (BUILD.md "Multi-host"): every process runs the same command with
 --distributed, on a --workdir every process sees (a shared filesystem):
@@ -19,7 +24,10 @@ address flags it auto-detects the cluster (Cloud TPU pods, SLURM, Open MPI). The
 files (config.json, metrics.jsonl, summary.json, plots); checkpoints are written by
 every process together (orbax).
 """
+import importlib.util
+import os
 import sys
+import traceback
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -62,13 +70,143 @@ def initialize_distributed() -> None:
                   jax.process_count(), jax.local_device_count(), jax.device_count())
 
 
+DEBUG_ENV = "FEDJAX_LAMA_DEBUG"  # set (e.g. =1): user errors also print their traceback
+
+
+def fail(message: str, exc: BaseException | None = None) -> None:
+  """Prints one "error: ..." line (the traceback too under $FEDJAX_LAMA_DEBUG), exits 2."""
+  if exc is not None and os.environ.get(DEBUG_ENV):
+    traceback.print_exception(exc)
+  line = " ".join(str(message).split())
+  print(f"error: {line}", file=sys.stderr, flush=True)
+  sys.exit(2)
+
+
+def _config_spec(argv) -> str:
+  """The --config value of the command line (the flag's default if absent)."""
+  spec = FLAGS["config"].default_as_str.strip("'\"")
+  for i, arg in enumerate(argv[1:], start=1):
+    if arg.startswith("--config="):
+      spec = arg[len("--config="):]
+    elif arg == "--config" and i + 1 < len(argv):
+      spec = argv[i + 1]
+  return spec
+
+
+def override_paths(argv) -> list[str]:
+  """The config fields set on the command line: --config.a.b=v, --config.flag, --noconfig.flag."""
+  paths = []
+  for arg in argv[1:]:
+    name = arg.lstrip("-").split("=", 1)[0]
+    if arg.startswith("--noconfig.") or arg.startswith("-noconfig."):
+      name = name[len("no"):]
+    if name.startswith("config."):
+      paths.append(name[len("config."):])
+  return paths
+
+
+def load_config_file(spec: str):
+  """get_config() of a config file, as --config loads it; one-line errors name the file.
+
+  `spec` is PATH or PATH:ARG (get_config(ARG)), as ml_collections' config_flags accepts."""
+  path, arg = spec, None
+  if not os.path.isfile(path) and ":" in spec:
+    path, arg = spec.split(":", 1)
+  if not path:
+    raise UsageFailure("--config is empty; accepted: a Python file with get_config()")
+  if not os.path.isfile(path):
+    raise UsageFailure(f"--config={path}: no such file" if not os.path.isdir(path)
+                       else f"--config={path} is a directory; accepted: a Python file "
+                       "with get_config()")
+  try:
+    module_spec = importlib.util.spec_from_file_location("_fedjax_lama_config", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+  except Exception as e:  # the file is the user's: whatever it raises is its problem
+    raise UsageFailure(f"--config={path} cannot be loaded: {_exception_line(e)}") from e
+  if not callable(getattr(module, "get_config", None)):
+    raise UsageFailure(f"--config={path} has no get_config(); accepted: a Python file "
+                       "defining get_config() that returns an ml_collections.ConfigDict")
+  try:
+    return module.get_config() if arg is None else module.get_config(arg)
+  except Exception as e:
+    raise UsageFailure(f"--config={spec}: get_config() raised {_exception_line(e)}") from e
+
+
+class UsageFailure(Exception):
+  """A command line that cannot be parsed; its message is the one line to print."""
+
+
+def _exception_line(e: BaseException) -> str:
+  if isinstance(e, SyntaxError):
+    return f"SyntaxError: {e.msg} (line {e.lineno})"
+  return f"{type(e).__name__}: {e}"
+
+
+def _explain_parse_error(argv, exc: BaseException) -> str:
+  """One line for a command line that absl could not parse, naming the flag or the file."""
+  from fedjax_lama.errors import closest  # pylint: disable=g-import-not-at-top
+  spec = _config_spec(argv)
+  config = load_config_file(spec)  # raises UsageFailure naming the file
+  for path in override_paths(argv):
+    node, walked = config, []
+    for key in path.split("."):
+      keys = list(node.keys()) if hasattr(node, "keys") else []
+      if key not in keys:
+        where = ".".join(["config"] + walked + [key])
+        if walked == ["dataset_options"] or walked == ["model_options"]:
+          return _unset_option(config, walked[0], key, spec)
+        return f"{where} is not a field; {closest(key, keys)}"
+      node, walked = node[key], walked + [key]
+  message = str(exc)
+  if isinstance(exc, flags.Error):
+    return message
+  return f"{type(exc).__name__}: {message}"
+
+
+def _unset_option(config, section: str, key: str, spec: str) -> str:
+  """The line for --config.dataset_options.KEY (or model_options) that the file does not set."""
+  if section == "dataset_options":
+    from fedjax_lama.data import DATASET_OPTIONS  # pylint: disable=g-import-not-at-top
+    owner, accepted = f"config.dataset={config.dataset!r}", DATASET_OPTIONS.get(config.dataset, {})
+  else:
+    from fedjax_lama import models  # pylint: disable=g-import-not-at-top
+    owner = f"config.model={config.model!r}"
+    accepted = models.options(config.model) if config.model in models.names() else {}
+  if key not in accepted:
+    from fedjax_lama.errors import closest  # pylint: disable=g-import-not-at-top
+    return f"config.{section}.{key} is not an option of {owner}; {closest(key, accepted)}"
+  return (f"config.{section}.{key} is an option of {owner} that --config={spec} does not set: "
+          "the command line can change the options a config file sets, not add them; set it "
+          "in the config file")
+
+
+def parse_flags(argv):
+  """absl's flag parsing, with any failure turned into one "error:" line and exit 2."""
+  try:
+    rest = FLAGS(argv)
+  except Exception as e:  # pylint: disable=broad-except
+    try:
+      message = _explain_parse_error(argv, e)
+    except UsageFailure as failure:
+      message = str(failure)
+    fail(message, e)
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  if not isinstance(FLAGS.config, ml_collections.ConfigDict):  # config_flags defers a missing file
+    try:
+      load_config_file(_config_spec(argv))
+    except UsageFailure as e:
+      fail(str(e), e)
+    fail(f"--config={_config_spec(argv)} did not give an ml_collections.ConfigDict")
+  return rest
+
+
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    fail(f"unexpected arguments: {' '.join(argv[1:])}")
   if not FLAGS.distributed and any(FLAGS[f].present for f in (
       "coordinator_address", "num_processes", "process_id")):
-    raise app.UsageError("--coordinator_address, --num_processes and --process_id need "
-                         "--distributed")
+    fail("--coordinator_address, --num_processes and --process_id need --distributed")
   logs.progress_only()
   progress.info("starting: --config=%s --workdir=%s; loading JAX and the libraries ...",
                 flags.FLAGS["config"].config_filename, FLAGS.workdir)
@@ -77,14 +215,16 @@ def main(argv):
     initialize_distributed()
   # Imported here so that --help answers without loading JAX.
   from fedjax_lama import training  # pylint: disable=g-import-not-at-top
-  from fedjax_lama.config import ConfigError  # pylint: disable=g-import-not-at-top
-  from fedjax_lama.data import DataError  # pylint: disable=g-import-not-at-top
+  from fedjax_lama import config as config_lib  # pylint: disable=g-import-not-at-top
+  from fedjax_lama.errors import FedjaxLamaError  # pylint: disable=g-import-not-at-top
   try:
+    # Checked here, before any data is loaded: what the command line set (a field the run
+    # never reads is named before any other problem of that run), then every field.
+    config_lib.check_overrides(FLAGS.config, override_paths(sys.argv))
+    config_lib.validate(FLAGS.config)
     summary = training.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-  except (ConfigError, DataError, training.TrainingError) as e:
-    logging.error("%s", e)
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+  except FedjaxLamaError as e:
+    fail(str(e), e)
   if FLAGS.distributed:
     import jax  # pylint: disable=g-import-not-at-top
     if jax.process_index() != 0:
@@ -95,4 +235,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

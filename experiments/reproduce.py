@@ -6,7 +6,7 @@ r"""Reproduce a seed paper's table with one command; the report prints the paper
       --data_dir=/data --out=/tmp/fedspeed
 
 Scales (experiments/tables.py): "paper" is the paper's exact setting (for users with the
-data and an accelerator), "small" a reduced version on the bundled data subsets that
+data and an accelerator), "small" a reduced version on the real datasets that
 finishes on a 2-core CPU within about an hour, "smoke" a few-minute check. Learning rates that the papers tuned are
 tuned on a validation split held out of the training data, never on the test set. Writes
 <out>/<paper>_<table>_<scale>.md (the command that reruns it, our numbers, the paper's, the
@@ -36,7 +36,7 @@ flags.DEFINE_string("out", DEFAULT_OUT, "Directory of the reports (the committed
 flags.DEFINE_string("runs", None, "Directory of the runs (default <out>/runs/<paper>_<table>_"
                     "<scale>; tables of one study share it).")
 flags.DEFINE_string("data_dir", None, "Data directory (default: $FEDJAX_LAMA_DATA_DIR, else "
-                    "the training entry point's default).")
+                    "./data (fedjax_lama.data.resolve_data_dir)).")
 flags.DEFINE_bool("list", False, "List every paper and table id, then exit.")
 
 # Config fields worth printing as "the exact settings" of a run.
@@ -184,7 +184,7 @@ def _slim(results):
 
 
 def set_default_data_dir() -> None:
-  """--data_dir, else $FEDJAX_LAMA_DATA_DIR, else the training entry point's default."""
+  """--data_dir, else $FEDJAX_LAMA_DATA_DIR, else ./data (fedjax_lama.data.resolve_data_dir)."""
   if FLAGS.data_dir:
     os.environ["FEDJAX_LAMA_DATA_DIR"] = os.path.abspath(FLAGS.data_dir)
 

@@ -1,16 +1,21 @@
 """Config defaults and validation: the only place that knows every field.
 
-`validate(config)` runs before anything touches the workdir and raises
-`ConfigError` naming the field and what is accepted (architecture.md 3). The
-algorithm sections (config.<algorithm>.<key>) come from the algorithms' typed
+`validate(config)` runs before anything touches the workdir or loads data and raises
+`ConfigError` naming the field and what is accepted: an unknown field (in the config, in
+config.dataset_options or config.model_options) is named with the closest accepted names.
+The algorithm sections (config.<algorithm>.<key>) come from the algorithms' typed
 hyper-parameters through the registry, which also validates them.
+
+`check_overrides(config, paths)` is for the fields a user set on the command line: one
+that the chosen algorithm or mode never reads is refused, naming both fields. A config
+file may still set every method's section (a study's config serves several methods).
 """
 import math
 
 import ml_collections
 
 from fedjax_lama import registry
-from fedjax_lama.errors import ConfigError
+from fedjax_lama.errors import ConfigError, closest
 
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist", "femnist",
             "sentiment140", "shakespeare", "reddit", "tinyimagenet", "synthetic")
@@ -32,7 +37,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.seed = 0
   # Data and federation.
   c.dataset = "digits"
-  c.data_dir = ""  # "" -> $FEDJAX_LAMA_DATA_DIR, else ./data
+  c.data_dir = ""  # "" -> $FEDJAX_LAMA_DATA_DIR, else ./data (fedjax_lama.data.resolve_data_dir)
   c.data_source = "auto"
   # Reader options (fedjax_lama.data.DATASET_OPTIONS), e.g. {"vocab_size": 10000}.
   c.dataset_options = ml_collections.ConfigDict()
@@ -80,15 +85,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.server_lr = ml_collections.FieldReference(None, field_type=float)
   c.weighting = "examples"
   # Algorithm-specific keys, one section per algorithm (and config.fedlama for the schedule),
-  # with the defaults of their typed hyper-parameters (algorithms.md 5.13).
+  # with the defaults of their typed hyper-parameters.
   for name, defaults in registry.hparam_defaults().items():
     c[name] = ml_collections.ConfigDict(defaults)
-  # Runs on the simulated clock (algorithms.md 3): config.system (the simulated system and the
+  # Runs on the simulated clock (FedAT, Chai et al. 2021): config.system (the simulated system and the
   # run's options; config.system.clock=True runs fedavg / fedprox there) and the sections of
   # the clock-only methods (fedat, tifl, fedasync, asofed), from their typed configs.
   for name, section in registry.clock_sections().items():
     c[name] = section
-  # Uplink compressor of the client updates (algorithms.md 5.10, 5.12). "auto": the
+  # Uplink compressor of the client updates (QSGD, Alistarh et al. 2017). "auto": the
   # algorithm's own (QSGD with config.fedpaq.levels for fedpaq/fedcom), else "identity".
   # FedPAQ + FedLAMA (AAAI Table 4b) is algorithm="fedlama" with name="qsgd".
   c.compressor = ml_collections.ConfigDict({"name": "auto", "levels": 16, "block": "leaf"})
@@ -121,8 +126,59 @@ def _positive_int(c, field, allow_zero=False):
     _fail(field, value, "an integer >= 0" if allow_zero else "an integer >= 1")
 
 
+# Dicts whose keys are options of the chosen dataset or model rather than fields.
+_OPTION_DICTS = ("dataset_options", "model_options")
+
+
+def _check_known_fields(c, base, path: str = "") -> None:
+  """Every field of `c` exists in `base` (base_config()), recursively."""
+  for key in c.keys():
+    where = f"{path}{key}"
+    if key not in base:
+      raise ConfigError(f"config.{where} is not a field; {closest(key, base.keys())}")
+    if key in _OPTION_DICTS and not path:
+      continue
+    if isinstance(base[key], ml_collections.ConfigDict) and isinstance(
+        c[key], ml_collections.ConfigDict):
+      _check_known_fields(c[key], base[key], where + ".")
+  missing = sorted(set(base.keys()) - set(c.keys()))
+  if missing:
+    raise ConfigError(f"config.{path}{missing[0]} is missing; start from "
+                      "fedjax_lama.config.base_config(), which sets every field")
+
+
+def _check_options(c) -> None:
+  """config.dataset_options and config.model_options hold options of the chosen dataset and
+  model (checked again, with their values, when the data and model are built)."""
+  from fedjax_lama import models  # pylint: disable=g-import-not-at-top
+  from fedjax_lama.data import DATASET_OPTIONS  # pylint: disable=g-import-not-at-top
+  given = {k: v for k, v in (c.get("dataset_options") or {}).items()}
+  accepted = DATASET_OPTIONS.get(c.dataset, {})
+  for key in sorted(given):
+    if key not in accepted:
+      raise ConfigError(f"config.dataset_options.{key} is not an option of config.dataset="
+                        f"{c.dataset!r}; {closest(key, accepted)}")
+  if c.model not in models.names():
+    _fail("model", c.model, ", ".join(map(repr, models.names())))
+  accepted = models.options(c.model)
+  for key in sorted((c.get("model_options") or {}).keys()):
+    if key not in accepted:
+      raise ConfigError(f"config.model_options.{key} is not an option of config.model="
+                        f"{c.model!r}; {closest(key, accepted)} (remove the others, e.g. "
+                        f"use a config written for {c.model!r})")
+
+
 def validate(c: ml_collections.ConfigDict, num_classes: int | None = None) -> None:
   """Raises ConfigError for the first field that is not accepted."""
+  if not isinstance(c, ml_collections.ConfigDict):
+    raise ConfigError(f"config must be an ml_collections.ConfigDict (e.g. "
+                      f"fedjax_lama.config.base_config() or a config file's get_config()), got "
+                      f"{type(c).__name__}")
+  _check_known_fields(c, base_config())
+  _one_of(c, "dataset", DATASETS)
+  _check_options(c)
+  if isinstance(c.seed, bool) or not isinstance(c.seed, int) or c.seed < 0:
+    _fail("seed", c.seed, "an integer >= 0")
   _one_of(c, "dataset", DATASETS)
   _one_of(c, "data_source", DATA_SOURCES)
   _one_of(c, "partition", PARTITIONS)
@@ -168,3 +224,74 @@ def validate(c: ml_collections.ConfigDict, num_classes: int | None = None) -> No
   if c.weight_decay < 0:
     _fail("weight_decay", c.weight_decay, "a number >= 0")
   registry.validate(c)
+
+
+# ---- fields set on the command line -------------------------------------------------------
+# What each mode reads, declared once: a field set on the command line that only a mode
+# not running reads has no effect and is refused. Paths name a field or a whole section.
+MODE_FIELDS = {
+    # Synchronous rounds: the registry's algorithms, round by round.
+    "synchronous rounds": (
+        "rounds", "local_steps", "eval_every", "per_client_eval", "tensorboard", "schedule",
+        "weighting", "server_lr", "weight_decay", "local_lr_schedule", "local_lr_warmup_steps",
+        "local_lr_decay_steps", "local_lr_decay_factor", "validation_fraction", "compressor",
+        "engine.clients_per_chunk", "engine.client_state_on_host"),
+    # A cohort drawn as a fraction of the clients (synchronous rounds, and FedAvg / FedProx
+    # on the simulated clock); FedAT, TiFL, FedAsync and ASO-Fed set their own.
+    "a cohort of config.active_ratio": ("client_sampling", "active_ratio"),
+    # FedLAMA's layer-wise aggregation schedule (Lee et al. 2023).
+    "the FedLAMA schedule": ("fedlama",),
+    # The simulated clock: the system and the run's options there.
+    "the simulated clock": ("system",),
+}
+
+
+def _active_modes(c) -> set:
+  if registry.runs_on_clock(c):
+    modes = {"the simulated clock"}
+    if c.algorithm in registry.CLOCK_SYNC:
+      modes.add("a cohort of config.active_ratio")
+    return modes
+  modes = {"synchronous rounds", "a cohort of config.active_ratio"}
+  if registry.select(c).schedule != "none":
+    modes.add("the FedLAMA schedule")
+  return modes
+
+
+def _active_sections(c) -> set:
+  """The algorithm sections config.<name> the run reads."""
+  if registry.runs_on_clock(c):
+    return {c.algorithm} | ({"fedprox"} if c.algorithm == "fedprox" else set())
+  return {registry.select(c).base}
+
+
+def _describe_run(c) -> str:
+  how = f"config.algorithm={c.algorithm!r}"
+  if registry.runs_on_clock(c):
+    if c.algorithm not in registry.CLOCK_METHODS:
+      how += " with config.system.clock=True"
+    return how + " (a run on the simulated clock)"
+  if c.get("schedule", "none") != "none":
+    how += f" with config.schedule={c.schedule!r}"
+  return how
+
+
+def check_overrides(c: ml_collections.ConfigDict, paths) -> None:
+  """Refuses a field set on the command line (`paths`, e.g. "fedprox.mu") that the run
+  described by `c` never reads, naming both the field and what makes it unread."""
+  modes, sections = _active_modes(c), _active_sections(c)
+  algorithm_sections = (set(registry.hparam_defaults()) | set(registry.CLOCK_METHODS)) - {
+      "fedlama"}
+  for path in paths:
+    top = path.split(".")[0]
+    if path in ("algorithm", "schedule", "system.clock"):
+      continue
+    if top in algorithm_sections and top not in sections:
+      raise ConfigError(
+          f"config.{path} has no effect with {_describe_run(c)}: config.{top}.* is read only "
+          f"when config.algorithm={top!r} runs; remove it or choose a run that reads it")
+    for mode, fields in MODE_FIELDS.items():
+      if mode not in modes and any(path == f or path.startswith(f + ".") for f in fields):
+        raise ConfigError(
+            f"config.{path} has no effect with {_describe_run(c)}: it is read only by "
+            f"{mode}; remove it or choose a run that reads it")

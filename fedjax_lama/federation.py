@@ -4,7 +4,6 @@ Pure numpy; the engine only sees packed index arrays (docs/design.md, "The engin
 typed arguments: the training entry point reads the config.
 """
 import dataclasses
-import os
 from typing import Optional
 
 import numpy as np
@@ -31,7 +30,7 @@ class Federation:
 
 
 def resolve_data_dir(data_dir: str) -> str:
-  return data_dir or os.environ.get("FEDJAX_LAMA_DATA_DIR", "") or "data"
+  return fdata.resolve_data_dir(data_dir)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,9 +10,9 @@ algorithm: config.schedule="fedlama" with config.algorithm=<base>;
 config.algorithm="fedlama" is the alias for config.fedlama.local_algorithm (FedAvg by
 default) under that schedule.
 
-Runs on the simulated clock (algorithms.md 3; fedjax_lama.simulation): config.algorithm
-in CLOCK_METHODS (FedAT, TiFL, FedAsync, ASO-Fed, FedBuff) always runs there, and the
-registry's FedAvg and FedProx run there with config.system.clock=True. `clock_options` turns
+Runs on the simulated clock (FedAT, Chai et al. 2021; fedjax_lama.simulation): config.algorithm
+in CLOCK_METHODS (FedAT, TiFL, FedAsync, ASO-Fed, FedBuff) always runs there, and the registry's
+FedAvg and FedProx run there with config.system.clock=True. `clock_options` turns
 config.system.* and config.<method>.* into the simulation's typed configs.
 """
 import dataclasses
@@ -181,18 +181,18 @@ def validate(config) -> None:
                       "sends whole leaves)")
 
 
-# ---- runs on the simulated clock (algorithms.md 3) ---------------------------------------------
+# ---- runs on the simulated clock (FedAT, Chai et al. 2021) ---------------------------------------------
 _UNLIMITED_BANDWIDTH = ("bandwidth_down_bytes_per_s", "bandwidth_up_bytes_per_s")
-# config.system: the simulated system (SystemConfig, 3.1.8) without the fields the top level
+# config.system: the simulated system (SystemConfig) without the fields the top level
 # already has (num_clients, seed, local_epochs, batch_size), plus the run's own options.
 _SYSTEM_FROM_TOP = ("num_clients", "seed", "local_epochs", "batch_size")
 _SYSTEM_EXTRAS = {
     "clock": False,                  # True: run config.algorithm (fedavg, fedprox) on the clock
-    "local_optimizer": "adam",       # 3.2.1 step 4: Adam(local_lr, 0.9, 0.999, 1e-7); or "sgd"
-    "polyline_mode": "flat",         # 3.3.8
+    "local_optimizer": "adam",       # FedAT's local Adam(local_lr, 0.9, 0.999, 1e-7); or "sgd"
+    "polyline_mode": "flat",         # how FedAT's polyline encoding walks a model
     "call_size_multiple": 10,        # trainer calls padded to a multiple of this many clients
-    "target_accuracy": None,         # 3.5: time and bytes to this accuracy (None: not measured)
-    "fedprox_variable_epochs": True,  # 3.4.3: FedProx's jobs run 1..E epochs (stream PROX_E)
+    "target_accuracy": None,         # time and bytes to this accuracy (None: not measured)
+    "fedprox_variable_epochs": True,  # FedProx's jobs run 1..E epochs (Li et al. 2020) (stream PROX_E)
     "baseline_compression_precision": None,  # FedAvg / FedProx messages (None: raw float32)
 }
 
@@ -240,18 +240,18 @@ def _clock_shared_fields(config) -> None:
       raise ConfigError(f"config.{field}={config[field]!r} is not accepted on the simulated "
                         f"clock (config.algorithm={config.algorithm!r}); accepted: {accepted}")
   refuse(isinstance(config.local_epochs, int) and config.local_epochs >= 1, "local_epochs",
-         "an integer >= 1 (E local epochs per job, algorithms.md 3.2.1)")
-  refuse(config.weighting == "examples", "weighting", "'examples' (n_k-weighted means, 3.4)")
+         "an integer >= 1 (E local epochs per job)")
+  refuse(config.weighting == "examples", "weighting", "'examples' (n_k-weighted means)")
   refuse(config.local_lr_schedule == "constant", "local_lr_schedule", "'constant'")
   refuse(config.local_lr_warmup_steps == 0, "local_lr_warmup_steps", "0")
   refuse(config.server_lr in (None, 1.0), "server_lr",
-         "None or 1.0 (the simulation's server rules, 3.2-3.4)")
+         "None or 1.0 (the simulation's server rules)")
   refuse(config.get("local_optimizer_state", "reset") == "reset", "local_optimizer_state",
          "'reset' (each job starts its local optimizer afresh)")
   refuse(config.get("schedule", "none") == "none", "schedule", "'none'")
   refuse(config.validation_fraction == 0.0, "validation_fraction", "0.0")
   refuse(0.0 < config.local_test_fraction < 1.0, "local_test_fraction",
-         "a fraction in (0, 1): every client's local test split is evaluated (3.5, 3.6.3)")
+         "a fraction in (0, 1): every client's local test split is evaluated (FedAT's 80/20 split)")
   if config.compressor.name not in ("auto", "identity"):
     raise ConfigError(f"config.compressor.name={config.compressor.name!r} is not accepted on the "
                       "simulated clock; accepted: 'auto' or 'identity' (messages are compressed "
@@ -337,7 +337,7 @@ def _clock_method_config(config, name: str, extras: dict):
   if config.client_sampling != "fixed":
     raise ConfigError(f"config.client_sampling={config.client_sampling!r} is not accepted on the "
                       "simulated clock; accepted: 'fixed' (round(active_ratio * num_clients) "
-                      "clients per round, 3.4.1)")
+                      "clients per round)")
   cohort = max(1, int(round(config.active_ratio * config.num_clients)))
   fields = {"clients_per_round": cohort,
             "compression_precision": extras["baseline_compression_precision"]}

@@ -4,12 +4,23 @@
 algorithm's round program, then runs rounds with evaluation, metrics, plots,
 communication accounting and orbax checkpoints. Running it again on the same
 workdir resumes from the last checkpoint; the resumed run ends with exactly
-the parameters and metrics of an uninterrupted one.
+the parameters and metrics of an uninterrupted one, because everything not in a
+checkpoint (cohorts, batches, keys) is derived from (seed, round). Running it with a
+larger config.rounds extends a finished run to what an uninterrupted run of that
+length gives.
+
+Every input is checked before any data is loaded where it can be: the config's fields,
+then the workdir (a directory that can be written, or a path where one can be made),
+then the config against the run already in the workdir. Nothing in a workdir is
+removed or overwritten by a run that stops on an error.
 """
 import copy
 import dataclasses
+import errno
 import json
 import os
+import shutil
+import tempfile
 import time
 from typing import Optional
 
@@ -27,6 +38,7 @@ from fedjax_lama.data import augment
 from fedjax_lama.engine import evaluate as evaluation
 from fedjax_lama.engine import local
 from fedjax_lama.engine import sharding
+from fedjax_lama.errors import TrainingError, WorkdirError
 from fedjax_lama.fedlama.schedule import FedLamaProgram
 from fedjax_lama.programs.round_program import LrSchedule, RunOptions
 from fedjax_lama.programs.sync import SyncProgram
@@ -35,30 +47,82 @@ from fedjax_lama.programs.sync import SyncProgram
 RESUMABLE_CHANGES = ("checkpoint_every", "plots", "data_dir", "per_client_eval", "tensorboard")
 
 
-class TrainingError(RuntimeError):
-  """Training cannot continue (e.g. a NaN loss, a metrics file that does not parse)."""
-
-
-class DivergenceError(TrainingError, errors.TrainingDiverged):
+class DivergenceError(errors.TrainingDiverged):
   """A training loss, evaluation metric or parameter became non-finite: the run stops.
   Deterministic: resuming the same config diverges again at the same round."""
+
+
+def _server_lr_text(config) -> str:
+  """config.server_lr as the user reads it: None is the algorithm's own default rate."""
+  return "the algorithm's default" if config.server_lr is None else str(config.server_lr)
 
 
 def _config_dict(config) -> dict:
   return json.loads(config.to_json_best_effort(sort_keys=True))
 
 
-def check_workdir(workdir: str, config) -> None:
-  """Refuses to mix runs: an existing config.json must match (RESUMABLE_CHANGES aside)."""
+# Free bytes below which a workdir's filesystem counts as full (a checkpoint of the
+# smallest model needs more).
+MIN_FREE_BYTES = 1 << 20
+
+
+def check_workdir_usable(workdir) -> None:
+  """Refuses a workdir that cannot hold a run, before any data is loaded: not a string,
+  empty, a file, under a file, unwritable, or on a full filesystem. Writes nothing that
+  stays: a workdir that does not exist yet is made only once every check passed."""
+  if not isinstance(workdir, (str, os.PathLike)):
+    raise WorkdirError(f"workdir={workdir!r} is not accepted; accepted: a directory path")
+  workdir = os.fspath(workdir)
+  if not workdir.strip():
+    raise WorkdirError("workdir is empty (--workdir=); accepted: a directory path")
+  probe_dir = os.path.abspath(workdir)
+  while not os.path.exists(probe_dir):  # the directory that would hold the new workdir
+    parent = os.path.dirname(probe_dir)
+    if parent == probe_dir:
+      break
+    probe_dir = parent
+  if not os.path.isdir(probe_dir):
+    what = "is a file" if probe_dir == os.path.abspath(workdir) else f"is under a file ({probe_dir})"
+    raise WorkdirError(f"workdir {workdir} {what}; accepted: a directory, or a path where one "
+                       "can be made")
+  try:  # os.access answers for the user, not for the filesystem (read-only mounts, quotas)
+    with tempfile.NamedTemporaryFile(dir=probe_dir, prefix=".fedjax_lama_probe_") as f:
+      f.write(b"\0" * 4096)
+      f.flush()
+      os.fsync(f.fileno())
+  except OSError as e:
+    why = "the filesystem is full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+    raise WorkdirError(f"workdir {workdir} cannot be written ({probe_dir}: {why}); accepted: a "
+                       "writable directory") from e
+  free = shutil.disk_usage(probe_dir).free
+  if free < MIN_FREE_BYTES:
+    raise WorkdirError(f"workdir {workdir}: the filesystem of {probe_dir} is full ({free} bytes "
+                       "free); free some space or use another --workdir")
+
+
+def _read_workdir_config(workdir: str) -> Optional[dict]:
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
-    return
-  with open(path) as f:
-    try:
-      old = json.load(f)
-    except json.JSONDecodeError as e:
-      raise config_lib.ConfigError(f"{path} is not valid JSON ({e}); move it away or use a new "
-                                   "--workdir") from e
+    return None
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise config_lib.ConfigError(f"{path} is not valid JSON ({e}); move it away or use a new "
+                                 "--workdir") from e
+  except OSError as e:
+    raise WorkdirError(f"{path} cannot be read ({e.strerror})") from e
+
+
+def check_workdir(workdir: str, config) -> Optional[int]:
+  """Refuses to mix runs: an existing config.json must match (RESUMABLE_CHANGES aside).
+
+  A larger config.rounds extends the run in the workdir (see `check_extension`); returns
+  the rounds of the run being extended, else None.
+  """
+  old = _read_workdir_config(workdir)
+  if old is None:
+    return None
   new = _config_dict(config)
   # A section added to the config after the run started (e.g. config.system) is no change
   # while it keeps its default.
@@ -66,10 +130,35 @@ def check_workdir(workdir: str, config) -> None:
   diff = sorted(k for k in set(old) | set(new)
                 if k not in RESUMABLE_CHANGES and old.get(k) != new.get(k)
                 and not (k not in old and new.get(k) == defaults.get(k)))
+  extended = None
+  if diff == ["rounds"] and isinstance(old.get("rounds"), int) and new["rounds"] > old["rounds"]:
+    check_extension(config, old["rounds"])
+    extended, diff = old["rounds"], []
   if diff:
     raise config_lib.ConfigError(
-        f"--workdir={workdir} holds a run with a different config (fields: {', '.join(diff)}); "
-        "use a new --workdir, or the same config to resume")
+        f"--workdir={workdir} holds a run with a different config (fields: "
+        f"{', '.join(diff)}); use a new --workdir, the same config to "
+        "resume, or a larger config.rounds alone to extend it")
+  return extended
+
+
+def check_extension(config, old_rounds: int) -> None:
+  """A run of `old_rounds` extended to config.rounds equals an uninterrupted run of
+  config.rounds only where nothing depends on the total: refuses the others, naming why."""
+  def refuse(why):
+    raise config_lib.ConfigError(
+        f"config.rounds={config.rounds} cannot extend the run of {old_rounds} rounds in this "
+        f"workdir: {why}; use a new --workdir")
+  if registry.runs_on_clock(config):
+    refuse("runs on the simulated clock have no rounds")
+  if config.local_lr_schedule == "cosine":
+    refuse("config.local_lr_schedule='cosine' decays over the total number of local steps")
+  if registry.select(config).fedlama is not None and config.fedlama.get("total_steps"):
+    refuse(f"config.fedlama.total_steps={config.fedlama.total_steps} sets the run's length")
+  if old_rounds % config.eval_every:
+    refuse(f"its last round ({old_rounds}) is not a multiple of config.eval_every="
+           f"{config.eval_every}, so its final evaluation restarted the training-loss average "
+           "that an uninterrupted run carries on")
 
 
 # What each model consumes (fedjax_lama.data.INPUT_KINDS); the others take images only.
@@ -254,6 +343,19 @@ def _chunk_cap(config, fed) -> int:
   return opts.clients_per_chunk or opts.sampler.max_cohort
 
 
+def _build_federation(config, dataset) -> federation.Federation:
+  """The clients of config.partition; a split the data cannot give names the fields."""
+  try:
+    return federation.build_federation(partition_spec(config), dataset)
+  except ValueError as e:
+    if isinstance(e, (config_lib.ConfigError, fdata.DataError)):
+      raise
+    raise config_lib.ConfigError(
+        f"config.partition={config.partition!r} with config.num_clients={config.num_clients!r} "
+        f"on config.dataset={config.dataset!r} ({len(dataset.train_y)} training examples): "
+        f"{e}") from e
+
+
 def _prepare(config):
   """Data, federation, model of a validated config: (fed, model, params, model_state)."""
   data_dir = federation.resolve_data_dir(config.data_dir)
@@ -266,8 +368,7 @@ def _prepare(config):
       dataset, validation = fdata.split_validation(dataset, config.validation_fraction,
                                                    config.seed)
     dataset, validation = augment.normalize_dataset(dataset, config.normalization, validation)
-    fed = dataclasses.replace(federation.build_federation(partition_spec(config), dataset),
-                              validation=validation)
+    fed = dataclasses.replace(_build_federation(config, dataset), validation=validation)
   with progress.Phase(f"building the model ({config.model})"):
     model, params, model_state = _build_model(config, dataset)
   return fed, model, params, model_state
@@ -285,7 +386,10 @@ class _Run:
   def __init__(self, config, workdir: str, program, fed, params):
     self.config, self.workdir, self.program, self.fed = config, workdir, program, fed
     self.primary = jax.process_index() == 0  # multi-host: one writer of the plain files
-    os.makedirs(workdir, exist_ok=True)
+    try:
+      os.makedirs(workdir, exist_ok=True)
+    except OSError as e:
+      raise WorkdirError(f"workdir {workdir} cannot be made ({e.strerror})") from e
     config_path = os.path.join(workdir, "config.json")
     if self.primary and not os.path.exists(config_path):
       metrics.write_json(config_path, _config_dict(config))
@@ -297,8 +401,12 @@ class _Run:
     self.host = {"best_test_accuracy": None, "loss_sum": 0.0, "loss_count": 0.0}
     self.records, self.tensorboard = [], None
 
-  def restore(self, state):
-    """The state to continue from: the latest checkpoint's, else `state` (a fresh start)."""
+  def restore(self, state, extended_from: Optional[int] = None):
+    """The state to continue from: the latest checkpoint's, else `state` (a fresh start).
+
+    extended_from: the rounds of the finished run that config.rounds now extends; the
+    final round's extra records are dropped so that the records equal an uninterrupted run's.
+    """
     latest = self.ckpt.latest_step()
     if latest is not None:
       with progress.Phase(f"restoring the checkpoint of round {latest + 1} from {self.workdir}"):
@@ -309,6 +417,10 @@ class _Run:
       self.host = meta["host"]
       self.program.load_host_state(meta.get("program", {}))
       self.records = _records_up_to(self.writer, meta["round"] + 1, self.primary)
+      if extended_from is not None:
+        self._forget_final_evaluation(extended_from)
+        progress.info("extending the run of %d rounds in %s to %d rounds", extended_from,
+                      self.workdir, self.config.rounds)
       progress.info("resuming after round %d of %d", meta["round"] + 1, self.program.num_rounds)
     else:
       self.records = _records_up_to(self.writer, -1, self.primary)
@@ -319,6 +431,21 @@ class _Run:
     self.t_start = time.perf_counter()
     self.train_seconds, self.eval_seconds, self.first_round_seconds = 0.0, None, 0.0
     return state
+
+  def _forget_final_evaluation(self, old_rounds: int) -> None:
+    """The per-client evaluation of a run's last round (config.per_client_eval="final") is
+    no longer the last one once the run goes on: its record loses those fields."""
+    if self.config.per_client_eval != "final" or not self.records:
+      return
+    last = self.records[-1]
+    if last["round"] != old_rounds or not any(k.startswith("client_") for k in last):
+      return
+    self.records[-1] = {k: v for k, v in last.items() if not k.startswith("client_")}
+    if self.primary:  # the records were read back from this file: plain JSON values
+      tmp = self.writer.path + ".tmp"
+      with open(tmp, "w") as f:
+        f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in self.records)
+      os.replace(tmp, self.writer.path)  # atomic, as every rewrite of the records
 
   def wall(self) -> float:
     return self.wall_offset + time.perf_counter() - self.t_start
@@ -348,7 +475,7 @@ class _Run:
     divergence.check(
         where, quantities, self.program.eval_params(state), rerun,
         f"try a smaller config.local_lr (now {self.config.local_lr}) or config.server_lr "
-        f"(now {self.config.server_lr})", error=DivergenceError)
+        f"(now {_server_lr_text(self.config)})", error=DivergenceError)
 
   def after_round(self, state, round_idx: int, out) -> None:
     """Accounting, divergence checks, evaluation and checkpoint of a finished round."""
@@ -426,18 +553,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   stop_after_round: stop after that round as if interrupted (used to test resume).
   Returns the summary dict (also written to workdir/summary.json).
   """
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise config_lib.ConfigError(
+        f"config must be an ml_collections.ConfigDict (fedjax_lama.config.base_config() or a "
+        f"config file's get_config()), got {type(config).__name__}")
   config = copy.deepcopy(config)
   config_lib.validate(config)
-  if registry.runs_on_clock(config):  # FedAT and its baselines (algorithms.md 3)
+  check_workdir_usable(workdir)
+  workdir = os.fspath(workdir)
+  if registry.runs_on_clock(config):  # FedAT (Chai et al. 2021) and its baselines
+    check_workdir(workdir, config)
     return _train_on_clock(config, workdir, stop_after_tick=stop_after_round)
+  check_workdir(workdir, config)  # before data: a mismatched workdir is refused at once
   fed, model, params, model_state = _prepare(config)
   with progress.Phase(f"building the {config.algorithm} round program"):
     program = build_program(config, model, params, model_state, fed,
                             _client_mesh(config, fed, model, params, model_state,
                                          _chunk_cap(config, fed)))
-  check_workdir(workdir, config)  # every check passes before the workdir is written
+  extended = check_workdir(workdir, config)  # every check passes before the workdir is written
   run = _Run(config, workdir, program, fed, params)
-  state = run.restore(program.init_state())
+  state = run.restore(program.init_state(), extended_from=extended)
   try:
     for round_idx in range(run.start_round, program.num_rounds):
       run.before_round(round_idx)
@@ -516,8 +651,9 @@ def train_many(configs, workdirs) -> list:
   """
   from fedjax_lama.programs.vectorized import VectorizedSyncProgram  # pylint: disable=g-import-not-at-top
   configs = [copy.deepcopy(c) for c in configs]
-  for c in configs:
+  for c, w in zip(configs, workdirs):
     config_lib.validate(c)
+    check_workdir_usable(w)
   if not _vectorizable(configs):
     return _one_after_another(configs, workdirs)
   prepared = [_prepare(c) for c in configs]
@@ -575,15 +711,7 @@ def _train_on_clock(config, workdir: str, stop_after_tick: Optional[int]) -> dic
   config_lib.validate(config, num_classes=dataset.num_classes)
   with progress.Phase(f"partitioning into {config.num_clients} clients ({config.partition})"):
     dataset, _ = augment.normalize_dataset(dataset, config.normalization)
-    try:
-      fed = federation.build_federation(partition_spec(config), dataset)
-    except ValueError as e:
-      if isinstance(e, (config_lib.ConfigError, fdata.DataError)):
-        raise
-      raise config_lib.ConfigError(
-          f"config.partition={config.partition!r} with config.num_clients="
-          f"{config.num_clients!r}, config.classes_per_client="
-          f"{config.classes_per_client!r}: {e}") from e
+    fed = _build_federation(config, dataset)
   with progress.Phase(f"building the model ({config.model})"):
     model, params, model_state = _build_model(config, dataset)
   if jax.tree_util.tree_leaves(model_state):

@@ -11,6 +11,10 @@ os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 "
                       "--xla_llvm_disable_expensive_passes=true")
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+# The tests' own fallback for the real datasets (the library's default is ./data): the
+# checkout's sibling shared/data, where it exists and $FEDJAX_LAMA_DATA_DIR is not set.
+if (REPO.parent / "shared" / "data").is_dir():
+  os.environ.setdefault("FEDJAX_LAMA_DATA_DIR", str(REPO.parent / "shared" / "data"))
 
 
 def shared_data_dir() -> pathlib.Path:

@@ -116,3 +116,214 @@ def test_tensorboard_events_are_written_beside_metrics(tmp_path):
   steps = [r["local_steps"] for r in map(json.loads,
                                          (tmp_path / "metrics.jsonl").read_text().splitlines())]
   assert [step for step, _ in scalars["test_accuracy"]] == steps
+
+
+# ---- workdirs, checkpoints, extension, strict configs, API boundary (issue 45, items 4-7) ---
+
+
+def _tree_files(folder: pathlib.Path) -> dict:
+  return {str(p.relative_to(folder)): p.read_bytes()
+          for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _final_params(workdir: pathlib.Path):
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  step = max(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+  return ocp.PyTreeCheckpointer().restore(str(workdir / "checkpoints" / str(step) / "state"))
+
+
+def test_extended_run_equals_an_uninterrupted_run_and_flipped_bytes_are_caught(tmp_path):
+  """4 rounds, then --config.rounds=6 on the same workdir: metrics, summary (wall time
+  aside) and final parameters equal those of one 6-round run. The final per-client
+  evaluation of round 4 (per_client_eval="final") is no longer the last one."""
+  import jax  # pylint: disable=g-import-not-at-top
+  four, six = tiny_config(rounds=4), tiny_config(rounds=6)
+  assert four.per_client_eval == "final" and four.eval_every == 2
+  short = training.train_and_evaluate(four, str(tmp_path / "extended"))
+  assert any(k.startswith("client_") for k in short)
+  extended = training.train_and_evaluate(six, str(tmp_path / "extended"))
+  full = training.train_and_evaluate(six, str(tmp_path / "full"))
+  assert _metrics(tmp_path / "extended") == _metrics(tmp_path / "full")
+  rows = _metrics(tmp_path / "full")
+  assert [r["round"] for r in rows] == [2, 4, 6]
+  assert not any(k.startswith("client_") for k in rows[1])
+  drop_wall = lambda s: {k: v for k, v in s.items() if k != "wall_seconds"}
+  assert drop_wall(extended) == drop_wall(full)
+  on_disk = json.loads((tmp_path / "extended" / "summary.json").read_text())
+  assert drop_wall(on_disk) == drop_wall(json.loads((tmp_path / "full" / "summary.json").read_text()))
+  a, b = _final_params(tmp_path / "extended"), _final_params(tmp_path / "full")
+  assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+  for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+  # Flipped bytes in the latest checkpoint: the next run names the file, changes nothing.
+  work = tmp_path / "extended"
+  step_dir = max((p for p in (work / "checkpoints").iterdir() if p.name.isdigit()),
+                 key=lambda p: int(p.name))
+  victim = max((p for p in (step_dir / "state").rglob("*") if p.is_file()),
+               key=lambda p: p.stat().st_size)
+  data = bytearray(victim.read_bytes())
+  data[len(data) // 2] ^= 0xFF
+  victim.write_bytes(bytes(data))
+  before = _tree_files(work)
+  with pytest.raises(training.TrainingError, match=str(victim.relative_to(work))):
+    training.train_and_evaluate(tiny_config(rounds=8), str(work))
+  assert _tree_files(work) == before
+
+
+def test_extension_that_cannot_be_exact_is_refused_before_data(tmp_path):
+  """What depends on the total number of rounds makes an extension differ from a longer
+  run: a final evaluation off the evaluation cadence, a cosine schedule. Only config.json
+  is needed to refuse, so nothing is loaded or written."""
+  cases = [(tiny_config(rounds=3, eval_every=2), "config.eval_every"),
+           (tiny_config(rounds=4, local_lr_schedule="cosine"), "cosine")]
+  for i, (old, name) in enumerate(cases):
+    work = tmp_path / str(i)
+    work.mkdir()
+    (work / "config.json").write_text(json.dumps(training._config_dict(old)))  # pylint: disable=protected-access
+    before = _tree_files(work)
+    longer = copy_config(old, rounds=old.rounds + 2)
+    with pytest.raises(config_lib.ConfigError, match=name):
+      training.train_and_evaluate(longer, str(work))
+    assert _tree_files(work) == before
+    shorter = copy_config(old, rounds=old.rounds - 1)  # never an extension
+    with pytest.raises(config_lib.ConfigError, match=r"fields: rounds"):
+      training.train_and_evaluate(shorter, str(work))
+
+
+def copy_config(c, **overrides):
+  c = c.copy_and_resolve_references()
+  c.update_from_flattened_dict(overrides)
+  return c
+
+
+def test_workdir_on_a_full_filesystem_is_refused_before_data(tmp_path, monkeypatch):
+  import collections  # pylint: disable=g-import-not-at-top
+  usage = collections.namedtuple("usage", "total used free")
+  monkeypatch.setattr(training.shutil, "disk_usage", lambda path: usage(1 << 30, 1 << 30, 0))
+  loaded = []
+  monkeypatch.setattr(training, "_prepare", lambda c: loaded.append(c))
+  with pytest.raises(training.WorkdirError, match=f"{tmp_path / 'w'}.*full"):
+    training.train_and_evaluate(tiny_config(), str(tmp_path / "w"))
+  assert not loaded and not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("workdir", ["", "afile", "afile/run"])
+def test_workdir_that_is_not_a_directory_is_refused_before_data(tmp_path, monkeypatch, workdir):
+  (tmp_path / "afile").write_text("mine\n")
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setattr(training, "_prepare", lambda c: pytest.fail("data loaded"))
+  with pytest.raises(training.WorkdirError, match="empty" if not workdir else "afile"):
+    training.train_and_evaluate(tiny_config(), workdir)
+  assert (tmp_path / "afile").read_text() == "mine\n"
+
+
+def test_unknown_fields_anywhere_name_the_closest_accepted(tmp_path):
+  c = tiny_config()
+  c.roundz = 5
+  with pytest.raises(config_lib.ConfigError, match=r"config\.roundz is not a field; closest "
+                     r"accepted: rounds"):
+    training.train_and_evaluate(c, str(tmp_path / "w"))
+  c = tiny_config()
+  c.engine.unrol = 2
+  with pytest.raises(config_lib.ConfigError, match=r"config\.engine\.unrol .*unroll"):
+    config_lib.validate(c)
+  c = tiny_config(dataset="sentiment140")
+  c.dataset_options.vocab_sise = 10
+  with pytest.raises(config_lib.ConfigError, match=r"config\.dataset_options\.vocab_sise .*"
+                     r"config\.dataset='sentiment140'.*vocab_size"):
+    config_lib.validate(c)
+  assert not (tmp_path / "w").exists()
+
+
+def test_fields_set_on_the_command_line_must_be_read_by_the_run():
+  """One declared set of fields per mode and per algorithm: a config file may set every
+  method's section (a study's config), a command line only what the chosen run reads."""
+  study = tiny_config()
+  study.fedprox.mu = 0.5  # a study's config sets the sections of the methods it compares
+  study.fedlama.phi = 4
+  config_lib.validate(study)
+  config_lib.check_overrides(study, ["rounds", "local_lr", "seed"])
+  refused = [("fedavg", "fedprox.mu", "config.algorithm='fedavg'"),
+             ("fedasync", "fedlama.phi", "FedLAMA schedule"),
+             ("fedat", "rounds", "synchronous rounds"),
+             ("fedat", "client_sampling", "config.algorithm='fedat'"),
+             ("fedavg", "system.local_optimizer", "simulated clock"),
+             ("scaffold", "fedat", "config.algorithm=.scaffold.")]
+  for algorithm, path, named in refused:
+    c = tiny_config(algorithm=algorithm)
+    with pytest.raises(config_lib.ConfigError, match=rf"config\.{path}\b.*{named}"):
+      config_lib.check_overrides(c, [path])
+  accepted = [("fedprox", "fedprox.mu"), ("fedat", "fedat"), ("fedat", "system.clock"),
+              ("fedavg", "rounds")]
+  for algorithm, path in accepted:
+    config_lib.check_overrides(tiny_config(algorithm=algorithm), [path])
+  config_lib.check_overrides(tiny_config(schedule="fedlama"), ["fedlama.phi"])
+  clock_fedprox = tiny_config(algorithm="fedprox")
+  clock_fedprox.system.clock = True
+  config_lib.check_overrides(clock_fedprox, ["fedprox.mu", "active_ratio", "system.polyline_mode"])
+
+
+def test_api_boundary_checks_name_the_argument():
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from fedjax_lama import algorithms  # pylint: disable=g-import-not-at-top
+  from fedjax_lama.algorithms import Common  # pylint: disable=g-import-not-at-top
+  from fedjax_lama.fedlama.layer_sync import layer_masked_mean  # pylint: disable=g-import-not-at-top
+  from fedjax_lama.fedlama.selection import select_intervals  # pylint: disable=g-import-not-at-top
+  with pytest.raises(config_lib.ConfigError, match="ConfigDict.*dict"):
+    training.train_and_evaluate(tiny_config().to_dict(), "/nonexistent/never_made")
+  incomplete = tiny_config()
+  del incomplete["rounds"]
+  with pytest.raises(config_lib.ConfigError, match=r"config\.rounds is missing"):
+    training.train_and_evaluate(incomplete, "/nonexistent/never_made")
+  sizes = np.array([3, 5], np.int32)
+  for bad, named in (([np.nan, 1.0], "nan"), ([-1.0, 1.0], "-1"), ([], "empty")):
+    with pytest.raises(ValueError, match=f"discrepancy.*{named}|discrepancy is {named}"):
+      select_intervals(np.array(bad, np.float32), sizes[:len(bad)], 2)
+  stacked = {"w": jnp.ones((2, 3))}
+  with pytest.raises(ValueError, match="weights sum to 0"):
+    layer_masked_mean(stacked, np.zeros(2), np.array([True]), np.array([1]),
+                      np.zeros(1, np.float32), {"w": jnp.zeros(3)}, np.array([0]))
+  with pytest.raises(ValueError, match=r"common\.server_lr=-1"):
+    algorithms.build("fedavg", Common(server_lr=-1.0))
+  with pytest.raises(ValueError, match="'fedlama' is an aggregation schedule"):
+    algorithms.build("fedlama")
+  with pytest.raises(ValueError, match="mu_typo"):
+    algorithms.build("fedprox", mu_typo=0.1)
+
+
+def test_one_data_dir_default_and_a_missing_data_error_that_says_only_what_to_do(
+    tmp_path, monkeypatch):
+  from fedjax_lama import data as fdata  # pylint: disable=g-import-not-at-top
+  monkeypatch.delenv("FEDJAX_LAMA_DATA_DIR", raising=False)
+  assert fdata.resolve_data_dir(None) == fdata.resolve_data_dir("") == "data"
+  monkeypatch.setenv("FEDJAX_LAMA_DATA_DIR", str(tmp_path / "env"))
+  assert fdata.resolve_data_dir("") == str(tmp_path / "env")
+  assert fdata.resolve_data_dir("given") == "given"
+  from experiments import reproduce  # pylint: disable=g-import-not-at-top
+  assert "shared" not in pathlib.Path(reproduce.__file__).read_text().split(
+      "def set_default_data_dir")[1].split("\ndef ")[0]
+  with pytest.raises(fdata.DataError) as info:
+    fdata.load_dataset("mnist", str(tmp_path / "nodata"))  # auto: files, then tfds
+  message = str(info.value)
+  assert "\n" not in message and str(tmp_path / "nodata") in message
+  assert "train-images-idx3-ubyte.gz" in message and "BUILD.md" in message
+  assert "prepared" not in message and "Underlying" not in message  # tfds's own words
+
+
+def test_a_checkpoint_that_cannot_be_written_names_its_directory(tmp_path, monkeypatch):
+  """A disk that fills during the run: orbax's OSError becomes one WorkdirError."""
+  import errno  # pylint: disable=g-import-not-at-top
+  from fedjax_lama import checkpointing  # pylint: disable=g-import-not-at-top
+  ckpt = checkpointing.Checkpointer(str(tmp_path / "checkpoints"))
+  state = {"w": np.arange(4, dtype=np.float32)}
+  ckpt.save(0, state, {"round": 0})
+  def full(*args, **kwargs):
+    raise RuntimeError("orbax wraps it") from OSError(errno.ENOSPC, "No space left on device")
+  monkeypatch.setattr(ckpt._manager, "save", full)  # pylint: disable=protected-access
+  with pytest.raises(training.WorkdirError, match=f"{tmp_path / 'checkpoints' / '1'}.*No space"):
+    ckpt.save(1, state, {"round": 1})
+  restored, meta = ckpt.restore(0, state)  # the checkpoint before it is intact
+  np.testing.assert_array_equal(restored["w"], state["w"])
+  assert meta == {"round": 0}
+  ckpt.close()

@@ -6,6 +6,7 @@ Pure numpy on the host; imports nothing from jax, the models or the engine.
 from fedjax_lama.data.datasets import DATA_DIR_ENV
 from fedjax_lama.data.datasets import DATASET_NAMES
 from fedjax_lama.data.datasets import DATASET_OPTIONS
+from fedjax_lama.data.datasets import DEFAULT_DATA_DIR
 from fedjax_lama.data.datasets import Dataset
 from fedjax_lama.data.datasets import femnist_clients
 from fedjax_lama.data.datasets import femnist_clients_round_robin
@@ -15,6 +16,7 @@ from fedjax_lama.data.datasets import INPUT_IMAGE
 from fedjax_lama.data.datasets import INPUT_KINDS
 from fedjax_lama.data.datasets import INPUT_TOKENS
 from fedjax_lama.data.datasets import load_dataset
+from fedjax_lama.data.datasets import resolve_data_dir
 from fedjax_lama.data.datasets import SOURCES
 from fedjax_lama.data.datasets import split_validation
 from fedjax_lama.data.datasets import Validation

@@ -1,6 +1,6 @@
 """Input normalisation (host, once) and training augmentation (device, per step).
 
-The CIFAR recipe of the seed papers (algorithms.md 1.6.3; FedLAMA reference
+The CIFAR recipe of the seed papers (FedLAMA reference
 `feeders/feeder_cifar.py`): standardise, zero-pad to 40 x 40, take a random 32 x 32
 crop, flip horizontally with probability 1/2; the test split is only standardised.
 

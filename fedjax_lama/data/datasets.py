@@ -7,7 +7,7 @@ which). Normalisation and augmentation belong to the training code, which
 knows the paper's recipe. Datasets with natural clients (FEMNIST writers,
 Sentiment140 accounts, Shakespeare roles, Reddit users) also carry the client
 of every example, from which the 'natural' partition and `femnist_clients`
-build the federation (algorithms.md D23, 3.6.1).
+build the federation (FedLAMA, Lee et al. 2023: 256 writers, two per client).
 """
 
 import dataclasses
@@ -28,6 +28,9 @@ from fedjax_lama.data import tinyimagenet
 from fedjax_lama.data.data_errors import DataError
 
 DATA_DIR_ENV = 'FEDJAX_LAMA_DATA_DIR'
+# Where the dataset files are when neither a data_dir nor $FEDJAX_LAMA_DATA_DIR says:
+# ./data, relative to the current directory (BUILD.md, "Data").
+DEFAULT_DATA_DIR = 'data'
 DATASET_NAMES = ('digits', 'mnist', 'fashion_mnist', 'cifar10', 'cifar100',
                  'femnist', 'emnist', 'sentiment140', 'shakespeare', 'reddit',
                  'tinyimagenet', 'synthetic')
@@ -250,20 +253,26 @@ def _find_femnist(data_dir: str | None, fmt: str) -> tuple[str, str] | None:
   return None
 
 
-def _missing_files_message(name: str, data_dir: str | None,
-                           layouts: tuple[str, ...] | None = None) -> str:
+def resolve_data_dir(data_dir: str | None = None) -> str:
+  """The directory of the dataset files: `data_dir` if given (not empty), else
+  $FEDJAX_LAMA_DATA_DIR, else DEFAULT_DATA_DIR (./data). Every entry point uses this."""
+  return data_dir or os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR
+
+
+def _missing_files_message(name: str, data_dir: str,
+                           layouts: tuple[str, ...] | None = None,
+                           tfds: bool = False) -> str:
+  """One line: the directory looked in, the files expected there, how to get them
+  (tfds: also the command that lets tensorflow-datasets fetch them)."""
   layouts = layouts or (name,)
-  if data_dir is None:
-    where = (f'no data_dir was given and ${DATA_DIR_ENV} is not set, so no '
-             'files were looked for')
-  else:
-    options = '\n'.join(
-        f'  {", ".join(_expected_files(layout, d))}'
-        for layout in layouts for d in _candidate_dirs(layout, data_dir))
-    where = f'expected one of these file sets:\n{options}'
-  hints = ' or '.join(_PREPARE_HINT[layout] for layout in layouts)
-  return (f'{name}: dataset files not found; {where}\nPut {hints} there (see '
-          'BUILD.md, "Data").')
+  expected = ' or '.join(
+      f'{_PREPARE_HINT[layout]} in one of '
+      + ', '.join(_candidate_dirs(layout, data_dir)) for layout in layouts)
+  fetch = (f', or let tensorflow-datasets fetch it: '
+           f'{tfds_loader.prepare_command(name, data_dir)}' if tfds else '')
+  return (f'{name}: dataset files not found in {data_dir} (config.data_dir, else '
+          f'${DATA_DIR_ENV}, else ./{DEFAULT_DATA_DIR}); expected {expected}; BUILD.md, '
+          f'"Data", says where to download them{fetch}')
 
 
 def _load_files(name: str, directory: str,
@@ -498,7 +507,8 @@ def load_dataset(name: str, data_dir: str | None = None,
     data_dir: directory of the original files (e.g. `data_dir/mnist/*.gz`,
       `data_dir/cifar10/cifar-10-batches-py/`, `data_dir/femnist_leaf/`, or the
       files directly in `data_dir`; BUILD.md lists every layout), also passed
-      to tfds as its data_dir. Defaults to $FEDJAX_LAMA_DATA_DIR when set.
+      to tfds as its data_dir. None or '': `resolve_data_dir` ($FEDJAX_LAMA_DATA_DIR,
+      else ./data).
     source: 'auto' (files if present, else tfds; builtin for digits), 'files',
       'tfds' or 'builtin'.
     options: dataset-specific options, see DATASET_OPTIONS:
@@ -531,8 +541,7 @@ def load_dataset(name: str, data_dir: str | None = None,
         f'source {source!r} cannot provide dataset {name!r}; accepted: '
         f'{["auto"] + list(possible)}')
   options = _check_options(name, options)
-  if data_dir is None:
-    data_dir = os.environ.get(DATA_DIR_ENV) or None
+  data_dir = resolve_data_dir(data_dir)
   if 'builtin' in possible:
     return _load_builtin(name, options)
   if name == 'femnist':
@@ -553,15 +562,13 @@ def load_dataset(name: str, data_dir: str | None = None,
   if source == 'auto' and 'files' in possible:
     try:
       return _load_tfds(name, data_dir)
-    except DataError as e:
-      raise DataError(
-          f'{_missing_files_message(name, data_dir)}\nThe tfds fallback failed '
-          f'too: {e}') from e
+    except DataError as e:  # neither source has it: how to get the files, nothing else
+      raise DataError(_missing_files_message(name, data_dir, tfds=True)) from e
   return _load_tfds(name, data_dir)
 
 
 # ----------------------------------------------------------------------------
-# FEMNIST clients from natural writers (algorithms.md D23).
+# FEMNIST clients from natural writers (FedLAMA, Lee et al. 2023).
 # ----------------------------------------------------------------------------
 
 
@@ -630,7 +637,7 @@ def femnist_clients(train_client_ids: np.ndarray, num_writers: int = 256,
 
   `num_writers` distinct writers are drawn uniformly at random (stream
   WRITERS of `seed`) and consecutive groups of `writers_per_client` form the
-  clients (256 writers, 2 per client give 128 clients; algorithms.md D23). If
+  clients (256 writers, 2 per client give 128 clients, as in FedLAMA). If
   fewer writers exist, all are used, a warning is issued and
   `num_writers` < `requested_writers` in the result; the last client then holds
   fewer writers when the count does not divide.
@@ -662,7 +669,8 @@ def femnist_clients_round_robin(train_client_ids: np.ndarray,
   """FedLAMA v1 FEMNIST clients: random writers dealt round-robin.
 
   round(writer_fraction * W) writers (at least num_clients) are drawn at random
-  and writer j goes to client j mod num_clients (algorithms.md D23, v1 presets).
+  and writer j goes to client j mod num_clients (FedLAMA's first version: a
+  random 10 % of the writers).
   """
   num_clients = _positive_int(num_clients, 'num_clients')
   if not 0 < writer_fraction <= 1:

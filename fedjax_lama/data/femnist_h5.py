@@ -16,7 +16,7 @@ preprocessing (3,400 writers, 62 classes), so the conventions already match
 
 The result is the same per-writer `LeafSplit` the LEAF reader returns, so
 `load_dataset('femnist')`, the 'natural' partition and `femnist_clients`
-(algorithms.md D23) work unchanged. Writers are taken in sorted name order
+work unchanged. Writers are taken in sorted name order
 (HDF5 group iteration order is by name, made explicit here).
 
 h5py is imported lazily: the rest of the data layer works without it.

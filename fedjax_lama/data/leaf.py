@@ -153,8 +153,8 @@ def _femnist_arrays(split: LeafSplit, directory: str) -> LeafSplit:
 def read_femnist_leaf(root: str) -> dict[str, LeafSplit]:
   """Reads LEAF FEMNIST: per-writer float32 [n, 28, 28, 1] in [0, 1], int32 y.
 
-  The 784 LEAF features are a row-major 28x28 image (algorithms.md 1.6.3,
-  "FEMNIST"); 62 classes: digits, then upper-case, then lower-case letters.
+  The 784 LEAF features are a row-major 28x28 image (as the FedLAMA reference
+  code reshapes them); 62 classes: digits, then upper-case, then lower-case letters.
   """
   out = {}
   for s in LEAF_SPLITS:

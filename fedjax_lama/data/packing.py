@@ -1,7 +1,7 @@
 """Cohort packing: ragged client datasets -> fixed-shape index blocks + masks.
 
 The training arrays live on device and the engine gathers rows inside jit, so
-packing produces indices, not pixels (architecture.md 2.1). A cohort becomes
+packing produces indices, not pixels. A cohort becomes
 `indices[C, S, B]` with `example_mask[C, S, B]`, `step_mask[C, S]` and
 `client_mask[C]`: a padded example adds nothing to the loss or the example
 count, a padded step leaves the client state untouched, a padded client has
@@ -15,10 +15,10 @@ runs comparable.
 
 Two modes:
 * steps (`num_steps`): K full batches from a stream of fresh random
-  permutations of the client's data (algorithms.md D24: static B, a batch may
+  permutations of the client's data (a static B for vmap: a batch may
   span two permutations and repeats examples when the client has fewer than
-  B). The stream restarts every round from (seed, round_idx, client_id); D24's
-  stream that continues across participations is not reproduced, since that
+  B). The stream restarts every round from (seed, round_idx, client_id); the
+  FedLAMA reference code's stream that continues across participations is not reproduced, since that
   would make a round depend on the client's history.
 * epochs (`num_epochs`): ceil(n / B) batches per epoch (floor with
   `drop_remainder`), one fresh permutation per epoch, the last batch of each

@@ -5,19 +5,20 @@ list with one int64 index array per client (indices into the training arrays).
 No example is assigned twice (except `dirichlet_balanced` with
 `reuse_exhausted=True`, which reproduces a reference quirk on request).
 
-Schemes and their sources (algorithms.md):
-* `iid`: random permutation cut into nearly equal parts (1.6.3 "homo", 4.5.2).
+Schemes and their sources:
+* `iid`: random permutation cut into nearly equal parts (FedML "homo"; Fed-LAMB,
+  Karimi, Li and Li).
 * `dirichlet_fedml`: FedML `partition_data` "hetero", label Dirichlet with the
   N/n balancing cap and retries until every client has `min_client_size`
-  examples (1.6.3, D22). Alias `dirichlet`.
+  examples (FedLAMA's partitions). Alias `dirichlet`.
 * `dirichlet_balanced`: FL-Simulator's per-client Dirichlet class prior with
-  equal client sizes (2.3, FedSpeed).
-* `shards`: McMahan et al.'s sort-by-label shards (3.6.2 `mcmahan_shards`,
-  4.5.2 `shards`).
-* `class_cyclic`: FedAT's "#class k per client" default (3.6.2).
-* `one_class`: Fed-LAMB non-IID, client i holds class i mod C (4.5.2).
+  equal client sizes (FedSpeed, Sun et al. 2023).
+* `shards`: McMahan et al.'s (2017) sort-by-label shards (as FedAT and
+  Fed-LAMB use them).
+* `class_cyclic`: FedAT's "#class k per client" default (Chai et al. 2021).
+* `one_class`: Fed-LAMB non-IID, client i holds class i mod C.
 * `natural`: one client per natural id (LEAF writers).
-* `local_split`: FedAT's per-client 80/20 train/test split (3.6.3).
+* `local_split`: FedAT's per-client 80/20 train/test split.
 """
 
 import fractions
@@ -87,7 +88,7 @@ def iid(num_examples: int, num_clients: int, seed: int) -> IndexList:
 def dirichlet_fedml(labels: Any, num_clients: int, alpha: float, seed: int,
                     min_client_size: int = 10,
                     max_attempts: int = 1000) -> IndexList:
-  """FedML's "hetero" label-Dirichlet partition (algorithms.md 1.6.3).
+  """FedML's "hetero" label-Dirichlet partition (as the FedLAMA reference code uses it).
 
   Repeats until every client holds at least `min_client_size` examples: for
   each class in turn, shuffle its indices, draw p ~ Dir(alpha 1_n), zero p_j for
@@ -150,7 +151,7 @@ def dirichlet_fedml(labels: Any, num_clients: int, alpha: float, seed: int,
 
 def dirichlet_balanced(labels: Any, num_clients: int, alpha: float, seed: int,
                        reuse_exhausted: bool = False) -> IndexList:
-  """FL-Simulator's balanced Dirichlet partition (algorithms.md 2.3, FedSpeed).
+  """FL-Simulator's balanced Dirichlet partition (FedSpeed, Sun et al. 2023).
 
   Every client gets exactly floor(N / n) examples (the remainder is left
   unused; the reference gives it to client 0, which is 0 examples in all the
@@ -245,8 +246,8 @@ def shards(labels: Any, num_clients: int, classes_per_client: int, seed: int,
   The training indices are sorted by label (ties by index) and cut into
   `num_shards` (default num_clients * classes_per_client, so every example is
   used) nearly equal shards; the shards are shuffled and client k receives
-  shards k*s .. k*s+s-1 with s = classes_per_client (algorithms.md 3.6.2
-  `mcmahan_shards`; 4.5.2 `shards` uses num_shards=200 with 50 clients, which
+  shards k*s .. k*s+s-1 with s = classes_per_client (McMahan et al. 2017;
+  Fed-LAMB's `shards` uses num_shards=200 with 50 clients, which
   leaves half the data unused). A shard that straddles a class boundary holds
   two classes, so a client holds at most 2s classes and, when every class size
   is a multiple of the shard size, at most s.
@@ -275,7 +276,7 @@ def shards(labels: Any, num_clients: int, classes_per_client: int, seed: int,
 
 def class_cyclic(labels: Any, num_clients: int, classes_per_client: int,
                  seed: int) -> IndexList:
-  """FedAT's "#class k per client" partition (algorithms.md 3.6.2, default).
+  """FedAT's "#class k per client" partition (Chai et al. 2021, its default).
 
   With C classes (sorted), client k holds classes {(k + i) mod C : i < kappa}.
   Each class's indices, in random order, are cut into as many nearly equal
@@ -308,7 +309,7 @@ def class_cyclic(labels: Any, num_clients: int, classes_per_client: int,
 
 def one_class(labels: Any, num_clients: int, seed: int,
               num_classes: int | None = None) -> IndexList:
-  """Fed-LAMB non-IID: client i holds only class i mod C (algorithms.md 4.5.2).
+  """Fed-LAMB non-IID: client i holds only class i mod C.
 
   For each class c, its indices in random order are split into as many nearly
   equal contiguous parts as there are clients of that class (`np.array_split`)
@@ -350,7 +351,7 @@ def local_split(client_indices: Sequence[np.ndarray], test_fraction: float,
                 seed: int) -> tuple[IndexList, IndexList]:
   """Splits every client's data at random into local train and test parts.
 
-  FedAT (algorithms.md 3.6.3): for clients in order, shuffle the client's
+  FedAT (Chai et al. 2021): for clients in order, shuffle the client's
   indices; the first floor((1 - f) n) are training, the rest test (f = 0.2:
   500 -> 400/100, 600 -> 480/120). The fraction is taken as an exact rational
   so 0.2 never rounds the wrong way.
@@ -413,7 +414,7 @@ def partition(name: str, labels: Any, num_clients: int | None, seed: int,
   """Runs the partitioner registered under `name` (see PARTITIONERS).
 
   Options are the partitioner's keyword arguments; `dirichlet_concentration`
-  is accepted for `alpha` (the config field name, algorithms.md D22).
+  is accepted for `alpha` (the config field name).
   "natural" takes `client_ids=` and ignores labels and seed.
 
   Raises:

@@ -5,7 +5,7 @@
 * scikit-learn's bundled `digits` (no download), the built-in smoke-test
   dataset.
 
-All inputs are untrusted (architecture.md section 3): a bad header, a truncated
+All inputs are untrusted: a bad header, a truncated
 payload, a broken gzip stream or a pickle that asks for anything other than
 plain containers and numpy arrays raises `DataError` naming the file. No reader
 trusts a header to size an allocation before the bytes are actually there.

@@ -3,7 +3,7 @@
 The cohort of round r is drawn from its own generator
 `default_rng(SeedSequence([seed, STREAM, r]))`, so it never depends on earlier
 rounds: a resumed run samples exactly the cohorts of an uninterrupted one
-(architecture.md 3; algorithms.md D8), unlike fedjax's history-dependent
+(uniform without replacement, keyed by seed and round), unlike fedjax's history-dependent
 samplers.
 """
 

@@ -4,7 +4,7 @@ Every random choice made on the host is drawn from
 `np.random.default_rng(np.random.SeedSequence([seed, STREAM, *keys]))`, so it
 is a pure function of the run seed, a per-purpose stream constant and explicit keys
 (round, client id). Nothing depends on call history, which is what makes resumed
-runs exact (architecture.md 2.2, "Randomness is derived, never threaded").
+runs exact: randomness is derived from (seed, stream, indices), never threaded.
 """
 
 import numbers

@@ -1,6 +1,6 @@
 """Sentiment140 from its original CSV files, as bag-of-words data per account.
 
-FedAT (algorithms.md 3.6.1, 3.6.4, table in section 8) trains a logistic
+FedAT (Chai et al. 2021, its Sentiment140 experiments) trains a logistic
 regression over a bag of words on Sentiment140 with one client per Twitter
 account. The release (Go, Bhayani and Huang, 2009;
 `trainingandtestdata.zip`) holds two latin-1 CSV files with six quoted columns

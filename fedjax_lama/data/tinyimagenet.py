@@ -1,4 +1,4 @@
-"""TinyImageNet (FedSpeed's third dataset, algorithms.md 2.3) from its release.
+"""TinyImageNet (FedSpeed's third dataset, Sun et al. 2023) from its release.
 
 `tiny-imagenet-200.zip` (CS231n, Stanford) unpacks to:
 

@@ -151,6 +151,9 @@ def layer_masked_mean(
   l2l = _check_leaf_to_layer(leaf_to_layer, len(leaves), num_layers)
   w = _check_weights(weights, leaves)
   total = jnp.sum(w)
+  if not isinstance(total, jax.core.Tracer) and not float(total) > 0:
+    raise ValueError(f"weights sum to {float(total)}; accepted: weights >= 0 with a positive "
+                     "sum (at least one client with weight > 0)")
 
   new_x, new_u, sq = [], [], []
   for x, u, layer in zip(leaves, g_leaves, l2l):

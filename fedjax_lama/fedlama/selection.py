@@ -124,6 +124,15 @@ def _prepare(discrepancy, sizes, rule, kernel_mask):
         f"shapes {d.shape} and {s.shape}")
   if not jnp.issubdtype(s.dtype, jnp.integer):
     raise ValueError(f"sizes must be an integer array, got dtype {s.dtype}")
+  if not isinstance(d, jax.core.Tracer):  # concrete input: the values are checked too
+    values = np.asarray(d)
+    if values.size == 0:
+      raise ValueError("discrepancy is empty; accepted: one d_l >= 0 per layer, at least one "
+                       "layer")
+    if not np.all(np.isfinite(values)) or np.any(values < 0):
+      bad = values[~(np.isfinite(values) & (values >= 0))][0]
+      raise ValueError(f"discrepancy holds {bad}; accepted: finite values >= 0 (one d_l per "
+                       "layer)")
   if kernel_mask is None:
     eligible = jnp.ones(d.shape, dtype=bool)
   else:
@@ -185,7 +194,7 @@ def select_intervals(discrepancy: ArrayLike,
   and cross-multiplied comparisons.
 
   Args:
-    discrepancy: float [L], d_l >= 0 and finite (not validated under jit).
+    discrepancy: float [L], L >= 1, d_l >= 0 and finite (validated unless traced).
       Values below the smallest normal float may be flushed to 0 on CPU.
     sizes: integer [L], s_l >= 1.
     phi: interval increase factor, integer >= 1.
