@@ -1,6 +1,7 @@
 """Things a new user runs into: schedules in epoch mode, cut-short metrics files, options of
-another model, unsupported combinations (issue 15, item 5)."""
+another model, unsupported combinations."""
 import json
+import pathlib
 import os
 
 import numpy as np
