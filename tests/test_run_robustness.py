@@ -285,7 +285,7 @@ def test_api_boundary_checks_name_the_argument():
   with pytest.raises(ValueError, match="weights sum to 0"):
     layer_masked_mean(stacked, np.zeros(2), np.array([True]), np.array([1]),
                       np.zeros(1, np.float32), {"w": jnp.zeros(3)}, np.array([0]))
-  with pytest.raises(ValueError, match=r"common\.server_lr=-1"):
+  with pytest.raises(ValueError, match=r"server_lr=-1"):
     algorithms.build("fedavg", Common(server_lr=-1.0))
   with pytest.raises(ValueError, match="'fedlama' is an aggregation schedule"):
     algorithms.build("fedlama")

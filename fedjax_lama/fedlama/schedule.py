@@ -313,8 +313,11 @@ class FedLamaProgram(ProgramBase):
     comm_ratio = float(np.sum(self.spec.sizes * np.asarray(fstate.sync_counts))) / (
         total_steps / self.fl.base_interval * float(np.sum(self.spec.sizes)))
     # The curves the selection just walked (v1 Fig. 1 / AAAI Fig. 2), in walk order.
-    curves = sel.selection_curves(np.asarray(fstate.discrepancy), self.spec.sizes, self.rule,
-                                  self.kernel_mask)
+    # A diverged window's discrepancies are not finite: the run's divergence check stops it
+    # after this window, so its curves are drawn from a finite stand-in.
+    discrepancy = np.asarray(fstate.discrepancy)
+    curves = sel.selection_curves(np.where(np.isfinite(discrepancy), discrepancy, 0.0),
+                                  self.spec.sizes, self.rule, self.kernel_mask)
     extra = {"clients": n_real, "fedlama_relaxed_layers": int(relaxed.sum()),
              "fedlama_discrepancy": np.asarray(fstate.discrepancy).tolist(),
              "fedlama_next_multipliers": np.asarray(fstate.multipliers).tolist(),
