@@ -10,13 +10,16 @@ and its gradient mask get 4x smaller.
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fedjax_lama.models import layers
+from fedjax_lama.models import base
 
 Array = jax.Array
+ModuleDef = Any
 
 
 def _flatten(x: Array) -> Array:
@@ -36,23 +39,24 @@ class FedATCNN(nn.Module):
   num_classes: int = 10
   variant: str = "tf_tutorial"
   init_style: str = "keras"
-  conv_impl: str = "lax"
+  conv: ModuleDef = base.Conv
+  dense: ModuleDef = base.Dense
+  max_pool: Callable[..., Array] = base.max_pool
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
     del train  # No dropout or normalisation.
     same = self.variant == "same_pool3"
     pad = "SAME" if same else "VALID"
-    conv = lambda f: layers.Conv(f, (3, 3), padding=pad,
-                                 init_style=self.init_style,
-                                 conv_impl=self.conv_impl)
-    pool = lambda y: layers.max_pool(y, (2, 2), impl=self.conv_impl)
+    conv = lambda f: self.conv(f, (3, 3), padding=pad,
+                                 init_style=self.init_style)
+    pool = lambda y: self.max_pool(y, (2, 2))
     x = nn.relu(pool(conv(32)(x)))
     x = nn.relu(pool(conv(64)(x)))
     x = conv(64)(x)
     x = nn.relu(pool(x) if same else x)
-    x = nn.relu(layers.Dense(64, init_style=self.init_style, impl=self.conv_impl)(_flatten(x)))
-    return layers.Dense(self.num_classes, init_style=self.init_style, impl=self.conv_impl)(x)
+    x = nn.relu(self.dense(64, init_style=self.init_style)(_flatten(x)))
+    return self.dense(self.num_classes, init_style=self.init_style)(x)
 
 
 class LeafCNN(nn.Module):
@@ -62,17 +66,18 @@ class LeafCNN(nn.Module):
   """
   num_classes: int = 62
   init_style: str = "keras"
-  conv_impl: str = "lax"
+  conv: ModuleDef = base.Conv
+  dense: ModuleDef = base.Dense
+  max_pool: Callable[..., Array] = base.max_pool
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
     del train
     for f in (32, 64):
-      x = layers.Conv(f, (5, 5), padding="SAME", init_style=self.init_style,
-                      conv_impl=self.conv_impl)(x)
-      x = nn.relu(layers.max_pool(x, (2, 2), impl=self.conv_impl))
-    x = nn.relu(layers.Dense(2048, init_style=self.init_style, impl=self.conv_impl)(_flatten(x)))
-    return layers.Dense(self.num_classes, init_style=self.init_style, impl=self.conv_impl)(x)
+      x = self.conv(f, (5, 5), padding="SAME", init_style=self.init_style)(x)
+      x = nn.relu(self.max_pool(x, (2, 2)))
+    x = nn.relu(self.dense(2048, init_style=self.init_style)(_flatten(x)))
+    return self.dense(self.num_classes, init_style=self.init_style)(x)
 
 
 class MnistCNN(nn.Module):
@@ -84,22 +89,23 @@ class MnistCNN(nn.Module):
   num_classes: int = 10
   dropout: float = 0.5
   init_style: str = "torch"
-  conv_impl: str = "lax"
+  conv: ModuleDef = base.Conv
+  dense: ModuleDef = base.Dense
+  max_pool: Callable[..., Array] = base.max_pool
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
-    conv = lambda f: layers.Conv(f, (5, 5), padding="VALID",
-                                 init_style=self.init_style,
-                                 conv_impl=self.conv_impl)
-    x = nn.relu(layers.max_pool(conv(10)(x), (2, 2), impl=self.conv_impl))
+    conv = lambda f: self.conv(f, (5, 5), padding="VALID",
+                                 init_style=self.init_style)
+    x = nn.relu(self.max_pool(conv(10)(x), (2, 2)))
     x = conv(20)(x)
     # Whole feature maps are dropped (PyTorch Dropout2d).
-    x = layers.Dropout(self.dropout, broadcast_dims=(1, 2), impl=self.conv_impl)(
+    x = nn.Dropout(self.dropout, broadcast_dims=(1, 2))(
         x, deterministic=not train)
-    x = nn.relu(layers.max_pool(x, (2, 2), impl=self.conv_impl))
-    x = nn.relu(layers.Dense(50, init_style=self.init_style, impl=self.conv_impl)(_flatten(x)))
-    x = layers.Dropout(self.dropout, impl=self.conv_impl)(x, deterministic=not train)
-    return layers.Dense(self.num_classes, init_style=self.init_style, impl=self.conv_impl)(x)
+    x = nn.relu(self.max_pool(x, (2, 2)))
+    x = nn.relu(self.dense(50, init_style=self.init_style)(_flatten(x)))
+    x = nn.Dropout(self.dropout)(x, deterministic=not train)
+    return self.dense(self.num_classes, init_style=self.init_style)(x)
 
 
 class LeNet(nn.Module):
@@ -115,7 +121,9 @@ class LeNet(nn.Module):
   num_classes: int = 10
   variant: str = "fedlamb"
   init_style: str = "torch"
-  conv_impl: str = "lax"
+  conv: ModuleDef = base.Conv
+  dense: ModuleDef = base.Dense
+  max_pool: Callable[..., Array] = base.max_pool
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -123,13 +131,12 @@ class LeNet(nn.Module):
     convs, dense = {"fedlamb": ((6, 16), (120, 84)),
                     "fedspeed": ((64, 64), (384, 192))}[self.variant]
     for f in convs:
-      x = layers.Conv(f, (5, 5), padding="VALID", init_style=self.init_style,
-                      conv_impl=self.conv_impl)(x)
-      x = nn.relu(layers.max_pool(x, (2, 2), impl=self.conv_impl))
+      x = self.conv(f, (5, 5), padding="VALID", init_style=self.init_style)(x)
+      x = nn.relu(self.max_pool(x, (2, 2)))
     x = _flatten(x)
     for f in dense:
-      x = nn.relu(layers.Dense(f, init_style=self.init_style, impl=self.conv_impl)(x))
-    return layers.Dense(self.num_classes, init_style=self.init_style, impl=self.conv_impl)(x)
+      x = nn.relu(self.dense(f, init_style=self.init_style)(x))
+    return self.dense(self.num_classes, init_style=self.init_style)(x)
 
 
 class PflCNN(nn.Module):
@@ -142,18 +149,19 @@ class PflCNN(nn.Module):
   dropout: float = 0.5  # after the dense layer; conv_dropout after the pool
   conv_dropout: float = 0.25
   init_style: str = "keras"
-  conv_impl: str = "lax"
+  conv: ModuleDef = base.Conv
+  dense: ModuleDef = base.Dense
+  max_pool: Callable[..., Array] = base.max_pool
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
-    conv = lambda f: layers.Conv(f, (3, 3), padding="VALID",
-                                 init_style=self.init_style,
-                                 conv_impl=self.conv_impl)
+    conv = lambda f: self.conv(f, (3, 3), padding="VALID",
+                                 init_style=self.init_style)
     x = nn.relu(conv(32)(x))
-    x = nn.relu(layers.max_pool(conv(64)(x), (2, 2), impl=self.conv_impl))
+    x = nn.relu(self.max_pool(conv(64)(x), (2, 2)))
     if self.conv_dropout:
-      x = layers.Dropout(self.conv_dropout, impl=self.conv_impl)(x, deterministic=not train)
-    x = nn.relu(layers.Dense(128, init_style=self.init_style, impl=self.conv_impl)(_flatten(x)))
+      x = nn.Dropout(self.conv_dropout)(x, deterministic=not train)
+    x = nn.relu(self.dense(128, init_style=self.init_style)(_flatten(x)))
     if self.dropout:
-      x = layers.Dropout(self.dropout, impl=self.conv_impl)(x, deterministic=not train)
-    return layers.Dense(self.num_classes, init_style=self.init_style, impl=self.conv_impl)(x)
+      x = nn.Dropout(self.dropout)(x, deterministic=not train)
+    return self.dense(self.num_classes, init_style=self.init_style)(x)

@@ -4,13 +4,17 @@ model (algorithms.md sections 3.6.4 and 4.5.3).
 
 from __future__ import annotations
 
+from typing import Any
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fedjax_lama.models import layers
+from fedjax_lama.models import base
+from fedjax_lama.models import init
 
 Array = jax.Array
+ModuleDef = Any
 
 
 class MLP(nn.Module):
@@ -23,12 +27,12 @@ class MLP(nn.Module):
   hidden_sizes: tuple[int, ...] = (128,)
   dropout: float = 0.0
   init_style: str = "keras"
-  conv_impl: str = "lax"  # the plan its dense layers follow (`layers.dense_dot`)
+  dense: ModuleDef = base.Dense
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
     x = x.reshape((x.shape[0], -1))
-    dense = lambda width: layers.Dense(width, init_style=self.init_style, impl=self.conv_impl)
+    dense = lambda width: self.dense(width, init_style=self.init_style)
     for width in self.hidden_sizes:
       x = nn.relu(dense(width)(x))
       if self.dropout:
@@ -74,14 +78,14 @@ class LogReg(nn.Module):
       raise ValueError(
           f"logreg was built with vocab_size={self.vocab_size} but the input "
           f"has {x.shape[-1]} features")
-    return layers.Dense(self.num_classes, init_style=self.init_style)(
+    return base.Dense(self.num_classes, init_style=self.init_style)(
         x.astype(jnp.float32))
 
 
 class _TokenBag(nn.Module):
-  """`layers.Dense` over the bag of words of padded ids, from the ids.
+  """`base.Dense` over the bag of words of padded ids, from the ids.
 
-  Same leaves, shapes and initialisers as `layers.Dense(features)` applied to
+  Same leaves, shapes and initialisers as `base.Dense(features)` applied to
   a [batch, vocab_size] input (it is named "Dense_0" by `LogReg`, so both
   input forms share one parameter tree and one initialisation).
   """
@@ -91,7 +95,7 @@ class _TokenBag(nn.Module):
 
   @nn.compact
   def __call__(self, ids: Array) -> Array:
-    kernel_init, bias_init = layers.initializers(self.init_style,
+    kernel_init, bias_init = init.initializers(self.init_style,
                                                  self.vocab_size)
     kernel = self.param("kernel", kernel_init,
                         (self.vocab_size, self.features))
@@ -137,4 +141,4 @@ class LSTMLM(nn.Module):
     x = nn.Dropout(self.dropout)(x, deterministic=not train)
     x = nn.BatchNorm(use_running_average=not train, momentum=0.99,
                      epsilon=1e-3)(x)
-    return layers.Dense(self.num_classes)(x)
+    return base.Dense(self.num_classes)(x)

@@ -9,15 +9,16 @@ rng. The convolution plan (`conv_impl`) never changes the parameters.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fedjax_lama.models import layers
+from fedjax_lama.models import base
 
 Array = jax.Array
+ModuleDef = Any
 
 
 def _gap(x: Array) -> Array:
@@ -35,17 +36,17 @@ class _PostActBlock(nn.Module):
   strides: int
   project: bool
   norm: Any
-  conv_impl: str
+  conv: ModuleDef
   dropout: float = 0.0
 
   @nn.compact
   def __call__(self, x: Array, train: bool) -> Array:
-    conv = functools.partial(layers.Conv, use_bias=False, padding="SAME",
-                             init_style="keras", conv_impl=self.conv_impl)
+    conv = functools.partial(self.conv, use_bias=False, padding="SAME",
+                             init_style="keras")
     s = (self.strides, self.strides)
     y = nn.relu(self.norm()(conv(self.width, (3, 3), s)(x)))
     if self.dropout:
-      y = layers.Dropout(self.dropout, impl=self.conv_impl)(y, deterministic=not train)
+      y = nn.Dropout(self.dropout)(y, deterministic=not train)
     y = conv(self.width, (3, 3))(y)
     y = self.norm(scale_init=nn.initializers.zeros)(y)
     if self.project:
@@ -68,22 +69,23 @@ class ResNet20(nn.Module):
   dropout: float = 0.0
   bn_momentum: float = 0.99
   bn_epsilon: float = 1e-3
-  conv_impl: str = "lax"
+  conv: ModuleDef = base.Conv
+  dense: ModuleDef = base.Dense
+  max_pool: Callable[..., Array] = base.max_pool
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
     norm = functools.partial(nn.BatchNorm, use_running_average=not train,
                              momentum=self.bn_momentum,
                              epsilon=self.bn_epsilon)
-    x = layers.Conv(16, (3, 3), use_bias=False, conv_impl=self.conv_impl)(x)
+    x = self.conv(16, (3, 3), use_bias=False)(x)
     x = nn.relu(norm()(x))
     for stage, width in enumerate(self.widths):
       for block in range(self.blocks):
         x = _PostActBlock(width, 2 if stage > 0 and block == 0 else 1,
                           project=block == 0, norm=norm,
-                          conv_impl=self.conv_impl,
-                          dropout=self.dropout)(x, train)
-    return layers.Dense(self.num_classes, impl=self.conv_impl)(_gap(x))
+                          conv=self.conv, dropout=self.dropout)(x, train)
+    return self.dense(self.num_classes)(_gap(x))
 
 
 class _PreActBlock(nn.Module):
@@ -91,19 +93,19 @@ class _PreActBlock(nn.Module):
   width: int
   strides: int
   norm: Any
-  conv_impl: str
+  conv: ModuleDef
   dropout: float
 
   @nn.compact
   def __call__(self, x: Array, train: bool) -> Array:
-    conv = functools.partial(layers.Conv, use_bias=False, padding="SAME",
-                             init_style="keras", conv_impl=self.conv_impl)
+    conv = functools.partial(self.conv, use_bias=False, padding="SAME",
+                             init_style="keras")
     s = (self.strides, self.strides)
     o = nn.relu(self.norm()(x))
     y = conv(self.width, (3, 3), s)(o)
     y = nn.relu(self.norm()(y))
     if self.dropout:
-      y = layers.Dropout(self.dropout, impl=self.conv_impl)(y, deterministic=not train)
+      y = nn.Dropout(self.dropout)(y, deterministic=not train)
     y = conv(self.width, (3, 3))(y)
     if x.shape[-1] != self.width or self.strides != 1:
       x = conv(self.width, (1, 1), s)(o)
@@ -118,7 +120,9 @@ class WideResNetPreAct(nn.Module):
   dropout: float = 0.3
   bn_momentum: float = 0.99
   bn_epsilon: float = 1e-5
-  conv_impl: str = "lax"
+  conv: ModuleDef = base.Conv
+  dense: ModuleDef = base.Dense
+  max_pool: Callable[..., Array] = base.max_pool
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -126,15 +130,14 @@ class WideResNetPreAct(nn.Module):
                              momentum=self.bn_momentum,
                              epsilon=self.bn_epsilon)
     blocks = (self.depth - 4) // 6
-    x = layers.Conv(16, (3, 3), use_bias=False, conv_impl=self.conv_impl)(x)
+    x = self.conv(16, (3, 3), use_bias=False)(x)
     for stage, width in enumerate((16, 32, 64)):
       for block in range(blocks):
         x = _PreActBlock(width * self.width_factor,
                          2 if stage > 0 and block == 0 else 1, norm=norm,
-                         conv_impl=self.conv_impl,
-                         dropout=self.dropout)(x, train)
+                         conv=self.conv, dropout=self.dropout)(x, train)
     x = nn.relu(norm()(x))
-    return layers.Dense(self.num_classes, impl=self.conv_impl)(_gap(x))
+    return self.dense(self.num_classes)(_gap(x))
 
 
 class _BasicBlock(nn.Module):
@@ -148,13 +151,12 @@ class _BasicBlock(nn.Module):
   strides: int
   norm: Any
   init_style: str
-  conv_impl: str
+  conv: ModuleDef
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    conv = functools.partial(layers.Conv, use_bias=False,
-                             init_style=self.init_style,
-                             conv_impl=self.conv_impl)
+    conv = functools.partial(self.conv, use_bias=False,
+                             init_style=self.init_style)
     s = (self.strides, self.strides)
     y = conv(self.width, (3, 3), s, padding=((1, 1), (1, 1)))(x)
     y = nn.relu(self.norm()(y))
@@ -176,20 +178,22 @@ class ResNet9(nn.Module):
   init_style: str = "torch"
   bn_momentum: float = 0.9
   bn_epsilon: float = 1e-5
-  conv_impl: str = "lax"
+  conv: ModuleDef = base.Conv
+  dense: ModuleDef = base.Dense
+  max_pool: Callable[..., Array] = base.max_pool
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
     norm = functools.partial(nn.BatchNorm, use_running_average=not train,
                              momentum=self.bn_momentum,
                              epsilon=self.bn_epsilon)
-    x = layers.Conv(64, (3, 3), padding=((1, 1), (1, 1)), use_bias=False,
-                    init_style=self.init_style, conv_impl=self.conv_impl)(x)
+    x = self.conv(64, (3, 3), padding=((1, 1), (1, 1)), use_bias=False,
+                    init_style=self.init_style)(x)
     x = nn.relu(norm()(x))
     for width, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
       x = _BasicBlock(width, stride, norm=norm, init_style=self.init_style,
-                      conv_impl=self.conv_impl)(x)
-    return layers.Dense(self.num_classes, init_style=self.init_style, impl=self.conv_impl)(_gap(x))
+                      conv=self.conv)(x)
+    return self.dense(self.num_classes, init_style=self.init_style)(_gap(x))
 
 
 class ResNet9DawnBench(nn.Module):
@@ -205,7 +209,9 @@ class ResNet9DawnBench(nn.Module):
   init_style: str = "torch"
   bn_momentum: float = 0.9
   bn_epsilon: float = 1e-5
-  conv_impl: str = "lax"
+  conv: ModuleDef = base.Conv
+  dense: ModuleDef = base.Dense
+  max_pool: Callable[..., Array] = base.max_pool
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -214,11 +220,11 @@ class ResNet9DawnBench(nn.Module):
                              epsilon=self.bn_epsilon)
 
     def cbr(y, width, pool=False):
-      y = layers.Conv(width, (3, 3), padding=((1, 1), (1, 1)), use_bias=False,
-                      init_style=self.init_style, conv_impl=self.conv_impl)(y)
+      y = self.conv(width, (3, 3), padding=((1, 1), (1, 1)), use_bias=False,
+                      init_style=self.init_style)(y)
       y = norm()(y)
       if pool:
-        y = layers.max_pool(y, (2, 2), impl=self.conv_impl)
+        y = self.max_pool(y, (2, 2))
       return nn.relu(y)
 
     x = cbr(x, 64)
@@ -228,8 +234,8 @@ class ResNet9DawnBench(nn.Module):
     x = cbr(x, 512, pool=True)
     x = x + cbr(cbr(x, 512), 512)
     x = jnp.max(x, axis=(1, 2))
-    x = layers.Dense(self.num_classes, use_bias=False,
-                     init_style=self.init_style, impl=self.conv_impl)(x)
+    x = self.dense(self.num_classes, use_bias=False,
+                     init_style=self.init_style)(x)
     return x * 0.125
 
 
@@ -245,22 +251,21 @@ class ResNet18GN(nn.Module):
   """
   num_classes: int = 10
   num_groups: int = 2
-  conv_impl: str = "lax"
+  conv: ModuleDef = base.Conv
+  dense: ModuleDef = base.Dense
+  max_pool: Callable[..., Array] = base.max_pool
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
     del train  # GroupNorm has no train/eval difference.
     norm = functools.partial(nn.GroupNorm, num_groups=self.num_groups,
                              epsilon=1e-5)
-    x = layers.Conv(64, (7, 7), (2, 2), padding=((3, 3), (3, 3)),
-                    use_bias=False, init_style="torchvision",
-                    conv_impl=self.conv_impl)(x)
-    x = layers.max_pool(norm()(x), (3, 3), (2, 2), padding=((1, 1), (1, 1)),
-                        impl=self.conv_impl)
+    x = self.conv(64, (7, 7), (2, 2), padding=((3, 3), (3, 3)),
+                    use_bias=False, init_style="torchvision")(x)
+    x = self.max_pool(norm()(x), (3, 3), (2, 2), padding=((1, 1), (1, 1)))
     x = nn.relu(x)  # relu(max_pool(.)) == max_pool(relu(.)); 4x fewer ReLUs.
     for stage, width in enumerate((64, 128, 256, 512)):
       for block in range(2):
         x = _BasicBlock(width, 2 if stage > 0 and block == 0 else 1,
-                        norm=norm, init_style="torchvision",
-                        conv_impl=self.conv_impl)(x)
-    return layers.Dense(self.num_classes, init_style="torch", impl=self.conv_impl)(_gap(x))
+                        norm=norm, init_style="torchvision", conv=self.conv)(x)
+    return self.dense(self.num_classes, init_style="torch")(_gap(x))
