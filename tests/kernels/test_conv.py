@@ -289,8 +289,6 @@ def test_patches_on_the_default_backend_takes_winograd_only_on_cpu(monkeypatch):
   assert bool(called) == (jax.default_backend() == "cpu")
 
 
-@pytest.mark.parametrize("impl,backend,takes_picks", [
-
 def _numpy_conv(x, w, pads):
   """Direct NHWC x HWIO cross-correlation, stride 1, in float64."""
   x = np.pad(np.asarray(x, np.float64), ((0, 0), *pads, (0, 0)))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 20's GPU figures in one command (docs/performance.md, "GPU"):
+# The GPU figures in one command:
 #   1. the machine: GPU, driver, jax and its devices; the float32 matmul peak at the
 #      default precision (what the engine computes at) and at "highest" (true fp32);
 #   2. the benchmark on FedAT's CNN at 32 clients x 10 steps x batch 32: mfu, engine/loop,
@@ -12,10 +12,10 @@
 #   5. the 8x8 mlp at 8 x 5 x 32 against "patches_cpu" (its small kernels' gradient);
 #   6. the pfl-research CIFAR-10 workload end to end through the CLI (1,500 rounds).
 # "patches_cpu" is the patches plan with the picks it takes on CPU only (Winograd layers,
-# im2col's written-out stride-1 gradient, small dense kernels' gradient: layers.py) taken
+# im2col's written-out stride-1 gradient, small dense kernels' gradient; benchmarks/conv/plans.py) taken
 # here too: engine_vs_engine_patches_cpu above 1 means they do not pay on this GPU.
 #
-#   bash experiments/gpu_figures.sh [OUT_DIR]     # from the repository root
+#   bash benchmarks/conv/gpu_figures.sh [OUT_DIR]     # from the repository root
 #
 # Each step runs in its own process under its own time limit, so one that fails or runs
 # long leaves the others' figures; every log goes to OUT_DIR (default ./gpu_figures_out).
