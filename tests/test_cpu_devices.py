@@ -2,9 +2,10 @@
 
 `sharding.use_cpu_device_per_core` sets the CPU device count before JAX starts (so its
 checks run in subprocesses); `sharding.client_devices` picks a run's devices by the rule
-measured in docs/performance.md ("Thirteenth session"); the scan map's groups follow the
+measured on a 2-core box (`platform.splits_cpu_cohort`); the scan map's groups follow the
 run's mesh, not the process's device count; `sharding.call_devices` gives each call of the
-simulated clock's trainer the devices that leave it unpadded ("Fourteenth session").
+simulated clock's trainer the devices that leave it unpadded. The platform plan routes each backend and reads the
+client map from the environment only when asked.
 """
 import json
 import os

@@ -134,7 +134,7 @@ def test_exact_parameter_counts(name, num_classes, shape, opts, params,
 
 
 def test_resnet20_kernel_shapes_match_spec_table():
-  """algorithms.md 1.6.4: the HWIO kernel shapes and their multiplicities."""
+  """FedLAMA's reference ResNet20 (Lee et al. 2023): the HWIO kernel shapes and their multiplicities."""
   model = models.get("resnet20", 10)
   p = _abstract_init(model, jnp.zeros((1,) + CIFAR))["params"]
   shapes = sorted(tuple(l.shape) for path, l in
@@ -240,7 +240,7 @@ def test_output_shapes_of_big_models_abstractly(name, shape):
 
 def test_batchnorm_train_updates_running_stats_eval_uses_them():
   """Train mode normalises with batch statistics and updates the running ones
-  with Keras momentum 0.99 (1.6.4); eval mode uses the running ones.
+  with Keras momentum 0.99 (FedLAMA's reference code); eval mode uses the running ones.
 
   A narrow, shallow instance of the resnet20 class keeps the test fast.
   """
@@ -290,7 +290,7 @@ def test_dropout_uses_the_dropout_rng_in_train_mode_only(name):
 
 
 def test_mnist_cnn_dropout_drops_whole_channels():
-  """Channel dropout (4.5.3): a dropped feature map is zero everywhere."""
+  """Channel dropout (the Fed-LAMB code's Dropout2d): a dropped feature map is zero everywhere."""
   model = models.get("mnist_cnn", 10)
   x = _sample("mnist_cnn", batch=2)
   variables = _numpy_variables(model, x)

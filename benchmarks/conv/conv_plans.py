@@ -8,7 +8,7 @@ machine, most of it in the lax plans and in compiles):
   python -m benchmarks.conv.conv_plans --models=resnet20 --clients=8 --steps=5 \
       --impls=patches --unrolls=1,2 --with_lax_scan
 
-What it measures (architecture.md section 4): C clients x K local steps of
+What it measures: C clients x K local steps of
 plain SGD (lr 0.01) on batches of B = 32, random CIFAR-shaped data, for
   loop[lax]        Python loop over clients and steps of one jitted SGD step
                    with lax convolutions: what FedJAX does. THE BASELINE.

@@ -3,7 +3,7 @@
 The body is one masked step of the algorithm's local rule (engine/algorithm.py). A padded step (step_mask 0) leaves the
 whole carry -- parameters, normalisation statistics and optimiser moments --
 bit-for-bit unchanged (a `jnp.where` on the carry, not a zero-gradient step,
-which would still move momentum and weight decay; architecture.md 2.1).
+which would still move momentum and weight decay).
 """
 import math
 from typing import Any, Callable, NamedTuple, Optional
@@ -251,7 +251,7 @@ def vmap_clients(client_train, shared_per_client: bool = False, client_map: Opti
   shared by every client need not be copied C times before the round. With the scan map the
   copy and its transpose into scan order were 13 % of the operations' time in a trace of a
   leaf_cnn round (6.6 M parameters); without them rounds ran 1.03x to 1.04x faster
-  (docs/performance.md).
+  (a profiled leaf_cnn round).
 
   The returned function gives (final, stats) stacked over the clients; called with
   `reduce_group` (and `extras`, per-client arrays mapped like the batches), it gives
@@ -261,7 +261,7 @@ def vmap_clients(client_train, shared_per_client: bool = False, client_map: Opti
   that only needs its clients' weighted sums then never holds every client's final model
   at once; with the scan map each client's result is folded into the running sums where
   it is made, instead of being written into a [C, ...] buffer, masked and reduced
-  afterwards (docs/performance.md).
+  afterwards.
   """
   state_axes = LocalState(0, 0, 0) if state_axes is None else state_axes
   in_axes = (state_axes, context_axes(shared_per_client), None, None, 0, 0, 0, 0, None, None)

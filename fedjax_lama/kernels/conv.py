@@ -236,17 +236,14 @@ def _winograd_pays(kernel_shape: Sequence[int], strides: Sequence[int], out: Seq
 def patches_conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
                  padding: Padding = "SAME", bias: Array | None = None,
                  platform: str | None = None) -> Array:
-  """The "patches" plan, the CPU plan: slices + matmuls, or convolutions off the trap.
+  """The "patches" plan (CPU and GPU): a layer from static slices and matmuls.
 
-  Picks per layer (measured on XLA:CPU; see `_CHANNEL_MAJOR_MAX_CIN`, `WINOGRAD_RULES`,
-  `_ROW_SHIFT_*` and experiments/conv_plans.py):
-  `channel_major_conv` for an image's few input channels into few output
-  channels; on CPU, `winograd_conv` for wide 3x3 and 5x5 stride-1 layers on large
-  enough maps (`WINOGRAD_RULES`); `row_shift_conv` for stride 1 along H, a tall output
-  and several input channels; otherwise `im2col_conv` (which makes a 1x1 convolution one
-  matmul on a strided slice). `standard_layout_conv` is not picked (see the
-  comment on it above `_ROW_SHIFT_MIN_HEIGHT`). `platform` (default: JAX's default
-  backend when traced) decides whether the CPU-only picks apply.
+  Picks per layer, by the rules at the top of this module: `channel_major_conv` for an
+  image's few input channels into few output channels; on CPU, `winograd_conv` for wide 3x3
+  and 5x5 stride-1 layers on large enough maps; `row_shift_conv` for stride 1 along H, a tall
+  output and several input channels; otherwise `im2col_conv` (which makes a 1x1 convolution
+  one matmul on a strided slice). `platform` (default: JAX's default backend when traced)
+  decides whether the CPU-only picks apply.
   """
   kh, kw, cin, cout = kernel.shape
   pads = shapes.pads(x.shape[1:3], kernel.shape[:2], strides, padding)

@@ -1,9 +1,10 @@
-"""Small convolutional networks of the seed papers (algorithms.md 1.6.6, 2.3,
-3.6.4 and 4.5.3).
+"""Small convolutional networks of the seed papers' experiments: LEAF's FEMNIST CNN (as
+FedLAMA, Lee et al. 2023, uses it), FedSpeed's LeNet (Sun et al. 2023), FedAT's CNN (Chai
+et al. 2021) and Fed-LAMB's CNNs (Karimi et al. 2022), with their code's layer sizes.
 
 Every model takes NHWC float32 images and returns logits. The convolution plan
-(`conv_impl`) changes how convolutions and pooling are computed, never the
-parameters (see `layers`). Where a paper has conv -> ReLU -> max-pool we compute
+(the injected `conv`, `dense` and `max_pool`; `fedjax_lama.kernels`) changes how
+convolutions and pooling are computed, never the parameters. Where a paper has conv -> ReLU -> max-pool we compute
 max-pool -> ReLU: the two are equal exactly (ReLU is monotone), and the ReLU
 and its gradient mask get 4x smaller.
 """
@@ -28,7 +29,7 @@ def _flatten(x: Array) -> Array:
 
 
 class FedATCNN(nn.Module):
-  """FedAT's CNN, algorithms.md 3.6.4 (also Fed-LAMB's `cifar_cnn`, 4.5.3).
+  """FedAT's CNN (Chai et al. 2021; also Fed-LAMB's `cifar_cnn`, Karimi et al. 2022).
 
   variant "tf_tutorial" (default): conv 3x3 32/64/64 VALID, 2x2 max-pool after
   the first two, dense 64, dense classes: 122,570 parameters on 32x32x3 and
@@ -60,7 +61,7 @@ class FedATCNN(nn.Module):
 
 
 class LeafCNN(nn.Module):
-  """LEAF FEMNIST CNN, algorithms.md 1.6.6: 6,603,710 parameters for 62 classes.
+  """LEAF FEMNIST CNN (Caldas et al. 2018, as FedLAMA uses it): 6,603,710 parameters for 62 classes.
 
   conv 5x5 32 SAME, pool, conv 5x5 64 SAME, pool, dense 2048, dense classes.
   """
@@ -81,7 +82,7 @@ class LeafCNN(nn.Module):
 
 
 class MnistCNN(nn.Module):
-  """Fed-LAMB's MNIST CNN, algorithms.md 4.5.3: 21,840 parameters.
+  """Fed-LAMB's MNIST CNN (Karimi et al. 2022, its code's model): 21,840 parameters.
 
   conv 5x5 10 VALID, pool, ReLU, conv 5x5 20 VALID, channel dropout 0.5, pool,
   ReLU, flatten 320, dense 50, ReLU, dropout 0.5, dense classes.
@@ -111,10 +112,10 @@ class MnistCNN(nn.Module):
 class LeNet(nn.Module):
   """LeNet-style CNNs of two reference codes.
 
-  variant "fedlamb" (algorithms.md 4.5.3 `cifar_lenet`, the Fed-LAMB code's
+  variant "fedlamb" (`cifar_lenet`, the Fed-LAMB code's
   CNNCifar): conv 5x5 6, pool, conv 5x5 16, pool, dense 120, 84, classes;
   62,006 parameters for 10 classes.
-  variant "fedspeed" (2.3, FedSpeed's `LeNet`): conv 5x5 64, pool, conv 5x5 64,
+  variant "fedspeed" (FedSpeed's `LeNet`): conv 5x5 64, pool, conv 5x5 64,
   pool, dense 384, 192, classes; 797,962 parameters for 10 classes.
   All convs VALID with bias; ReLU and 2x2 max-pool after each.
   """

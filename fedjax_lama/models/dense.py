@@ -1,5 +1,5 @@
 """Models without convolutions: MLPs, logistic regression, the LSTM language
-model (algorithms.md sections 3.6.4 and 4.5.3).
+model of FedAT (Chai et al. 2021) and Fed-LAMB (Karimi et al. 2022).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ class MLP(nn.Module):
   """Flatten -> [Dense -> ReLU -> Dropout] per hidden size -> Dense(classes).
 
   With hidden_sizes=(200,), dropout=0.5 and 28x28 inputs this is Fed-LAMB's
-  `mnist_mlp` (4.5.3): 159,010 parameters in 4 tensors.
+  `mnist_mlp`: 159,010 parameters in 4 tensors.
   """
   num_classes: int = 10
   hidden_sizes: tuple[int, ...] = (128,)
@@ -113,7 +113,7 @@ def _keras_embedding_init(key, shape, dtype=jnp.float32):
 
 
 class LSTMLM(nn.Module):
-  """FedAT's Reddit next-word model (3.6.4): embedding 10,000 -> 128, LSTM with
+  """FedAT's Reddit next-word model: embedding 10,000 -> 128, LSTM with
   dropout 0.1, batch normalisation, dense 10,000.
 
   Input int tokens [batch, time]; output logits [batch, time, vocab]. The

@@ -1,9 +1,11 @@
-"""Residual networks of the seed papers (algorithms.md sections 1.6.4, 1.6.5,
-2.3 and 4.5.3).
+"""Residual networks of the seed papers: FedLAMA's ResNet20 and WRN-28-10 (Lee et al.
+2023, its reference code), FedSpeed's ResNet-18-GN (Sun et al. 2023) and Fed-LAMB's
+ResNet-9 (Karimi et al. 2022).
 
 BatchNorm models keep running statistics in the 'batch_stats' collection and
 normalise with them when `train=False`; WRN's dropout draws from the 'dropout'
-rng. The convolution plan (`conv_impl`) never changes the parameters.
+rng. The injected `conv`, `dense` and `max_pool` (`fedjax_lama.kernels`) never change the
+parameters.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ def _gap(x: Array) -> Array:
 
 
 class _PostActBlock(nn.Module):
-  """Post-activation basic block of the FedLAMA reference ResNets (1.6.4/1.6.5).
+  """Post-activation basic block of the FedLAMA reference ResNets.
 
   y = conv3x3(s) -> BN -> ReLU [-> dropout] -> conv3x3 -> BN(gamma=0);
   shortcut = BN(conv1x1(s)(x)) if `project` else x; out = ReLU(y + shortcut).
@@ -55,7 +57,7 @@ class _PostActBlock(nn.Module):
 
 
 class ResNet20(nn.Module):
-  """The FedLAMA reference ResNet20 (1.6.4) and WRN-28-10 "reference" (1.6.5).
+  """The FedLAMA reference ResNet20 and WRN-28-10 "reference".
 
   Stem conv3x3 16 -> BN -> ReLU; three stages of `blocks` post-activation
   blocks with widths `widths`, a BN'd 1x1 projection in the first block of
@@ -113,7 +115,7 @@ class _PreActBlock(nn.Module):
 
 
 class WideResNetPreAct(nn.Module):
-  """WRN-28-10 as published (1.6.5, `variant="preact"`): 36,536,884 (100)."""
+  """WRN-28-10 as published (`variant="preact"`): 36,536,884 (100)."""
   num_classes: int = 100
   depth: int = 28
   width_factor: int = 10
@@ -167,7 +169,7 @@ class _BasicBlock(nn.Module):
 
 
 class ResNet9(nn.Module):
-  """Fed-LAMB's ResNet-9 (algorithms.md 4.5.3), default variant "he_basic_1111".
+  """Fed-LAMB's ResNet-9 (Karimi et al. 2022), default variant "he_basic_1111".
 
   Stem conv3x3 64 -> BN -> ReLU; one BasicBlock per stage, widths 64/128/256/
   512, strides 1/2/2/2; global average pooling (= avg_pool 4 on 32x32 inputs);
@@ -197,7 +199,7 @@ class ResNet9(nn.Module):
 
 
 class ResNet9DawnBench(nn.Module):
-  """ResNet-9 variant "dawnbench" (algorithms.md 4.5.3): 6,573,120 parameters.
+  """ResNet-9 variant "dawnbench" (the Fed-LAMB code's other ResNet-9): 6,573,120 parameters.
 
   prep conv 64; layer1 conv 128 + pool + residual of two convs 128; layer2
   conv 256 + pool; layer3 conv 512 + pool + residual of two convs 512; global
@@ -240,7 +242,7 @@ class ResNet9DawnBench(nn.Module):
 
 
 class ResNet18GN(nn.Module):
-  """FedSpeed's ResNet-18-GN (algorithms.md 2.3): torchvision ResNet-18.
+  """FedSpeed's ResNet-18-GN (Sun et al. 2023): torchvision ResNet-18.
 
   ImageNet stem kept (conv 7x7/2 pad 3, norm, ReLU, max-pool 3x3/2 pad 1, even
   on 32x32 inputs), BasicBlocks [2, 2, 2, 2] of widths 64/128/256/512, every

@@ -78,33 +78,33 @@ _MODELS: dict[str, _Entry] = {
     "resnet20": _Entry(
         lambda num_classes, **ops: resnet.ResNet20(
             num_classes, **ops),
-        {}, "FedLAMA reference ResNet20 (1.6.4); 272,762 params (10 classes)"),
+        {}, "FedLAMA reference ResNet20; 272,762 params (10 classes)"),
     "wrn28_10": _Entry(
         _wrn28_10, {"variant": "reference", "dropout": 0.3},
-        "WRN-28-10 (1.6.5); 36,539,124 (100 classes), preact 36,536,884"),
+        "WRN-28-10; 36,539,124 (100 classes), preact 36,536,884"),
     "leaf_cnn": _Entry(
         lambda num_classes, init_style, **ops: cnn.LeafCNN(
             num_classes, init_style, **ops),
         {"init_style": "keras"},
-        "LEAF FEMNIST CNN (1.6.6); 6,603,710 params (62 classes)"),
+        "LEAF FEMNIST CNN; 6,603,710 params (62 classes)"),
     "fedat_cnn": _Entry(
         _fedat_cnn("fedat_cnn"),
         {"variant": "tf_tutorial", "init_style": "keras"},
-        "FedAT CNN (3.6.4); 122,570 (32x32x3), 93,322 (28x28x1)"),
+        "FedAT CNN; 122,570 (32x32x3), 93,322 (28x28x1)"),
     "cifar_cnn": _Entry(
         _fedat_cnn("cifar_cnn"),
         {"variant": "tf_tutorial", "init_style": "torch"},
-        "Fed-LAMB CIFAR CNN (4.5.3), fedat_cnn layout; 122,570"),
+        "Fed-LAMB CIFAR CNN, fedat_cnn layout; 122,570"),
     "mnist_mlp": _Entry(
         lambda num_classes, dropout, init_style, **ops: dense.MLP(
             num_classes, (200,), dropout, init_style, ops["dense"]),
         {"dropout": 0.5, "init_style": "torch"},
-        "Fed-LAMB MNIST MLP 784-200-10 (4.5.3); 159,010"),
+        "Fed-LAMB MNIST MLP 784-200-10; 159,010"),
     "mnist_cnn": _Entry(
         lambda num_classes, dropout, init_style, **ops: cnn.MnistCNN(
             num_classes, dropout, init_style, **ops),
         {"dropout": 0.5, "init_style": "torch"},
-        "Fed-LAMB MNIST CNN (4.5.3); 21,840"),
+        "Fed-LAMB MNIST CNN; 21,840"),
     "pfl_cnn": _Entry(
         lambda num_classes, dropout, conv_dropout, init_style, **ops: cnn.PflCNN(
             num_classes, dropout, conv_dropout, init_style, **ops),
@@ -112,23 +112,23 @@ _MODELS: dict[str, _Entry] = {
         "pfl-research's CIFAR-10 simple_cnn; 1,626,442 (32x32x3, 10 classes)"),
     "cifar_lenet": _Entry(
         _lenet("fedlamb"), {"init_style": "torch"},
-        "Fed-LAMB code's CNNCifar (4.5.3); 62,006"),
+        "Fed-LAMB code's CNNCifar; 62,006"),
     "fedspeed_lenet": _Entry(
         _lenet("fedspeed"), {"init_style": "torch"},
-        "FedSpeed code's LeNet (2.3); 797,962 (10 classes)"),
+        "FedSpeed code's LeNet; 797,962 (10 classes)"),
     "resnet9": _Entry(
         _resnet9, {"variant": "he_basic_1111", "init_style": "torch"},
-        "Fed-LAMB ResNet-9 (4.5.3); 4,903,242, dawnbench 6,573,120"),
+        "Fed-LAMB ResNet-9; 4,903,242, dawnbench 6,573,120"),
     "resnet18_gn": _Entry(
         lambda num_classes, num_groups, **ops: resnet.ResNet18GN(
             num_classes, num_groups, **ops),
         {"num_groups": 2},
-        "FedSpeed ResNet-18-GN (2.3); 11,181,642 (10 classes)"),
+        "FedSpeed ResNet-18-GN; 11,181,642 (10 classes)"),
     "logreg": _Entry(
         lambda num_classes, vocab_size, init_style: dense.LogReg(
             num_classes, vocab_size, init_style),
         {"vocab_size": None, "init_style": "keras"},
-        "bag-of-words logistic regression (3.6); vocab*classes+classes",
+        "bag-of-words logistic regression; vocab*classes+classes",
         conv=False),
     "lstm_lm": _Entry(
         lambda num_classes, vocab_size, embed_size, hidden_size, dropout:
@@ -136,7 +136,7 @@ _MODELS: dict[str, _Entry] = {
                      dropout),
         {"vocab_size": 10_000, "embed_size": 128, "hidden_size": 128,
          "dropout": 0.1},
-        "FedAT Reddit LSTM LM (3.6.4); 2,701,840 (10,000 classes)",
+        "FedAT Reddit LSTM LM; 2,701,840 (10,000 classes)",
         conv=False),
     "mlp": _Entry(
         lambda num_classes, hidden_sizes, dropout, init_style, **ops: dense.MLP(

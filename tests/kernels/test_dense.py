@@ -46,7 +46,7 @@ def test_dense_layouts_equal_a_numpy_reference_with_gradients_and_under_vmap(lay
     ("lax", 32, 2048, False)])
 def test_dense_dot_routes_by_measured_rule(impl, rows, kernel_in, expected, monkeypatch):
   """The layout of `_wide_kernel_dot` only under the CPU plan, for a kernel of at least
-  4M elements on at most 32 rows (docs/performance.md); the lax plan is always jnp.dot."""
+  4M elements on at most 32 rows; the lax plan is always jnp.dot."""
   called = []
   real = dense._wide_kernel_dot
   monkeypatch.setattr(dense, "_wide_kernel_dot", lambda *a: called.append(1) or real(*a))
@@ -63,7 +63,7 @@ def test_dense_dot_routes_by_measured_rule(impl, rows, kernel_in, expected, monk
 def test_dense_dot_takes_the_small_kernel_gradient_by_measured_rule(impl, kernel_in, platform,
                                                                     expected, monkeypatch):
   """`_small_kernel_dot` only under the patches plan on CPU, for a kernel of at most
-  16,384 elements (here 128 x 128; docs/performance.md)."""
+  16,384 elements (here 128 x 128)."""
   called = []
   real = dense._small_kernel_dot
   monkeypatch.setattr(dense, "_small_kernel_dot", lambda *a: called.append(1) or real(*a))
