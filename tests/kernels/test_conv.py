@@ -320,14 +320,14 @@ def test_winograd_conv_equals_a_numpy_convolution(tile, size, rtol, hw, pads):
   pads = [(size // 2, size // 2)] * 2 if pads == "SAME" else pads
   x = jnp.asarray(rng.normal(size=(2,) + hw + (5,)), jnp.float32)
   w = jnp.asarray(rng.normal(size=(size, size, 5, 7)) / np.sqrt(5 * size ** 2), jnp.float32)
-  winograd = lambda x, w: winograd.winograd_conv(x, w, (1, 1), pads, tile)
+  by_winograd = lambda x, w: winograd.winograd_conv(x, w, (1, 1), pads, tile)
   # Jitted: one compilation costs less than dispatching the transforms' many ops eagerly.
-  y = jax.jit(winograd)(x, w)
+  y = jax.jit(by_winograd)(x, w)
   expected = _numpy_conv(x, w, pads)
   scale = np.abs(expected).max()
   np.testing.assert_allclose(y, expected, rtol=0, atol=rtol * scale)
   grads = lambda conv: jax.jit(jax.grad(lambda x, w: jnp.sum(jnp.sin(conv(x, w))), (0, 1)))
-  got = grads(winograd)(x, w)
+  got = grads(by_winograd)(x, w)
   ref = grads(lambda x, w: _conv(x, w, (1, 1), pads, impl="lax"))(x, w)
   for a, b in zip(got, ref):
     np.testing.assert_allclose(a, b, rtol=0, atol=rtol * float(jnp.abs(b).max()))
