@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from fedjax_lama import kernels
 from fedjax_lama.kernels import conv as kconv
-from fedjax_lama.kernels import dense as kdense
+from fedjax_lama.kernels import dot as kdense
 from fedjax_lama.kernels import pool as kpool
 from fedjax_lama.kernels import shapes
 from fedjax_lama.kernels import winograd

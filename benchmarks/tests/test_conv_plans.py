@@ -10,7 +10,7 @@ import pytest
 from benchmarks.conv import plans
 from fedjax_lama import models
 from fedjax_lama.kernels import conv as kconv
-from fedjax_lama.kernels import dense as kdense
+from fedjax_lama.kernels import dot as kdense
 from fedjax_lama.kernels import winograd
 from tests.kernels import test_conv
 from tests.test_models import _sample

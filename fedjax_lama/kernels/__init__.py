@@ -5,7 +5,7 @@ zoo takes one as injected operations (`models.get(..., conv_impl=...)`). Two set
 
 * "lax": `lax.conv_general_dilated`, `jnp.dot`, `reduce_window`; the plan on TPU.
 * "patches": the plan on CPU and GPU (`conv.patches_conv` and its per-layer picks,
-  `dense.patches_dense`, `pool.patches_max_pool`). XLA:CPU runs convolutions inside a rolled
+  `dot.patches_dense`, `pool.patches_max_pool`). XLA:CPU runs convolutions inside a rolled
   scan (local training) 15-20x slower than in straight-line code, and `vmap` over per-client
   kernels turns a convolution into a grouped one that is slow on CPU and GPU alike; the
   patches plan is slices and matmuls. Its CPU-only picks (Winograd layers, im2col's written-out
@@ -24,7 +24,7 @@ from typing import Callable
 import jax
 
 from fedjax_lama.kernels import conv
-from fedjax_lama.kernels import dense
+from fedjax_lama.kernels import dot
 from fedjax_lama.kernels import pool
 
 KERNELS = ("auto", "lax", "patches")
@@ -61,7 +61,7 @@ def get(name: str, platform: str | None = None) -> Kernels:
   JAX's default backend when traced."""
   resolved = resolve(name, platform)
   if resolved == "lax":
-    return Kernels("lax", conv.lax_conv, dense.lax_dense, pool.lax_max_pool)
+    return Kernels("lax", conv.lax_conv, dot.lax_dense, pool.lax_max_pool)
   return Kernels("patches", functools.partial(conv.patches_conv, platform=platform),
-                 functools.partial(dense.patches_dense, platform=platform),
+                 functools.partial(dot.patches_dense, platform=platform),
                  pool.patches_max_pool)

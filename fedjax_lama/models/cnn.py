@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fedjax_lama.models import base
+from fedjax_lama.models import param_layers
 
 Array = jax.Array
 ModuleDef = Any
@@ -40,9 +40,9 @@ class FedATCNN(nn.Module):
   num_classes: int = 10
   variant: str = "tf_tutorial"
   init_style: str = "keras"
-  conv: ModuleDef = base.Conv
-  dense: ModuleDef = base.Dense
-  max_pool: Callable[..., Array] = base.max_pool
+  conv: ModuleDef = param_layers.Conv
+  dense: ModuleDef = param_layers.Dense
+  max_pool: Callable[..., Array] = param_layers.max_pool
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -67,9 +67,9 @@ class LeafCNN(nn.Module):
   """
   num_classes: int = 62
   init_style: str = "keras"
-  conv: ModuleDef = base.Conv
-  dense: ModuleDef = base.Dense
-  max_pool: Callable[..., Array] = base.max_pool
+  conv: ModuleDef = param_layers.Conv
+  dense: ModuleDef = param_layers.Dense
+  max_pool: Callable[..., Array] = param_layers.max_pool
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -90,9 +90,9 @@ class MnistCNN(nn.Module):
   num_classes: int = 10
   dropout: float = 0.5
   init_style: str = "torch"
-  conv: ModuleDef = base.Conv
-  dense: ModuleDef = base.Dense
-  max_pool: Callable[..., Array] = base.max_pool
+  conv: ModuleDef = param_layers.Conv
+  dense: ModuleDef = param_layers.Dense
+  max_pool: Callable[..., Array] = param_layers.max_pool
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -122,9 +122,9 @@ class LeNet(nn.Module):
   num_classes: int = 10
   variant: str = "fedlamb"
   init_style: str = "torch"
-  conv: ModuleDef = base.Conv
-  dense: ModuleDef = base.Dense
-  max_pool: Callable[..., Array] = base.max_pool
+  conv: ModuleDef = param_layers.Conv
+  dense: ModuleDef = param_layers.Dense
+  max_pool: Callable[..., Array] = param_layers.max_pool
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -150,9 +150,9 @@ class PflCNN(nn.Module):
   dropout: float = 0.5  # after the dense layer; conv_dropout after the pool
   conv_dropout: float = 0.25
   init_style: str = "keras"
-  conv: ModuleDef = base.Conv
-  dense: ModuleDef = base.Dense
-  max_pool: Callable[..., Array] = base.max_pool
+  conv: ModuleDef = param_layers.Conv
+  dense: ModuleDef = param_layers.Dense
+  max_pool: Callable[..., Array] = param_layers.max_pool
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:

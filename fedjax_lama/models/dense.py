@@ -10,7 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fedjax_lama.models import base
+from fedjax_lama.models import param_layers
 from fedjax_lama.models import init
 
 Array = jax.Array
@@ -27,7 +27,7 @@ class MLP(nn.Module):
   hidden_sizes: tuple[int, ...] = (128,)
   dropout: float = 0.0
   init_style: str = "keras"
-  dense: ModuleDef = base.Dense
+  dense: ModuleDef = param_layers.Dense
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -78,14 +78,14 @@ class LogReg(nn.Module):
       raise ValueError(
           f"logreg was built with vocab_size={self.vocab_size} but the input "
           f"has {x.shape[-1]} features")
-    return base.Dense(self.num_classes, init_style=self.init_style)(
+    return param_layers.Dense(self.num_classes, init_style=self.init_style)(
         x.astype(jnp.float32))
 
 
 class _TokenBag(nn.Module):
-  """`base.Dense` over the bag of words of padded ids, from the ids.
+  """`param_layers.Dense` over the bag of words of padded ids, from the ids.
 
-  Same leaves, shapes and initialisers as `base.Dense(features)` applied to
+  Same leaves, shapes and initialisers as `param_layers.Dense(features)` applied to
   a [batch, vocab_size] input (it is named "Dense_0" by `LogReg`, so both
   input forms share one parameter tree and one initialisation).
   """
@@ -141,4 +141,4 @@ class LSTMLM(nn.Module):
     x = nn.Dropout(self.dropout)(x, deterministic=not train)
     x = nn.BatchNorm(use_running_average=not train, momentum=0.99,
                      epsilon=1e-3)(x)
-    return base.Dense(self.num_classes)(x)
+    return param_layers.Dense(self.num_classes)(x)

@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fedjax_lama.models import base
+from fedjax_lama.models import param_layers
 
 Array = jax.Array
 ModuleDef = Any
@@ -71,9 +71,9 @@ class ResNet20(nn.Module):
   dropout: float = 0.0
   bn_momentum: float = 0.99
   bn_epsilon: float = 1e-3
-  conv: ModuleDef = base.Conv
-  dense: ModuleDef = base.Dense
-  max_pool: Callable[..., Array] = base.max_pool
+  conv: ModuleDef = param_layers.Conv
+  dense: ModuleDef = param_layers.Dense
+  max_pool: Callable[..., Array] = param_layers.max_pool
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -122,9 +122,9 @@ class WideResNetPreAct(nn.Module):
   dropout: float = 0.3
   bn_momentum: float = 0.99
   bn_epsilon: float = 1e-5
-  conv: ModuleDef = base.Conv
-  dense: ModuleDef = base.Dense
-  max_pool: Callable[..., Array] = base.max_pool
+  conv: ModuleDef = param_layers.Conv
+  dense: ModuleDef = param_layers.Dense
+  max_pool: Callable[..., Array] = param_layers.max_pool
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -180,9 +180,9 @@ class ResNet9(nn.Module):
   init_style: str = "torch"
   bn_momentum: float = 0.9
   bn_epsilon: float = 1e-5
-  conv: ModuleDef = base.Conv
-  dense: ModuleDef = base.Dense
-  max_pool: Callable[..., Array] = base.max_pool
+  conv: ModuleDef = param_layers.Conv
+  dense: ModuleDef = param_layers.Dense
+  max_pool: Callable[..., Array] = param_layers.max_pool
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -211,9 +211,9 @@ class ResNet9DawnBench(nn.Module):
   init_style: str = "torch"
   bn_momentum: float = 0.9
   bn_epsilon: float = 1e-5
-  conv: ModuleDef = base.Conv
-  dense: ModuleDef = base.Dense
-  max_pool: Callable[..., Array] = base.max_pool
+  conv: ModuleDef = param_layers.Conv
+  dense: ModuleDef = param_layers.Dense
+  max_pool: Callable[..., Array] = param_layers.max_pool
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -253,9 +253,9 @@ class ResNet18GN(nn.Module):
   """
   num_classes: int = 10
   num_groups: int = 2
-  conv: ModuleDef = base.Conv
-  dense: ModuleDef = base.Dense
-  max_pool: Callable[..., Array] = base.max_pool
+  conv: ModuleDef = param_layers.Conv
+  dense: ModuleDef = param_layers.Dense
+  max_pool: Callable[..., Array] = param_layers.max_pool
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:

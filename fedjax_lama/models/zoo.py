@@ -17,7 +17,7 @@ from typing import Any, Callable
 import flax.linen as nn
 
 from fedjax_lama import kernels
-from fedjax_lama.models import base
+from fedjax_lama.models import param_layers
 from fedjax_lama.models import cnn
 from fedjax_lama.models import dense
 from fedjax_lama.models import init
@@ -206,6 +206,6 @@ def get(name: str, num_classes: int, **opts: Any) -> nn.Module:
 def _layers(ops: kernels.Kernels) -> dict[str, Any]:
   """The modules a model is built with, computing with `ops`; one dict per kernel set, so a
   model built twice compares equal (jit caches on it)."""
-  return {"conv": functools.partial(base.Conv, op=ops.conv),
-          "dense": functools.partial(base.Dense, op=ops.dense),
+  return {"conv": functools.partial(param_layers.Conv, op=ops.conv),
+          "dense": functools.partial(param_layers.Dense, op=ops.dense),
           "max_pool": ops.max_pool}

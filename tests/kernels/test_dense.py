@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fedjax_lama import kernels
-from fedjax_lama.kernels import dense
+from fedjax_lama.kernels import dot
 
 
 @pytest.mark.parametrize("layout", ["_wide_kernel_dot", "_small_kernel_dot"])
@@ -17,17 +17,17 @@ def test_dense_layouts_equal_a_numpy_reference_with_gradients_and_under_vmap(lay
   values of x @ W and the gradients dy W^T and x^T dy, written here in numpy, alone and per
   client under vmap. The wide layout's threshold is lowered so a small kernel takes it."""
   if layout == "_wide_kernel_dot":
-    monkeypatch.setattr(dense, "_DENSE_T_MIN_KERNEL", 1)
+    monkeypatch.setattr(dot, "_DENSE_T_MIN_KERNEL", 1)
   called = []
-  real = getattr(dense, layout)
-  monkeypatch.setattr(dense, layout, lambda *a: called.append(1) or real(*a))
+  real = getattr(dot, layout)
+  monkeypatch.setattr(dot, layout, lambda *a: called.append(1) or real(*a))
   rng = np.random.default_rng(0)
   x = rng.normal(size=(3, 2, 5, 7)).astype(np.float32)  # clients, batch..., in
   w = rng.normal(size=(3, 7, 4)).astype(np.float32)
   dy = rng.normal(size=(3, 2, 5, 4)).astype(np.float32)
 
   def value_and_grads(x, w, dy):
-    y, vjp = jax.vjp(lambda x, w: dense.patches_dense(x, w), x, w)
+    y, vjp = jax.vjp(lambda x, w: dot.patches_dense(x, w), x, w)
     return (y, *vjp(dy))
 
   program = str(jax.make_jaxpr(value_and_grads)(x[0], w[0], dy[0]))
@@ -48,8 +48,8 @@ def test_dense_dot_routes_by_measured_rule(impl, rows, kernel_in, expected, monk
   """The layout of `_wide_kernel_dot` only under the CPU plan, for a kernel of at least
   4M elements on at most 32 rows; the lax plan is always jnp.dot."""
   called = []
-  real = dense._wide_kernel_dot
-  monkeypatch.setattr(dense, "_wide_kernel_dot", lambda *a: called.append(1) or real(*a))
+  real = dot._wide_kernel_dot
+  monkeypatch.setattr(dot, "_wide_kernel_dot", lambda *a: called.append(1) or real(*a))
   y = jax.eval_shape(lambda x, w: kernels.get(impl).dense(x, w),
                      jax.ShapeDtypeStruct((rows, kernel_in), jnp.float32),
                      jax.ShapeDtypeStruct((kernel_in, 2048), jnp.float32))
@@ -65,8 +65,8 @@ def test_dense_dot_takes_the_small_kernel_gradient_by_measured_rule(impl, kernel
   """`_small_kernel_dot` only under the patches plan on CPU, for a kernel of at most
   16,384 elements (here 128 x 128)."""
   called = []
-  real = dense._small_kernel_dot
-  monkeypatch.setattr(dense, "_small_kernel_dot", lambda *a: called.append(1) or real(*a))
+  real = dot._small_kernel_dot
+  monkeypatch.setattr(dot, "_small_kernel_dot", lambda *a: called.append(1) or real(*a))
   y = jax.eval_shape(lambda x, w: kernels.get(impl, platform).dense(x, w),
                      jax.ShapeDtypeStruct((4, 32, kernel_in), jnp.float32),
                      jax.ShapeDtypeStruct((kernel_in, 128), jnp.float32))

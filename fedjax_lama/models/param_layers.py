@@ -12,7 +12,7 @@ import flax.linen as nn
 import jax
 
 from fedjax_lama.kernels import conv as conv_kernels
-from fedjax_lama.kernels import dense as dense_kernels
+from fedjax_lama.kernels import dot as dense_kernels
 from fedjax_lama.kernels import pool as pool_kernels
 from fedjax_lama.models import init
 

@@ -1,4 +1,4 @@
-"""Dense products: `lax_dense` (jnp.dot) and the patches plan's `patches_dense`."""
+"""Dense products (x @ kernel): `lax_dense` (jnp.dot) and the patches plan's `patches_dense`."""
 
 from __future__ import annotations
 
