@@ -53,6 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from benchmarks.conv import plans as conv_plans
 from fedjax_lama import algorithms, models
 from fedjax_lama.cli import cpu_devices
 from fedjax_lama.engine import local, round as round_lib, sharding
@@ -96,6 +97,8 @@ PEERS = ("fedjax",)
 
 def _model(name, conv_impl):
   num_classes = NUM_CLASSES.get(name, 10)
+  if isinstance(conv_impl, str):  # a plan's name; the measurement-only ones live in benchmarks
+    conv_impl = conv_plans.kernels_for(conv_impl)
   return models.get(name, num_classes=num_classes, conv_impl=conv_impl), num_classes
 
 
@@ -148,7 +151,7 @@ def training_flops_per_sample(model_name: str, batch: int = 32, conv_impl: str =
   work of a sample, whatever plan computes it.
   """
   shape = tuple(input_shape or INPUT_SHAPES.get(model_name, (32, 32, 3)))
-  model, _ = _model(model_name, models.resolve_conv_impl(conv_impl))
+  model, _ = _model(model_name, conv_plans.resolve(conv_impl))
   # Counted on the CPU backend whatever the default one: XLA:GPU's cost analysis leaves out
   # the convolutions it hands to cuDNN (custom calls), so on an H200 it read 0.86 MFLOP
   # for FedAT's CNN against the CPU's 26.2 (docs/performance.md, "GPU: one NVIDIA H200").
@@ -288,7 +291,7 @@ def run(model_name="fedat_cnn", clients=32, steps=10, batch=32, repeats=3, conv_
   `rounds_per_sample`); 0 times single calls.
   """
   load_before = _load()
-  engine_impl = models.resolve_conv_impl(conv_impl)
+  engine_impl = conv_plans.resolve(conv_impl)
   engine_map = local.resolve_client_map(client_map)
   w = workload(model_name, clients, steps, batch, engine_impl)
   engine_model, data_x, data_y, indices = w.model, w.data_x, w.data_y, w.indices
@@ -300,7 +303,7 @@ def run(model_name="fedat_cnn", clients=32, steps=10, batch=32, repeats=3, conv_
   other_maps = [m for m in local.CLIENT_MAPS if m not in ("auto", engine_map)]
   if compare_client_maps:  # the other client map(s), as references
     plans.update({f"engine_{m}": engine_round(w, m, unroll) for m in other_maps})
-  other_impls = [models.resolve_conv_impl(i) for i in compare_conv_impls]
+  other_impls = [conv_plans.resolve(i) for i in compare_conv_impls]
   other_impls = [i for i in dict.fromkeys(other_impls) if i != engine_impl]
   for impl in other_impls:  # the same params and data; only the convolution plan differs
     plans[f"engine_{impl}"] = engine_round(w._replace(model=_model(model_name, impl)[0]),
@@ -330,7 +333,7 @@ def run(model_name="fedat_cnn", clients=32, steps=10, batch=32, repeats=3, conv_
   central_y = [data_y[indices[:, k].reshape(-1)] for k in range(steps)]
   centrals = {}
   for impl in central_impls:
-    impl = engine_impl if impl == "engine" else models.resolve_conv_impl(impl)
+    impl = engine_impl if impl == "engine" else conv_plans.resolve(impl)
     centrals[impl] = engine_model if impl == engine_impl else _model(model_name, impl)[0]
 
   def central_round(step):

@@ -2,9 +2,10 @@
 
 `sharding.use_cpu_device_per_core` sets the CPU device count before JAX starts (so its
 checks run in subprocesses); `sharding.client_devices` picks a run's devices by the rule
-measured in docs/performance.md ("Thirteenth session"); the scan map's groups follow the
+measured on a 2-core box (`platform.splits_cpu_cohort`); the scan map's groups follow the
 run's mesh, not the process's device count; `sharding.call_devices` gives each call of the
-simulated clock's trainer the devices that leave it unpadded ("Fourteenth session").
+simulated clock's trainer the devices that leave it unpadded. The platform plan routes each backend and reads the
+client map from the environment only when asked.
 """
 import json
 import os
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 
 from fedjax_lama import models
-from fedjax_lama.engine import local, sharding
+from fedjax_lama.engine import local, platform, sharding
 from tests.conftest import shared_data_dir_or_skip
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -223,3 +224,26 @@ def test_cli_splits_the_cpu_and_trains_as_one_device(tmp_path):
   np.testing.assert_allclose(runs[2]["final_test_loss"], runs[1]["final_test_loss"], rtol=1e-4)
   np.testing.assert_allclose(runs[2]["final_test_accuracy"], runs[1]["final_test_accuracy"],
                              atol=1e-3)
+
+
+@pytest.mark.parametrize("backend,kernel_set,client_map,options,rule", [
+    ("cpu", "patches", "scan", True, True), ("gpu", "patches", "vmap", False, False),
+    ("tpu", "lax", "vmap", False, False)])
+def test_the_platform_plan_routes_each_backend(backend, kernel_set, client_map, options, rule):
+  plan = platform.plan(backend, client_map="auto")
+  assert (plan.platform, plan.kernels, plan.client_map) == (backend, kernel_set, client_map)
+  assert (plan.jit_compiler_options() == platform.CPU_TRAINING_COMPILER_OPTIONS) == options
+  assert plan.jit_compiler_options() is None or options
+  assert plan.cpu_device_rule == rule
+  assert platform.plan(backend, "lax", "vmap").kernels == "lax"
+
+
+def test_the_client_map_is_read_from_the_environment_when_asked_not_at_import(monkeypatch):
+  monkeypatch.setenv("FEDJAX_LAMA_CLIENT_MAP", "vmap")
+  assert platform.plan("cpu").client_map == "vmap"
+  assert local.resolve_client_map(platform="cpu") == "vmap"
+  monkeypatch.setattr(local, "CLIENT_MAP", "scan")  # a benchmark's override wins
+  assert local.resolve_client_map(platform="cpu") == "scan"
+  monkeypatch.setenv("FEDJAX_LAMA_CLIENT_MAP", "loop")
+  with pytest.raises(ValueError, match="FEDJAX_LAMA_CLIENT_MAP='loop'"):
+    platform.plan("cpu")

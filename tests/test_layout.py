@@ -18,8 +18,6 @@ from fedjax_lama.errors import ConfigError
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
-# Pairs that still share a name, until the model zoo's split renames them.
-_KNOWN_CLASHES = frozenset({"models/registry.py", "models/layers.py"})
 _SOURCE_FOLDERS = ("fedjax_lama", "experiments", "benchmarks", "third_party", "tests")
 
 
@@ -37,7 +35,7 @@ def module_basename_clashes(package: pathlib.Path, allowed=frozenset()) -> dict:
 def test_no_two_library_modules_share_a_name():
   # Two `config.py` or `metrics.py` with unrelated meanings make imports and tracebacks
   # ambiguous to a reader.
-  assert module_basename_clashes(REPO / "fedjax_lama", _KNOWN_CLASHES) == {}
+  assert module_basename_clashes(REPO / "fedjax_lama") == {}
 
 
 def test_the_library_imports_none_of_the_tools_around_it():

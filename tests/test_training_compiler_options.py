@@ -1,9 +1,9 @@
-"""Local training compiles with `local.CPU_TRAINING_COMPILER_OPTIONS` on every path, and those
+"""Local training compiles with `platform.CPU_TRAINING_COMPILER_OPTIONS` on every path, and those
 options change the speed, not the numbers.
 
 The options (XLA:CPU's region-based live-range analysis in copy insertion) let a step update a
-parameter's buffer in place instead of copying it first; docs/performance.md ("Sixteenth
-session") has the measurements. The first test proves the options reach the compiler: an option
+parameter's buffer in place instead of copying it first (the measurements are beside
+`platform.CPU_TRAINING_COMPILER_OPTIONS`). The first test proves the options reach the compiler: an option
 XLA does not know, put in their place, must stop each training path with XLA's own error, so a
 path that built its function with plain `jax.jit` fails here.
 """
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fedjax_lama import models, training
-from fedjax_lama.engine import local, sharding
+from fedjax_lama.engine import local, platform, sharding
 from fedjax_lama.programs.vectorized import VectorizedSyncProgram
 from benchmarks import benchmark
 from tests import test_fedat_engine as clock_helpers
@@ -55,7 +55,7 @@ def _clock_trainer():
                          ids=["sync_program", "fedlama_window", "vectorized_runs",
                               "clock_trainer"])
 def test_every_training_path_compiles_with_the_options(monkeypatch, train):
-  monkeypatch.setattr(local, "CPU_TRAINING_COMPILER_OPTIONS", {UNKNOWN: True})
+  monkeypatch.setattr(platform, "CPU_TRAINING_COMPILER_OPTIONS", {UNKNOWN: True})
   with pytest.raises(Exception, match=f"No such compile option: '{UNKNOWN}'"):
     train()
 
@@ -72,7 +72,7 @@ def test_the_options_leave_an_engine_round_bit_for_bit_unchanged(model_name, mon
   w = benchmark.workload(model_name, clients=4, steps=3, batch=8,
                          conv_impl=models.resolve_conv_impl("auto"))
   with_options = benchmark.engine_round(w, "auto", mesh=MESH)()
-  monkeypatch.setattr(local, "CPU_TRAINING_COMPILER_OPTIONS", {})
+  monkeypatch.setattr(platform, "CPU_TRAINING_COMPILER_OPTIONS", {})
   without = benchmark.engine_round(w, "auto", mesh=MESH)()
   moved = False
   for a, b, start in zip(jax.tree_util.tree_leaves(with_options),

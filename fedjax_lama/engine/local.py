@@ -6,13 +6,13 @@ bit-for-bit unchanged (a `jnp.where` on the carry, not a zero-gradient step,
 which would still move momentum and weight decay).
 """
 import math
-import os
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_lama.engine import platform as platform_lib
 from fedjax_lama.engine.algorithm import Algorithm, ClientContext, LocalState
 from fedjax_lama.tree import PyTree, tree_where
 
@@ -20,22 +20,10 @@ from fedjax_lama.tree import PyTree, tree_where
 LossFn = Callable[..., tuple[jax.Array, tuple[PyTree, jax.Array]]]
 
 
-# Compiler options for the functions that run local training, on CPU. Without its region-based
-# live-range analysis (off by default in XLA:CPU) copy insertion copies every parameter that a
-# matmul reads at the top of each local step, so that the step's update, which reuses the
-# parameter's buffer, cannot overwrite it early; with the analysis it sees that every read comes
-# first and updates in place. Same results bit for bit (tests/test_training_compiler_options.py).
-# Engine A/B in one process on the 2-core Zen 5 EPYC box (docs/performance.md):
-# leaf_cnn 1.06x to 1.14x, mnist_mlp 1.06x to 1.12x, resnet18_gn 1.08x, pfl_cnn and
-# cifar_lenet 1.03x; FedAT's CNN, resnet20 and cifar_cnn unchanged; the 8x8 `mlp` 0.95x to
-# 0.98x.
-CPU_TRAINING_COMPILER_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
-
-
 def jit_training(fn: Callable, **jit_kwargs) -> Callable:
-  """`jax.jit(fn, **jit_kwargs)` for a function that runs local training, with
-  CPU_TRAINING_COMPILER_OPTIONS where JAX's default backend is the CPU."""
-  options = CPU_TRAINING_COMPILER_OPTIONS if jax.default_backend() == "cpu" else None
+  """`jax.jit(fn, **jit_kwargs)` for a function that runs local training, with the compiler
+  options of the platform plan of JAX's default backend (`platform.plan`)."""
+  options = platform_lib.plan(client_map="auto").jit_compiler_options()
   return jax.jit(fn, compiler_options=options, **jit_kwargs)
 
 
@@ -243,32 +231,21 @@ def context_axes(shared_per_client: bool = False) -> ClientContext:
   return ClientContext(0 if shared_per_client else None, 0, 0, 0)
 
 
-# How the client axis is added (`vmap_clients`), read when a round's functions are built:
-#   "auto"  "scan" on CPU, "vmap" elsewhere (the measured best per platform);
-#   "vmap"  one jax.vmap over the whole chunk of clients (every op batched over clients);
-#   "scan"  a lax.scan over groups of clients, each group vmapped: as many clients per group
-#           (per device) as keep one local step's values within SCAN_GROUP_BYTES, at least
-#           one per device the client axis may be split over. A group of the whole chunk is
-#           plain "vmap".
-# On XLA:CPU a vmapped step materialises every client's patch matrices and activations at
-# once (FedAT's CNN: about 135 MB per client and step, 4 GB for 32 clients), far beyond the
-# caches; a group of one client keeps them near. Measured (docs/performance.md): FedAT's CNN
-# at 32 clients x 10 steps x batch 32 1.15x to 1.4x faster than "vmap", the LeNets and the
-# MNIST CNN 1.7x to 2.6x at 8 x 5; dense models whose step fits (the MLPs) keep "vmap",
-# which measured 1.2x faster for them. Results equal "vmap" to float32 rounding.
-CLIENT_MAPS = ("auto", "vmap", "scan")
-CLIENT_MAP = os.environ.get("FEDJAX_LAMA_CLIENT_MAP", "auto")
-SCAN_GROUP_BYTES = 64 << 20
+# How the client axis is added (`vmap_clients`; see `platform.CLIENT_MAPS`): None takes
+# FEDJAX_LAMA_CLIENT_MAP, read when a round's functions are built; a benchmark or test may set
+# "auto", "vmap" or "scan" here instead.
+CLIENT_MAPS = platform_lib.CLIENT_MAPS
+CLIENT_MAP: Optional[str] = None
+SCAN_GROUP_BYTES = platform_lib.SCAN_GROUP_BYTES
 
 
 def resolve_client_map(client_map: Optional[str] = None, platform: Optional[str] = None) -> str:
-  """"vmap" or "scan" for `client_map` (default CLIENT_MAP) on `platform` (default jax's)."""
-  client_map = CLIENT_MAP if client_map is None else client_map
-  if client_map not in CLIENT_MAPS:
-    raise ValueError(f"client_map={client_map!r} is not accepted; use one of {CLIENT_MAPS}")
-  if client_map == "auto":
-    return "scan" if (platform or jax.default_backend()) == "cpu" else "vmap"
-  return client_map
+  """"vmap" or "scan" for `client_map` (default CLIENT_MAP, else the environment's) on
+  `platform` (default jax's)."""
+  if client_map is None:
+    client_map = CLIENT_MAP if CLIENT_MAP is not None else (
+        platform_lib.client_map_from_environment())
+  return platform_lib.resolve_client_map(client_map, platform)
 
 
 def _jaxpr_bytes(jaxpr) -> int:
@@ -314,8 +291,8 @@ def vmap_clients(client_train, shared_per_client: bool = False, client_map: Opti
                  state_axes: Optional[LocalState] = None, devices: Optional[int] = None):
   """Adds the client axis: state, context and batches mapped; the training data broadcast.
 
-  `client_map` ("auto", "vmap", "scan"; default the module's CLIENT_MAP) picks the plan, see
-  CLIENT_MAPS. With "scan" and groups of `width` clients the C clients are viewed as
+  `client_map` ("auto", "vmap", "scan"; default `resolve_client_map()`'s) picks the plan,
+  see `platform.CLIENT_MAPS`. With "scan" and groups of `width` clients the C clients are viewed as
   [width, C / width] (client c = w * C / width + s, so a client axis split into contiguous
   blocks over the devices stays split over w), scanned over s and vmapped over w.
   `devices`: how many devices the client axis is split over (the run's mesh; default every
@@ -325,7 +302,7 @@ def vmap_clients(client_train, shared_per_client: bool = False, client_map: Opti
   shared by every client need not be copied C times before the round. With the scan map the
   copy and its transpose into scan order were 13 % of the operations' time in a trace of a
   leaf_cnn round (6.6 M parameters); without them rounds ran 1.03x to 1.04x faster
-  (docs/performance.md).
+  (a profiled leaf_cnn round).
 
   The returned function gives (final, stats) stacked over the clients; called with
   `reduce_group` (and `extras`, per-client arrays mapped like the batches), it gives
@@ -335,7 +312,7 @@ def vmap_clients(client_train, shared_per_client: bool = False, client_map: Opti
   that only needs its clients' weighted sums then never holds every client's final model
   at once; with the scan map each client's result is folded into the running sums where
   it is made, instead of being written into a [C, ...] buffer, masked and reduced
-  afterwards (docs/performance.md).
+  afterwards.
   """
   state_axes = LocalState(0, 0, 0) if state_axes is None else state_axes
   in_axes = (state_axes, context_axes(shared_per_client), None, None, 0, 0, 0, 0, None, None)
@@ -385,7 +362,7 @@ def vmap_clients(client_train, shared_per_client: bool = False, client_map: Opti
       group_ctx = with_shared(cx)
       if width == 1:
         # One client per iteration: no vmap at all, so convolutions keep their plain
-        # (ungrouped) form, the one XLA:CPU runs fast inside loops (models/layers.py).
+        # (ungrouped) form, the one XLA:CPU runs fast inside loops (fedjax_lama/kernels).
         one = jax.tree_util.tree_map(lambda a: a[0], (st, cx, idx, emask, smask, k))
         out = one_client(*one, data_x, data_y, step_offset, key_offset)
         out = jax.tree_util.tree_map(lambda a: a[None], out)

@@ -3,7 +3,7 @@
 Arrays with a leading client axis (packed cohorts, per-client rows, FedLAMA's
 slots) are split over the mesh; server state and the training arrays are
 replicated. With one device every helper is a no-op placement, so single-device
-and multi-device runs share one code path (architecture.md 2.2, "Sharding").
+and multi-device runs share one code path.
 
 Multi-host: `jax.devices()` lists the devices of every process, so
 `client_mesh()` spans all hosts. Every host packs the same cohort (sampling and
@@ -22,21 +22,14 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from fedjax_lama.engine import platform as platform_lib
 from fedjax_lama.tree import PyTree, tree_size
 
 AXIS = "clients"
 
-# On CPU the engine runs faster on some models with one JAX device per core and the clients
-# split over them: each device runs its own clients' program on its own thread, instead of
-# every small operation of one client being split over all the cores. Measured side by side
-# (docs/performance.md, "Thirteenth session"), two devices against one, 8 clients x 5 steps
-# x batch 32 on 2 cores: mnist_cnn 1.58x, cifar_lenet 1.38x, resnet20 1.15x, mnist_mlp 1.14x,
-# FedAT's CNN 1.13x (32 x 10 x 32); but fedspeed_lenet 0.92x, pfl_cnn 0.84x and leaf_cnn
-# 0.80x (0.8 M, 1.6 M and 6.6 M parameters: two clients' weights and gradients compete for
-# the caches), and `mlp` 0.89x (9.6 k parameters on 8x8 inputs: a step of 0.25 MB of values,
-# too little to pay for a second device). Hence the rule of `client_devices`.
-CPU_SPLIT_MAX_PARAMS = 500_000
-CPU_SPLIT_MIN_STEP_BYTES = 1 << 20  # `local.step_bytes`: mlp 0.25 MB, mnist_mlp 1.96 MB
+# The CPU device split's thresholds (`platform.splits_cpu_cohort`).
+CPU_SPLIT_MAX_PARAMS = platform_lib.CPU_SPLIT_MAX_PARAMS
+CPU_SPLIT_MIN_STEP_BYTES = platform_lib.CPU_SPLIT_MIN_STEP_BYTES
 
 
 def client_mesh(devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
@@ -72,15 +65,15 @@ def client_devices(params: PyTree, step_bytes: int, cohort: Optional[int] = None
 
   Every device (default `jax.devices()`), except CPU devices where the model has more than
   CPU_SPLIT_MAX_PARAMS parameters or a local step computes fewer than
-  CPU_SPLIT_MIN_STEP_BYTES bytes of values (`step_bytes`, from `local.step_bytes`): those
-  run on one device per process, every core on each client in turn (see
-  CPU_SPLIT_MAX_PARAMS). A split CPU takes, per process, as many devices as divide `cohort`
+  CPU_SPLIT_MIN_STEP_BYTES bytes of values (`step_bytes`, from `local.step_bytes`;
+  `platform.splits_cpu_cohort`): those run on one device per process, every core on each
+  client in turn. A split CPU takes, per process, as many devices as divide `cohort`
   (the clients of one call), since a padded client would cost the shared cores real work.
   """
   devices = list(devices) if devices is not None else jax.devices()
-  if devices[0].platform != "cpu":
+  if not platform_lib.plan(devices[0].platform, client_map="auto").cpu_device_rule:
     return devices
-  split = tree_size(params) <= CPU_SPLIT_MAX_PARAMS and step_bytes >= CPU_SPLIT_MIN_STEP_BYTES
+  split = platform_lib.splits_cpu_cohort(tree_size(params), step_bytes)
   per_process = min(map(len, _by_process(devices))) if split else 1
   if cohort:
     per_process = math.gcd(per_process, cohort)

@@ -1,4 +1,4 @@
-"""Model zoo: flax.linen modules by name (algorithms.md section 8).
+"""Model zoo: flax.linen modules by name, with the kernel set their layers compute with.
 
 Usage:
   model = models.get("resnet20", num_classes=10, conv_impl="auto")
@@ -8,12 +8,12 @@ Usage:
                                 rngs={"dropout": key})
 """
 
-from fedjax_lama.models.layers import CONV_IMPLS
-from fedjax_lama.models.layers import INIT_STYLES
-from fedjax_lama.models.layers import resolve_conv_impl
-from fedjax_lama.models.registry import get
-from fedjax_lama.models.registry import names
-from fedjax_lama.models.registry import options
+from fedjax_lama.kernels import KERNELS as CONV_IMPLS
+from fedjax_lama.kernels import resolve as resolve_conv_impl
+from fedjax_lama.models.init import INIT_STYLES
+from fedjax_lama.models.zoo import get
+from fedjax_lama.models.zoo import names
+from fedjax_lama.models.zoo import options
 
 __all__ = ["CONV_IMPLS", "INIT_STYLES", "get", "names", "options",
            "resolve_conv_impl"]

@@ -1,34 +1,38 @@
 """Models without convolutions: MLPs, logistic regression, the LSTM language
-model (algorithms.md sections 3.6.4 and 4.5.3).
+model of FedAT (Chai et al. 2021) and Fed-LAMB (Karimi et al. 2022).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fedjax_lama.models import layers
+from fedjax_lama.models import param_layers
+from fedjax_lama.models import init
 
 Array = jax.Array
+ModuleDef = Any
 
 
 class MLP(nn.Module):
   """Flatten -> [Dense -> ReLU -> Dropout] per hidden size -> Dense(classes).
 
   With hidden_sizes=(200,), dropout=0.5 and 28x28 inputs this is Fed-LAMB's
-  `mnist_mlp` (4.5.3): 159,010 parameters in 4 tensors.
+  `mnist_mlp`: 159,010 parameters in 4 tensors.
   """
   num_classes: int = 10
   hidden_sizes: tuple[int, ...] = (128,)
   dropout: float = 0.0
   init_style: str = "keras"
-  conv_impl: str = "lax"  # the plan its dense layers follow (`layers.dense_dot`)
+  dense: ModuleDef = param_layers.Dense
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
     x = x.reshape((x.shape[0], -1))
-    dense = lambda width: layers.Dense(width, init_style=self.init_style, impl=self.conv_impl)
+    dense = lambda width: self.dense(width, init_style=self.init_style)
     for width in self.hidden_sizes:
       x = nn.relu(dense(width)(x))
       if self.dropout:
@@ -74,14 +78,14 @@ class LogReg(nn.Module):
       raise ValueError(
           f"logreg was built with vocab_size={self.vocab_size} but the input "
           f"has {x.shape[-1]} features")
-    return layers.Dense(self.num_classes, init_style=self.init_style)(
+    return param_layers.Dense(self.num_classes, init_style=self.init_style)(
         x.astype(jnp.float32))
 
 
 class _TokenBag(nn.Module):
-  """`layers.Dense` over the bag of words of padded ids, from the ids.
+  """`param_layers.Dense` over the bag of words of padded ids, from the ids.
 
-  Same leaves, shapes and initialisers as `layers.Dense(features)` applied to
+  Same leaves, shapes and initialisers as `param_layers.Dense(features)` applied to
   a [batch, vocab_size] input (it is named "Dense_0" by `LogReg`, so both
   input forms share one parameter tree and one initialisation).
   """
@@ -91,7 +95,7 @@ class _TokenBag(nn.Module):
 
   @nn.compact
   def __call__(self, ids: Array) -> Array:
-    kernel_init, bias_init = layers.initializers(self.init_style,
+    kernel_init, bias_init = init.initializers(self.init_style,
                                                  self.vocab_size)
     kernel = self.param("kernel", kernel_init,
                         (self.vocab_size, self.features))
@@ -109,7 +113,7 @@ def _keras_embedding_init(key, shape, dtype=jnp.float32):
 
 
 class LSTMLM(nn.Module):
-  """FedAT's Reddit next-word model (3.6.4): embedding 10,000 -> 128, LSTM with
+  """FedAT's Reddit next-word model: embedding 10,000 -> 128, LSTM with
   dropout 0.1, batch normalisation, dense 10,000.
 
   Input int tokens [batch, time]; output logits [batch, time, vocab]. The
@@ -137,4 +141,4 @@ class LSTMLM(nn.Module):
     x = nn.Dropout(self.dropout)(x, deterministic=not train)
     x = nn.BatchNorm(use_running_average=not train, momentum=0.99,
                      epsilon=1e-3)(x)
-    return layers.Dense(self.num_classes)(x)
+    return param_layers.Dense(self.num_classes)(x)

@@ -1,23 +1,26 @@
-"""Residual networks of the seed papers (algorithms.md sections 1.6.4, 1.6.5,
-2.3 and 4.5.3).
+"""Residual networks of the seed papers: FedLAMA's ResNet20 and WRN-28-10 (Lee et al.
+2023, its reference code), FedSpeed's ResNet-18-GN (Sun et al. 2023) and Fed-LAMB's
+ResNet-9 (Karimi et al. 2022).
 
 BatchNorm models keep running statistics in the 'batch_stats' collection and
 normalise with them when `train=False`; WRN's dropout draws from the 'dropout'
-rng. The convolution plan (`conv_impl`) never changes the parameters.
+rng. The injected `conv`, `dense` and `max_pool` (`fedjax_lama.kernels`) never change the
+parameters.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fedjax_lama.models import layers
+from fedjax_lama.models import param_layers
 
 Array = jax.Array
+ModuleDef = Any
 
 
 def _gap(x: Array) -> Array:
@@ -26,7 +29,7 @@ def _gap(x: Array) -> Array:
 
 
 class _PostActBlock(nn.Module):
-  """Post-activation basic block of the FedLAMA reference ResNets (1.6.4/1.6.5).
+  """Post-activation basic block of the FedLAMA reference ResNets.
 
   y = conv3x3(s) -> BN -> ReLU [-> dropout] -> conv3x3 -> BN(gamma=0);
   shortcut = BN(conv1x1(s)(x)) if `project` else x; out = ReLU(y + shortcut).
@@ -35,17 +38,17 @@ class _PostActBlock(nn.Module):
   strides: int
   project: bool
   norm: Any
-  conv_impl: str
+  conv: ModuleDef
   dropout: float = 0.0
 
   @nn.compact
   def __call__(self, x: Array, train: bool) -> Array:
-    conv = functools.partial(layers.Conv, use_bias=False, padding="SAME",
-                             init_style="keras", conv_impl=self.conv_impl)
+    conv = functools.partial(self.conv, use_bias=False, padding="SAME",
+                             init_style="keras")
     s = (self.strides, self.strides)
     y = nn.relu(self.norm()(conv(self.width, (3, 3), s)(x)))
     if self.dropout:
-      y = layers.Dropout(self.dropout, impl=self.conv_impl)(y, deterministic=not train)
+      y = nn.Dropout(self.dropout)(y, deterministic=not train)
     y = conv(self.width, (3, 3))(y)
     y = self.norm(scale_init=nn.initializers.zeros)(y)
     if self.project:
@@ -54,7 +57,7 @@ class _PostActBlock(nn.Module):
 
 
 class ResNet20(nn.Module):
-  """The FedLAMA reference ResNet20 (1.6.4) and WRN-28-10 "reference" (1.6.5).
+  """The FedLAMA reference ResNet20 and WRN-28-10 "reference".
 
   Stem conv3x3 16 -> BN -> ReLU; three stages of `blocks` post-activation
   blocks with widths `widths`, a BN'd 1x1 projection in the first block of
@@ -68,22 +71,23 @@ class ResNet20(nn.Module):
   dropout: float = 0.0
   bn_momentum: float = 0.99
   bn_epsilon: float = 1e-3
-  conv_impl: str = "lax"
+  conv: ModuleDef = param_layers.Conv
+  dense: ModuleDef = param_layers.Dense
+  max_pool: Callable[..., Array] = param_layers.max_pool
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
     norm = functools.partial(nn.BatchNorm, use_running_average=not train,
                              momentum=self.bn_momentum,
                              epsilon=self.bn_epsilon)
-    x = layers.Conv(16, (3, 3), use_bias=False, conv_impl=self.conv_impl)(x)
+    x = self.conv(16, (3, 3), use_bias=False)(x)
     x = nn.relu(norm()(x))
     for stage, width in enumerate(self.widths):
       for block in range(self.blocks):
         x = _PostActBlock(width, 2 if stage > 0 and block == 0 else 1,
                           project=block == 0, norm=norm,
-                          conv_impl=self.conv_impl,
-                          dropout=self.dropout)(x, train)
-    return layers.Dense(self.num_classes, impl=self.conv_impl)(_gap(x))
+                          conv=self.conv, dropout=self.dropout)(x, train)
+    return self.dense(self.num_classes)(_gap(x))
 
 
 class _PreActBlock(nn.Module):
@@ -91,19 +95,19 @@ class _PreActBlock(nn.Module):
   width: int
   strides: int
   norm: Any
-  conv_impl: str
+  conv: ModuleDef
   dropout: float
 
   @nn.compact
   def __call__(self, x: Array, train: bool) -> Array:
-    conv = functools.partial(layers.Conv, use_bias=False, padding="SAME",
-                             init_style="keras", conv_impl=self.conv_impl)
+    conv = functools.partial(self.conv, use_bias=False, padding="SAME",
+                             init_style="keras")
     s = (self.strides, self.strides)
     o = nn.relu(self.norm()(x))
     y = conv(self.width, (3, 3), s)(o)
     y = nn.relu(self.norm()(y))
     if self.dropout:
-      y = layers.Dropout(self.dropout, impl=self.conv_impl)(y, deterministic=not train)
+      y = nn.Dropout(self.dropout)(y, deterministic=not train)
     y = conv(self.width, (3, 3))(y)
     if x.shape[-1] != self.width or self.strides != 1:
       x = conv(self.width, (1, 1), s)(o)
@@ -111,14 +115,16 @@ class _PreActBlock(nn.Module):
 
 
 class WideResNetPreAct(nn.Module):
-  """WRN-28-10 as published (1.6.5, `variant="preact"`): 36,536,884 (100)."""
+  """WRN-28-10 as published (`variant="preact"`): 36,536,884 (100)."""
   num_classes: int = 100
   depth: int = 28
   width_factor: int = 10
   dropout: float = 0.3
   bn_momentum: float = 0.99
   bn_epsilon: float = 1e-5
-  conv_impl: str = "lax"
+  conv: ModuleDef = param_layers.Conv
+  dense: ModuleDef = param_layers.Dense
+  max_pool: Callable[..., Array] = param_layers.max_pool
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -126,15 +132,14 @@ class WideResNetPreAct(nn.Module):
                              momentum=self.bn_momentum,
                              epsilon=self.bn_epsilon)
     blocks = (self.depth - 4) // 6
-    x = layers.Conv(16, (3, 3), use_bias=False, conv_impl=self.conv_impl)(x)
+    x = self.conv(16, (3, 3), use_bias=False)(x)
     for stage, width in enumerate((16, 32, 64)):
       for block in range(blocks):
         x = _PreActBlock(width * self.width_factor,
                          2 if stage > 0 and block == 0 else 1, norm=norm,
-                         conv_impl=self.conv_impl,
-                         dropout=self.dropout)(x, train)
+                         conv=self.conv, dropout=self.dropout)(x, train)
     x = nn.relu(norm()(x))
-    return layers.Dense(self.num_classes, impl=self.conv_impl)(_gap(x))
+    return self.dense(self.num_classes)(_gap(x))
 
 
 class _BasicBlock(nn.Module):
@@ -148,13 +153,12 @@ class _BasicBlock(nn.Module):
   strides: int
   norm: Any
   init_style: str
-  conv_impl: str
+  conv: ModuleDef
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
-    conv = functools.partial(layers.Conv, use_bias=False,
-                             init_style=self.init_style,
-                             conv_impl=self.conv_impl)
+    conv = functools.partial(self.conv, use_bias=False,
+                             init_style=self.init_style)
     s = (self.strides, self.strides)
     y = conv(self.width, (3, 3), s, padding=((1, 1), (1, 1)))(x)
     y = nn.relu(self.norm()(y))
@@ -165,7 +169,7 @@ class _BasicBlock(nn.Module):
 
 
 class ResNet9(nn.Module):
-  """Fed-LAMB's ResNet-9 (algorithms.md 4.5.3), default variant "he_basic_1111".
+  """Fed-LAMB's ResNet-9 (Karimi et al. 2022), default variant "he_basic_1111".
 
   Stem conv3x3 64 -> BN -> ReLU; one BasicBlock per stage, widths 64/128/256/
   512, strides 1/2/2/2; global average pooling (= avg_pool 4 on 32x32 inputs);
@@ -176,24 +180,26 @@ class ResNet9(nn.Module):
   init_style: str = "torch"
   bn_momentum: float = 0.9
   bn_epsilon: float = 1e-5
-  conv_impl: str = "lax"
+  conv: ModuleDef = param_layers.Conv
+  dense: ModuleDef = param_layers.Dense
+  max_pool: Callable[..., Array] = param_layers.max_pool
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
     norm = functools.partial(nn.BatchNorm, use_running_average=not train,
                              momentum=self.bn_momentum,
                              epsilon=self.bn_epsilon)
-    x = layers.Conv(64, (3, 3), padding=((1, 1), (1, 1)), use_bias=False,
-                    init_style=self.init_style, conv_impl=self.conv_impl)(x)
+    x = self.conv(64, (3, 3), padding=((1, 1), (1, 1)), use_bias=False,
+                    init_style=self.init_style)(x)
     x = nn.relu(norm()(x))
     for width, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
       x = _BasicBlock(width, stride, norm=norm, init_style=self.init_style,
-                      conv_impl=self.conv_impl)(x)
-    return layers.Dense(self.num_classes, init_style=self.init_style, impl=self.conv_impl)(_gap(x))
+                      conv=self.conv)(x)
+    return self.dense(self.num_classes, init_style=self.init_style)(_gap(x))
 
 
 class ResNet9DawnBench(nn.Module):
-  """ResNet-9 variant "dawnbench" (algorithms.md 4.5.3): 6,573,120 parameters.
+  """ResNet-9 variant "dawnbench" (the Fed-LAMB code's other ResNet-9): 6,573,120 parameters.
 
   prep conv 64; layer1 conv 128 + pool + residual of two convs 128; layer2
   conv 256 + pool; layer3 conv 512 + pool + residual of two convs 512; global
@@ -205,7 +211,9 @@ class ResNet9DawnBench(nn.Module):
   init_style: str = "torch"
   bn_momentum: float = 0.9
   bn_epsilon: float = 1e-5
-  conv_impl: str = "lax"
+  conv: ModuleDef = param_layers.Conv
+  dense: ModuleDef = param_layers.Dense
+  max_pool: Callable[..., Array] = param_layers.max_pool
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -214,11 +222,11 @@ class ResNet9DawnBench(nn.Module):
                              epsilon=self.bn_epsilon)
 
     def cbr(y, width, pool=False):
-      y = layers.Conv(width, (3, 3), padding=((1, 1), (1, 1)), use_bias=False,
-                      init_style=self.init_style, conv_impl=self.conv_impl)(y)
+      y = self.conv(width, (3, 3), padding=((1, 1), (1, 1)), use_bias=False,
+                      init_style=self.init_style)(y)
       y = norm()(y)
       if pool:
-        y = layers.max_pool(y, (2, 2), impl=self.conv_impl)
+        y = self.max_pool(y, (2, 2))
       return nn.relu(y)
 
     x = cbr(x, 64)
@@ -228,13 +236,13 @@ class ResNet9DawnBench(nn.Module):
     x = cbr(x, 512, pool=True)
     x = x + cbr(cbr(x, 512), 512)
     x = jnp.max(x, axis=(1, 2))
-    x = layers.Dense(self.num_classes, use_bias=False,
-                     init_style=self.init_style, impl=self.conv_impl)(x)
+    x = self.dense(self.num_classes, use_bias=False,
+                     init_style=self.init_style)(x)
     return x * 0.125
 
 
 class ResNet18GN(nn.Module):
-  """FedSpeed's ResNet-18-GN (algorithms.md 2.3): torchvision ResNet-18.
+  """FedSpeed's ResNet-18-GN (Sun et al. 2023): torchvision ResNet-18.
 
   ImageNet stem kept (conv 7x7/2 pad 3, norm, ReLU, max-pool 3x3/2 pad 1, even
   on 32x32 inputs), BasicBlocks [2, 2, 2, 2] of widths 64/128/256/512, every
@@ -245,22 +253,21 @@ class ResNet18GN(nn.Module):
   """
   num_classes: int = 10
   num_groups: int = 2
-  conv_impl: str = "lax"
+  conv: ModuleDef = param_layers.Conv
+  dense: ModuleDef = param_layers.Dense
+  max_pool: Callable[..., Array] = param_layers.max_pool
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
     del train  # GroupNorm has no train/eval difference.
     norm = functools.partial(nn.GroupNorm, num_groups=self.num_groups,
                              epsilon=1e-5)
-    x = layers.Conv(64, (7, 7), (2, 2), padding=((3, 3), (3, 3)),
-                    use_bias=False, init_style="torchvision",
-                    conv_impl=self.conv_impl)(x)
-    x = layers.max_pool(norm()(x), (3, 3), (2, 2), padding=((1, 1), (1, 1)),
-                        impl=self.conv_impl)
+    x = self.conv(64, (7, 7), (2, 2), padding=((3, 3), (3, 3)),
+                    use_bias=False, init_style="torchvision")(x)
+    x = self.max_pool(norm()(x), (3, 3), (2, 2), padding=((1, 1), (1, 1)))
     x = nn.relu(x)  # relu(max_pool(.)) == max_pool(relu(.)); 4x fewer ReLUs.
     for stage, width in enumerate((64, 128, 256, 512)):
       for block in range(2):
         x = _BasicBlock(width, 2 if stage > 0 and block == 0 else 1,
-                        norm=norm, init_style="torchvision",
-                        conv_impl=self.conv_impl)(x)
-    return layers.Dense(self.num_classes, init_style="torch", impl=self.conv_impl)(_gap(x))
+                        norm=norm, init_style="torchvision", conv=self.conv)(x)
+    return self.dense(self.num_classes, init_style="torch")(_gap(x))

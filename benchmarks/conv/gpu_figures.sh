@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 20's GPU figures in one command (docs/performance.md, "GPU"):
+# The GPU figures in one command:
 #   1. the machine: GPU, driver, jax and its devices; the float32 matmul peak at the
 #      default precision (what the engine computes at) and at "highest" (true fp32);
 #   2. the benchmark on FedAT's CNN at 32 clients x 10 steps x batch 32: mfu, engine/loop,
@@ -12,10 +12,10 @@
 #   5. the 8x8 mlp at 8 x 5 x 32 against "patches_cpu" (its small kernels' gradient);
 #   6. the pfl-research CIFAR-10 workload end to end through the CLI (1,500 rounds).
 # "patches_cpu" is the patches plan with the picks it takes on CPU only (Winograd layers,
-# im2col's written-out stride-1 gradient, small dense kernels' gradient: layers.py) taken
+# im2col's written-out stride-1 gradient, small dense kernels' gradient; benchmarks/conv/plans.py) taken
 # here too: engine_vs_engine_patches_cpu above 1 means they do not pay on this GPU.
 #
-#   bash experiments/gpu_figures.sh [OUT_DIR]     # from the repository root
+#   bash benchmarks/conv/gpu_figures.sh [OUT_DIR]     # from the repository root
 #
 # Each step runs in its own process under its own time limit, so one that fails or runs
 # long leaves the others' figures; every log goes to OUT_DIR (default ./gpu_figures_out).
@@ -51,7 +51,7 @@ step() {  # step NAME SECONDS COMMAND...: run one step, log to $out/NAME.log
   "$py" - "$matmul" <<'EOF'
 import sys
 import jax
-from experiments.workload_pfl_cifar10 import peak_flops
+from benchmarks.workload_pfl_cifar10 import peak_flops
 n = int(sys.argv[1])
 print("jax", jax.__version__, "backend", jax.default_backend(), jax.devices())
 for precision in ("default", "highest"):
@@ -61,19 +61,19 @@ EOF
 } >"$out/machine.log" 2>&1
 cat "$out/machine.log"
 
-step bench_fedat_cnn "$t_fedat" "$py" -m experiments.benchmark --model=fedat_cnn \
+step bench_fedat_cnn "$t_fedat" "$py" -m benchmarks.benchmark --model=fedat_cnn \
   --clients="$clients" --steps="$steps" --batch=32 --repeats=5 --matmul_size="$matmul" \
   --compare_conv_impls=lax,patches,im2col,patches_cpu --compare_client_maps
-step bench_resnet20 "$t_resnet" "$py" -m experiments.benchmark --model=resnet20 \
+step bench_resnet20 "$t_resnet" "$py" -m benchmarks.benchmark --model=resnet20 \
   --clients="$clients" --steps="$steps" --batch=32 --repeats=3 --matmul_size="$matmul" \
   --compare_conv_impls=lax,patches,im2col,patches_cpu
-step bench_wrn28_10 "$t_wrn" "$py" -m experiments.benchmark --model=wrn28_10 --clients=8 \
+step bench_wrn28_10 "$t_wrn" "$py" -m benchmarks.benchmark --model=wrn28_10 --clients=8 \
   --steps=5 --batch=32 --repeats=2 --central= --matmul_size="$matmul" \
   --compare_conv_impls=winograd,patches_cpu
-step bench_mlp "$t_mlp" "$py" -m experiments.benchmark --model=mlp --clients=8 --steps=5 \
+step bench_mlp "$t_mlp" "$py" -m benchmarks.benchmark --model=mlp --clients=8 --steps=5 \
   --batch=32 --repeats=5 --matmul_size="$matmul" --compare_conv_impls=patches_cpu
 workdir="$(mktemp -d)"
-step workload_pfl "$t_workload" "$py" -m experiments.workload_pfl_cifar10 \
+step workload_pfl "$t_workload" "$py" -m benchmarks.workload_pfl_cifar10 \
   --rounds="$rounds" --peak_matmul_size="$matmul" --workdir="$workdir"
 # The run's own records, also when the step ran out of time part way (its rate so far).
 cp "$workdir/metrics.jsonl" "$out/workload_metrics.jsonl" 2>/dev/null

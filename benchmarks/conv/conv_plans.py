@@ -3,12 +3,12 @@ r"""Convolution plans for local training on CPU, measured side by side.
 COMMAND (from the repository root; 15 to 20 minutes on the shared 2-core
 machine, most of it in the lax plans and in compiles):
 
-  python -m experiments.conv_plans                 # fedat_cnn 32x10, resnet20 8x5
-  python -m experiments.conv_plans --chunks=1      # + lax.map over clients
-  python -m experiments.conv_plans --models=resnet20 --clients=8 --steps=5 \
+  python -m benchmarks.conv.conv_plans                 # fedat_cnn 32x10, resnet20 8x5
+  python -m benchmarks.conv.conv_plans --chunks=1      # + lax.map over clients
+  python -m benchmarks.conv.conv_plans --models=resnet20 --clients=8 --steps=5 \
       --impls=patches --unrolls=1,2 --with_lax_scan
 
-What it measures (architecture.md section 4): C clients x K local steps of
+What it measures: C clients x K local steps of
 plain SGD (lr 0.01) on batches of B = 32, random CIFAR-shaped data, for
   loop[lax]        Python loop over clients and steps of one jitted SGD step
                    with lax convolutions: what FedJAX does. THE BASELINE.
@@ -48,6 +48,7 @@ import numpy as np
 import optax
 
 from benchmarks import benchmark
+from benchmarks.conv import plans as conv_plans
 from fedjax_lama import models
 
 # (model, clients, steps, conv plans run as vmap_scan). For fedat_cnn
@@ -94,7 +95,7 @@ def _plans(name: str, clients: int, steps: int, batch: int, lr: float,
   yc = y.swapaxes(0, 1).reshape(steps, clients * batch)
 
   def setup(impl):
-    model = models.get(name, 10, conv_impl=impl)
+    model = models.get(name, 10, conv_impl=conv_plans.kernels_for(impl))
     variables = model.init(jax.random.PRNGKey(seed), x[0, 0])
     state = (variables["params"], variables.get("batch_stats", {}))
     return state, _make_step(model, lr)
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--lr", type=float, default=0.01)
   parser.add_argument("--impls", default=None,
                       help=f"conv plans to run in vmap_scan, from "
-                      f"{','.join(models.CONV_IMPLS)} (default: per model, "
+                      f"{','.join(conv_plans.PLANS)} (default: per model, "
                       "see _DEFAULT_SUITE; patches for other models)")
   parser.add_argument("--unrolls", default="1")
   parser.add_argument("--chunks", default="",
@@ -231,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
 
   impls = [i for i in args.impls.split(",") if i] if args.impls else None
   for impl in impls or []:
-    models.resolve_conv_impl(impl)  # Fails early naming the accepted values.
+    conv_plans.resolve(impl)  # Fails early naming the accepted values.
   unrolls = [int(u) for u in args.unrolls.split(",")]
   chunks = [int(c) for c in args.chunks.split(",") if c]
   defaults = {m: (c, k, i) for m, c, k, i in _DEFAULT_SUITE}
@@ -246,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
 
   print(f"jax {jax.__version__} on {jax.default_backend()} "
         f"({jax.devices()[0].device_kind}), {benchmark.host_cpu()}; "
-        f"resolve_conv_impl('auto') = {models.resolve_conv_impl('auto')}")
+        f"kernels.resolve('auto') = {conv_plans.resolve('auto')}")
   results = [run_config(m, c, k, args.batch, args.lr, i, unrolls, chunks,
                         args.repeats, args.with_lax_scan, args.all_loops)
              for m, c, k, i in suite]

@@ -1,21 +1,20 @@
 r"""Convolution plans layer by layer, inside a scan, against lax outside any loop (issue 20).
 
-  python -m experiments.conv_layers --models=leaf_cnn,pfl_cnn --steps=3 --repeats=10 [--batch=32]
-  taskset -c 1 python -m experiments.conv_layers ...   # one core, beside other jobs
+  python -m benchmarks.conv.conv_layers --models=leaf_cnn,pfl_cnn --steps=3 --repeats=10 [--batch=32]
+  taskset -c 1 python -m benchmarks.conv.conv_layers ...   # one core, beside other jobs
 
-For every convolution layer of each model (the shapes its `init` passes to `layers.conv`),
+For every convolution layer of each model (the shapes its `init` passes to its conv kernel),
 times, in one process and interleaved, the gradient of sum(conv(x, kernel)^2) with respect to
 the kernel (and to the input, past the first layer, as in training) plus an SGD update, over a
-rolled `lax.scan` of --steps batches (the engine's shape; the figures in
-docs/performance.md used --steps=3 --repeats=10), for each plan of
-`fedjax_lama.models.layers`: im2col, channel_major, row_shift (stride 1 along H only),
+rolled `lax.scan` of --steps batches (the engine's shape; the figures in RULES.md used
+--steps=3 --repeats=10), for each plan of `fedjax_lama.kernels` and `plans`: im2col, channel_major, row_shift (stride 1 along H only),
 winograd (F(4x4, 3x3) and F(2x2, 5x5); stride-1 layers only), standard_layout, and lax (the
 conv-in-loop trap); and the same step with lax convolutions
 jitted ONCE outside any loop, the per-step loop's shape ("lax_outside"). Prints milliseconds
-per step, the plan `conv_patches` picks for the layer, and each plan's largest gradient
-difference from lax relative to its largest entry. The per-layer rules in `layers.conv_patches`
-come from these figures and from whole-model runs (docs/performance.md): a plan that wins a
-layer alone can lose in the model, so check a rule change with `experiments.benchmark`.
+per step, the plan `patches_conv` picks for the layer, and each plan's largest gradient
+difference from lax relative to its largest entry. The per-layer rules in
+`fedjax_lama.kernels.conv` come from these figures and from whole-model runs (RULES.md): a plan
+that wins a layer alone can lose in the model, so check a rule change with the engine benchmark.
 The last line is one JSON object with every number.
 """
 import json
@@ -26,41 +25,43 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.conv import plans as conv_plans
 from benchmarks import benchmark
-from fedjax_lama.models import layers
+from fedjax_lama import kernels
+from fedjax_lama.kernels import conv as kconv
+from fedjax_lama.kernels import winograd
 
 FLAGS = flags.FLAGS
 # --batch (examples per step), --steps (steps of the timed scan) and --repeats (timed calls of
-# each plan after one warm-up; the best counts) are experiments.benchmark's flags.
+# each plan after one warm-up; the best counts) are benchmarks.benchmark's flags.
 flags.DEFINE_list("models", ["leaf_cnn"], "Models whose convolution layers are timed.")
 flags.DEFINE_list("plans", ["im2col", "channel_major", "row_shift", "winograd",
                             "standard_layout", "lax"], "Plans timed inside the scan.")
 
-_DIRECT = {"im2col": layers.im2col_conv, "channel_major": layers.channel_major_conv,
-           "row_shift": layers.row_shift_conv, "winograd": layers.winograd_conv,
-           "standard_layout": layers.standard_layout_conv,
-           "lax": lambda x, k, s, p: layers.conv(x, k, s, p, impl="lax")}
+_DIRECT = {"im2col": kconv.im2col_conv, "channel_major": kconv.channel_major_conv,
+           "row_shift": kconv.row_shift_conv, "winograd": winograd.winograd_conv,
+           "standard_layout": conv_plans.standard_layout_conv,
+           "lax": lambda x, k, s, p: kconv.lax_conv(x, k, s, p)}
+# Where `patches_conv` finds each of its picks (monkeypatched to see which it takes).
+_PICKS = {"im2col": kconv, "channel_major": kconv, "row_shift": kconv, "winograd": winograd}
 
 
 def conv_layers(model_name: str) -> list[tuple]:
   """(input shape without batch, kernel shape, strides, padding) of each conv of a model."""
-  seen, real = [], layers.conv
+  seen, lax_set = [], kernels.get("lax")
 
-  def record(x, kernel, strides=(1, 1), padding="SAME", impl="lax", bias=None):
+  def record(x, kernel, strides=(1, 1), padding="SAME", bias=None):
     key = (tuple(x.shape[1:]), tuple(kernel.shape), tuple(strides),
            padding if isinstance(padding, str) else tuple(map(tuple, padding)))
     if key not in seen:
       seen.append(key)
-    return real(x, kernel, strides, padding, impl, bias)
+    return lax_set.conv(x, kernel, strides, padding, bias)
 
   shape = benchmark.INPUT_SHAPES.get(model_name, (32, 32, 3))
-  model, _ = benchmark._model(model_name, "patches")  # pylint: disable=protected-access
-  layers.conv = record
-  try:
-    jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1,) + shape),
-                                      train=False))
-  finally:
-    layers.conv = real
+  recording = kernels.Kernels("record", record, lax_set.dense, lax_set.max_pool)
+  model, _ = benchmark._model(model_name, recording)  # pylint: disable=protected-access
+  jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1,) + shape),
+                                    train=False))
   return seen
 
 
@@ -75,17 +76,18 @@ def _best_ms(fn, *args, repeats):
 
 
 def picked_plan(x_shape, kernel_shape, strides, padding) -> str:
-  """The plan `layers.conv_patches` takes for a layer (traced on shapes only)."""
-  called, saved = [], {name: getattr(layers, f"{name}_conv") for name in _DIRECT if name != "lax"}
+  """The plan `patches_conv` takes for a layer (traced on shapes only)."""
+  called, saved = [], {name: getattr(module, f"{name}_conv") for name, module in _PICKS.items()}
   try:
     for name, fn in saved.items():
-      setattr(layers, f"{name}_conv", lambda *a, _n=name, _f=fn: called.append(_n) or _f(*a))
-    jax.eval_shape(lambda x, k: layers.conv_patches(x, k, strides, padding),
+      setattr(_PICKS[name], f"{name}_conv",
+              lambda *a, _n=name, _f=fn: called.append(_n) or _f(*a))
+    jax.eval_shape(lambda x, k: kconv.patches_conv(x, k, strides, padding),
                    jax.ShapeDtypeStruct(x_shape, jnp.float32),
                    jax.ShapeDtypeStruct(kernel_shape, jnp.float32))
   finally:
     for name, fn in saved.items():
-      setattr(layers, f"{name}_conv", fn)
+      setattr(_PICKS[name], f"{name}_conv", fn)
   return called[0]
 
 
@@ -112,7 +114,7 @@ def time_layer(in_shape, kernel_shape, strides, padding, first: bool, batch: int
   scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree_util.tree_leaves(reference))
   for name in plans:
     if (name == "row_shift" and strides[0] != 1) or (
-        name == "winograd" and not layers.winograd_applies(kernel_shape, strides)):
+        name == "winograd" and not winograd.winograd_applies(kernel_shape, strides)):
       continue  # The plan cannot compute this layer.
     conv = _DIRECT[name]
     scanned = jax.jit(lambda p, x, conv=conv: jax.lax.scan(

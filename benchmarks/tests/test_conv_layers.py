@@ -1,8 +1,12 @@
-"""experiments.conv_layers: the per-layer measurement tool reads a model's layers and picks
+"""benchmarks.conv.conv_layers: the per-layer measurement tool reads a model's layers and picks
 right, and every plan it times computes lax's gradients (no timing is checked)."""
 import jax
 
-from experiments import conv_layers
+import pytest
+
+from benchmarks.conv import conv_layers
+
+pytestmark = pytest.mark.slow  # a measurement tool: its tests run with -m slow
 
 
 def test_reads_the_layers_of_a_model_and_the_plan_patches_picks():

@@ -1,22 +1,26 @@
-"""The flat name -> model table (architecture.md 2.4; algorithms.md section 8).
+"""The flat name -> model table: the zoo's models with their options and paper counts.
 
-`get(name, num_classes, **options)` returns an unbound `flax.linen.Module`
-whose `__call__(x, train=False)` returns logits. Every model accepts the option
-`conv_impl` ("auto", "lax", "patches", ...; see `layers.resolve_conv_impl`) so
-the engine can pass it uniformly: the plan of the convolutions and dense layers (the MLPs
-follow it in `layers.dense_dot`); logreg and lstm_lm ignore it.
+`get(name, num_classes, **options)` returns an unbound `flax.linen.Module` whose
+`__call__(x, train=False)` returns logits. Every model accepts the option `conv_impl`
+("auto", "lax", "patches"; see `fedjax_lama.kernels`) so the engine can pass it uniformly:
+the kernel set its convolutions, dense layers and max pools compute with; logreg and lstm_lm
+ignore it. The counts in the summaries are the papers' (FedLAMA: Lee et al. 2023; FedSpeed:
+Sun et al. 2023; FedAT: Chai et al. 2021; Fed-LAMB: Karimi et al. 2022) and their code's.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import flax.linen as nn
 
+from fedjax_lama import kernels
+from fedjax_lama.models import param_layers
 from fedjax_lama.models import cnn
 from fedjax_lama.models import dense
-from fedjax_lama.models import layers
+from fedjax_lama.models import init
 from fedjax_lama.models import resnet
 
 
@@ -24,7 +28,7 @@ from fedjax_lama.models import resnet
 class _Entry:
   """A model family: builder, accepted options with defaults, a summary.
 
-  `build(num_classes, **options)` also takes `conv_impl` (the layers' plan) when `conv` is
+  `build(num_classes, **options)` also takes `ops` (the layers' plan) when `conv` is
   true.
   """
   build: Callable[..., nn.Module]
@@ -41,90 +45,90 @@ def _choice(model: str, option: str, value: Any, accepted: tuple[str, ...]):
 
 
 def _fedat_cnn(name):
-  def build(num_classes, variant, init_style, conv_impl):
+  def build(num_classes, variant, init_style, **ops):
     _choice(name, "variant", variant, ("tf_tutorial", "same_pool3"))
-    return cnn.FedATCNN(num_classes, variant, init_style, conv_impl)
+    return cnn.FedATCNN(num_classes, variant, init_style, **ops)
   return build
 
 
-def _wrn28_10(num_classes, variant, dropout, conv_impl):
+def _wrn28_10(num_classes, variant, dropout, **ops):
   _choice("wrn28_10", "variant", variant, ("reference", "preact"))
   if variant == "reference":
     return resnet.ResNet20(num_classes, widths=(160, 320, 640), blocks=4,
                            dropout=dropout, bn_epsilon=1e-5,
-                           conv_impl=conv_impl)
+                           **ops)
   return resnet.WideResNetPreAct(num_classes, dropout=dropout,
-                                 conv_impl=conv_impl)
+                                 **ops)
 
 
-def _resnet9(num_classes, variant, init_style, conv_impl):
+def _resnet9(num_classes, variant, init_style, **ops):
   _choice("resnet9", "variant", variant, ("he_basic_1111", "dawnbench"))
   cls = resnet.ResNet9 if variant == "he_basic_1111" else (
       resnet.ResNet9DawnBench)
-  return cls(num_classes, init_style=init_style, conv_impl=conv_impl)
+  return cls(num_classes, init_style=init_style, **ops)
 
 
 def _lenet(variant):
-  def build(num_classes, init_style, conv_impl):
-    return cnn.LeNet(num_classes, variant, init_style, conv_impl)
+  def build(num_classes, init_style, **ops):
+    return cnn.LeNet(num_classes, variant, init_style, **ops)
   return build
 
 
 _MODELS: dict[str, _Entry] = {
     "resnet20": _Entry(
-        lambda num_classes, conv_impl: resnet.ResNet20(
-            num_classes, conv_impl=conv_impl),
-        {}, "FedLAMA reference ResNet20 (1.6.4); 272,762 params (10 classes)"),
+        lambda num_classes, **ops: resnet.ResNet20(
+            num_classes, **ops),
+        {}, "FedLAMA reference ResNet20; 272,762 params (10 classes)"),
     "wrn28_10": _Entry(
         _wrn28_10, {"variant": "reference", "dropout": 0.3},
-        "WRN-28-10 (1.6.5); 36,539,124 (100 classes), preact 36,536,884"),
+        "WRN-28-10; 36,539,124 (100 classes), preact 36,536,884"),
     "leaf_cnn": _Entry(
-        lambda num_classes, init_style, conv_impl: cnn.LeafCNN(
-            num_classes, init_style, conv_impl),
+        lambda num_classes, init_style, **ops: cnn.LeafCNN(
+            num_classes, init_style, **ops),
         {"init_style": "keras"},
-        "LEAF FEMNIST CNN (1.6.6); 6,603,710 params (62 classes)"),
+        "LEAF FEMNIST CNN; 6,603,710 params (62 classes)"),
     "fedat_cnn": _Entry(
         _fedat_cnn("fedat_cnn"),
         {"variant": "tf_tutorial", "init_style": "keras"},
-        "FedAT CNN (3.6.4); 122,570 (32x32x3), 93,322 (28x28x1)"),
+        "FedAT CNN; 122,570 (32x32x3), 93,322 (28x28x1)"),
     "cifar_cnn": _Entry(
         _fedat_cnn("cifar_cnn"),
         {"variant": "tf_tutorial", "init_style": "torch"},
-        "Fed-LAMB CIFAR CNN (4.5.3), fedat_cnn layout; 122,570"),
+        "Fed-LAMB CIFAR CNN, fedat_cnn layout; 122,570"),
     "mnist_mlp": _Entry(
-        lambda num_classes, dropout, init_style, conv_impl: dense.MLP(
-            num_classes, (200,), dropout, init_style, conv_impl),
+        lambda num_classes, dropout, init_style, **ops: dense.MLP(
+            num_classes, (200,), dropout, init_style, ops["dense"]),
         {"dropout": 0.5, "init_style": "torch"},
-        "Fed-LAMB MNIST MLP 784-200-10 (4.5.3); 159,010"),
+        "Fed-LAMB MNIST MLP 784-200-10; 159,010"),
     "mnist_cnn": _Entry(
-        lambda num_classes, dropout, init_style, conv_impl: cnn.MnistCNN(
-            num_classes, dropout, init_style, conv_impl),
+        lambda num_classes, dropout, init_style, **ops: cnn.MnistCNN(
+            num_classes, dropout, init_style, **ops),
         {"dropout": 0.5, "init_style": "torch"},
-        "Fed-LAMB MNIST CNN (4.5.3); 21,840"),
+        "Fed-LAMB MNIST CNN; 21,840"),
     "pfl_cnn": _Entry(
-        lambda num_classes, dropout, conv_dropout, init_style, conv_impl: cnn.PflCNN(
-            num_classes, dropout, conv_dropout, init_style, conv_impl),
+        lambda num_classes, dropout, conv_dropout, init_style, **ops: cnn.PflCNN(
+            num_classes, dropout, conv_dropout, init_style, **ops),
         {"dropout": 0.5, "conv_dropout": 0.25, "init_style": "keras"},
         "pfl-research's CIFAR-10 simple_cnn; 1,626,442 (32x32x3, 10 classes)"),
     "cifar_lenet": _Entry(
         _lenet("fedlamb"), {"init_style": "torch"},
-        "Fed-LAMB code's CNNCifar (4.5.3); 62,006"),
+        "Fed-LAMB code's CNNCifar; 62,006"),
     "fedspeed_lenet": _Entry(
         _lenet("fedspeed"), {"init_style": "torch"},
-        "FedSpeed code's LeNet (2.3); 797,962 (10 classes)"),
+        "FedSpeed code's LeNet; 797,962 (10 classes)"),
     "resnet9": _Entry(
         _resnet9, {"variant": "he_basic_1111", "init_style": "torch"},
-        "Fed-LAMB ResNet-9 (4.5.3); 4,903,242, dawnbench 6,573,120"),
+        "Fed-LAMB ResNet-9; 4,903,242, dawnbench 6,573,120"),
     "resnet18_gn": _Entry(
-        lambda num_classes, num_groups, conv_impl: resnet.ResNet18GN(
-            num_classes, num_groups, conv_impl),
+        lambda num_classes, num_groups, **ops: resnet.ResNet18GN(
+            num_classes, num_groups, **ops),
         {"num_groups": 2},
-        "FedSpeed ResNet-18-GN (2.3); 11,181,642 (10 classes)"),
+        "FedSpeed ResNet-18-GN; 11,181,642 (10 classes)"),
     "logreg": _Entry(
         lambda num_classes, vocab_size, init_style: dense.LogReg(
             num_classes, vocab_size, init_style),
         {"vocab_size": None, "init_style": "keras"},
-        "bag-of-words logistic regression (3.6); vocab*classes+classes",
+        "bag-of-words logistic regression; vocab*classes+classes",
         conv=False),
     "lstm_lm": _Entry(
         lambda num_classes, vocab_size, embed_size, hidden_size, dropout:
@@ -132,11 +136,11 @@ _MODELS: dict[str, _Entry] = {
                      dropout),
         {"vocab_size": 10_000, "embed_size": 128, "hidden_size": 128,
          "dropout": 0.1},
-        "FedAT Reddit LSTM LM (3.6.4); 2,701,840 (10,000 classes)",
+        "FedAT Reddit LSTM LM; 2,701,840 (10,000 classes)",
         conv=False),
     "mlp": _Entry(
-        lambda num_classes, hidden_sizes, dropout, init_style, conv_impl: dense.MLP(
-            num_classes, tuple(hidden_sizes), dropout, init_style, conv_impl),
+        lambda num_classes, hidden_sizes, dropout, init_style, **ops: dense.MLP(
+            num_classes, tuple(hidden_sizes), dropout, init_style, ops["dense"]),
         {"hidden_sizes": (128,), "dropout": 0.0, "init_style": "keras"},
         "small MLP (e.g. the built-in 8x8 digits)"),
 }
@@ -164,8 +168,9 @@ def get(name: str, num_classes: int, **opts: Any) -> nn.Module:
   Args:
     name: one of `names()`.
     num_classes: size of the logit axis (for lstm_lm the output vocabulary).
-    **opts: model options, see `options(name)`. `conv_impl` ("auto" by default)
-      is resolved with `layers.resolve_conv_impl`.
+    **opts: model options, see `options(name)`. `conv_impl` ("auto" by default) names
+      a kernel set (`kernels.get`); a `kernels.Kernels` is taken as it is (the benchmarks'
+      measurement-only plans).
 
   Returns:
     An unbound flax module; `module.init(rngs, x)` / `module.apply(...)`.
@@ -185,12 +190,22 @@ def get(name: str, num_classes: int, **opts: Any) -> nn.Module:
         f"model {name!r}: unknown option(s) {', '.join(unknown)}; accepted: "
         f"{', '.join(sorted(options(name)))}")
   merged = {**entry.defaults, **opts}
-  conv_impl = layers.resolve_conv_impl(merged.pop("conv_impl", "auto"))
+  chosen = merged.pop("conv_impl", "auto")
+  ops = _layers(chosen if isinstance(chosen, kernels.Kernels) else kernels.get(chosen))
   if "init_style" in merged:
-    layers.initializers(merged["init_style"], 1)  # Validates the name.
+    init.initializers(merged["init_style"], 1)  # Validates the name.
   if "dropout" in merged and not 0.0 <= merged["dropout"] < 1.0:
     raise ValueError(
         f"model {name!r}: dropout must be in [0, 1); got {merged['dropout']!r}")
   if entry.conv:  # The others accept conv_impl and ignore it.
-    merged["conv_impl"] = conv_impl
+    merged.update(ops)
   return entry.build(num_classes, **merged)
+
+
+@functools.lru_cache(maxsize=None)
+def _layers(ops: kernels.Kernels) -> dict[str, Any]:
+  """The modules a model is built with, computing with `ops`; one dict per kernel set, so a
+  model built twice compares equal (jit caches on it)."""
+  return {"conv": functools.partial(param_layers.Conv, op=ops.conv),
+          "dense": functools.partial(param_layers.Dense, op=ops.dense),
+          "max_pool": ops.max_pool}
