@@ -353,7 +353,7 @@ def _load_femnist(splits: dict[str, leaf.LeafSplit], directory: str,
 
 
 def _load_sentiment140(directory: str, options: Mapping[str, Any]) -> Dataset:
-  """FedAT's Sentiment140 (3.6.1): one client per account, bag of words."""
+  """FedAT's Sentiment140 (Chai et al., SC'21, Sec. 6.1): one client per account, bag of words."""
   vocab_size = options['vocab_size']
   s = sentiment140.read_sentiment140(directory, vocab_size,
                                      options['lowercase'],

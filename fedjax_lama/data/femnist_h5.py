@@ -7,7 +7,7 @@ TFF (`tff.simulation.datasets.emnist.load_data(only_digits=False)`) ships
 preprocessing (3,400 writers, 62 classes), so the conventions already match
 `leaf.read_femnist_leaf`:
 
-* pixels are pixel/255 with a WHITE background (1.0) and dark ink, exactly as
+* pixels are pixel/255 with a WHITE background (value 1) and dark ink, exactly as
   in the LEAF JSON (the shipped LEAF subset has median pixel 1.0). TFF's own
   autoencoder task computes `1 - pixels` to get a zero background, which
   confirms the convention; nothing is inverted here.

@@ -2,7 +2,7 @@
 
 SCAFFOLD's control variates, FedDyn's linear terms, FedSpeed's corrections: one
 row per client, a pytree whose leaves have a leading `num_clients` axis indexed
-by client id (architecture.md 2.2, "Per-client persistent state"). A round only
+by client id (docs/design.md). A round only
 touches its cohort: `gather(ids)` returns the cohort's rows on device, sharded
 over the "clients" mesh axis like the packed cohort; `scatter(ids, mask, rows)`
 writes back the rows of real clients (mask > 0). Every other row, padded slots'

@@ -2,7 +2,7 @@
 
 Batches are straight-line jitted calls driven from Python, not a rolled loop:
 on XLA:CPU a convolution inside a loop body is many times slower
-(architecture.md 4). The last batch is padded and masked, so one shape compiles.
+(docs/performance.md). The last batch is padded and masked, so one shape compiles.
 
 Labels y [N] give per-example accuracy and mean loss. Next-token targets
 y [N, L] give next-token accuracy and mean loss over the scored tokens

@@ -2,7 +2,7 @@
 
 A round's aggregate is computed as (sum_i w_i x_i, sum_i w_i) pairs so that
 chunks of clients -- and shards of the client axis -- can be accumulated in any
-grouping and divided once at the end (architecture.md 2.2, "Chunking").
+grouping and divided once at the end (docs/design.md).
 """
 import jax
 import jax.numpy as jnp

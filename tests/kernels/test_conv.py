@@ -344,7 +344,9 @@ def test_winograd_conv_under_vmap_equals_each_client_alone():
   for c in range(3):
     alone = jax.jit(one_client)(x[c], w[c])
     for a, b in zip(jax.tree_util.tree_leaves(batched), jax.tree_util.tree_leaves(alone)):
-      np.testing.assert_allclose(a[c], b, rtol=1e-5, atol=1e-5)
+      # Batched and single products sum in different orders; Winograd's transforms amplify
+      # float32 rounding about tenfold, so the bound scales with the largest value.
+      np.testing.assert_allclose(a[c], b, rtol=0, atol=2e-5 * float(jnp.abs(b).max()))
 
 
 def test_winograd_conv_rejects_what_it_cannot_compute():
