@@ -67,13 +67,19 @@ def run_figures(records: Sequence[dict], title: str) -> dict:
   if not records:
     return {}
   acc = [r["test_accuracy"] for r in records]
-  comm = [r["comm_floats_up"] + r["comm_floats_down"] for r in records]
   return {
       ROUND_FILE: accuracy_figure([r["round"] for r in records], acc, "round",
                                   f"{title}: test accuracy by round"),
-      COMM_FILE: accuracy_figure(comm, acc, "floats communicated (up + down)",
-                                 f"{title}: test accuracy by communication"),
+      COMM_FILE: comm_figure(records, title),
   }
+
+
+def comm_figure(records: Sequence[dict], title: str):
+  """Test accuracy against the floats communicated so far (up + down)."""
+  return accuracy_figure([r["comm_floats_up"] + r["comm_floats_down"] for r in records],
+                         [r["test_accuracy"] for r in records],
+                         "floats communicated (up + down)",
+                         f"{title}: test accuracy by communication")
 
 
 def run_plots(workdir: str, records: Sequence[dict], title: str) -> list[str]:
@@ -107,12 +113,9 @@ def clock_figures(records: Sequence[dict], title: str) -> dict:
   records = _finite(records, "test_accuracy")
   if not records:
     return {}
-  acc = [r["test_accuracy"] for r in records]
-  comm = [r["comm_floats_up"] + r["comm_floats_down"] for r in records]
   return {
       VIRTUAL_TIME_FILE: virtual_time_figure(records, title),
-      COMM_FILE: accuracy_figure(comm, acc, "floats communicated (up + down)",
-                                 f"{title}: test accuracy by communication"),
+      COMM_FILE: comm_figure(records, title),
   }
 
 
