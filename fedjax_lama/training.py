@@ -252,8 +252,9 @@ def _model_options(config, dataset) -> dict:
           f"config.model_options.vocab_size={given!r} is not accepted for config.model="
           f"{config.model!r} on config.dataset={config.dataset!r}; accepted: {vocab}, the "
           f"dataset's vocabulary{how}, or leave it unset")
-  # The layers' plan (convolutions, the MLPs' dense layers); logreg and lstm_lm ignore it.
-  options.setdefault("conv_impl", models.resolve_conv_impl(config.engine.conv_impl))
+  # The layers' plan (convolutions, the MLPs' dense layers), the platform plan's kernel set;
+  # logreg and lstm_lm ignore it.
+  options.setdefault("conv_impl", platform_plan(config).kernels)
   return options
 
 
