@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from fedjax_lama import config as config_lib
+from fedjax_lama import data as fdata
 from fedjax_lama import training
 from fedjax_lama.engine import local, platform, sharding
 from fedjax_lama.errors import ConfigError
@@ -43,6 +44,10 @@ def test_the_plan_is_built_once_from_config_engine():
   plan = training.platform_plan(helpers.tiny_config(**{"engine.client_map": "vmap",
                                                        "engine.conv_impl": "lax"}))
   assert (plan.platform, plan.client_map, plan.kernels) == (jax.default_backend(), "vmap", "lax")
+  # The model's layers take the plan's kernel set.
+  config = helpers.tiny_config(model="mnist_cnn", **{"engine.conv_impl": "lax"})
+  dataset = fdata.load_dataset("digits", data_dir="")
+  assert training._model_options(config, dataset)["conv_impl"] == "lax"  # pylint: disable=protected-access
   default = training.platform_plan(helpers.tiny_config())
   assert default == platform.plan(client_map="auto")
   # Resolved at build time: "auto" is the platform's map, never "auto" itself.
