@@ -47,7 +47,8 @@ def test_the_plan_is_built_once_from_config_engine():
   # The model's layers take the plan's kernel set.
   config = helpers.tiny_config(model="mnist_cnn", **{"engine.conv_impl": "lax"})
   dataset = fdata.load_dataset("digits", data_dir="")
-  assert training._model_options(config, dataset)["conv_impl"] == "lax"  # pylint: disable=protected-access
+  options = training._model_options(config, dataset)  # pylint: disable=protected-access
+  assert options["conv_impl"] == "lax"
   default = training.platform_plan(helpers.tiny_config())
   assert default == platform.plan(client_map="auto")
   # Resolved at build time: "auto" is the platform's map, never "auto" itself.
