@@ -15,6 +15,7 @@ import math
 import ml_collections
 
 from fedjax_lama import registry
+from fedjax_lama.engine.platform import CLIENT_MAPS
 from fedjax_lama.errors import ConfigError, closest
 
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist", "femnist",
@@ -104,8 +105,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.per_client_eval = "final"  # "final" | "every" | "never"
   c.plots = True
   c.tensorboard = False  # also write TensorBoard event files to <workdir>/tensorboard
+  # client_map: how local training adds the client axis, "auto" (the platform's measured
+  # best), "vmap" or "scan" (fedjax_lama.engine.platform.CLIENT_MAPS).
   c.engine = ml_collections.ConfigDict({"conv_impl": "auto", "unroll": 1, "clients_per_chunk": 0,
-                                        "client_state_on_host": False})
+                                        "client_state_on_host": False, "client_map": "auto"})
   return c
 
 
@@ -188,6 +191,9 @@ def validate(c: ml_collections.ConfigDict, num_classes: int | None = None) -> No
   _one_of(c, "per_client_eval", ("final", "every", "never"))
   if c.engine.conv_impl not in CONV_IMPLS:
     _fail("engine.conv_impl", c.engine.conv_impl, ", ".join(map(repr, CONV_IMPLS)))
+  client_map = c.engine.get("client_map", "auto")
+  if client_map not in CLIENT_MAPS:
+    _fail("engine.client_map", client_map, ", ".join(map(repr, CLIENT_MAPS)))
   for field in ("rounds", "batch_size", "num_clients", "eval_every", "checkpoint_every",
                 "eval_batch_size"):
     _positive_int(c, field)

@@ -37,6 +37,7 @@ from fedjax_lama import registry
 from fedjax_lama.data import augment
 from fedjax_lama.engine import evaluate as evaluation
 from fedjax_lama.engine import local
+from fedjax_lama.engine import platform as platform_lib
 from fedjax_lama.engine import sharding
 from fedjax_lama.errors import TrainingError, WorkdirError
 from fedjax_lama.fedlama.schedule import FedLamaProgram
@@ -251,8 +252,9 @@ def _model_options(config, dataset) -> dict:
           f"config.model_options.vocab_size={given!r} is not accepted for config.model="
           f"{config.model!r} on config.dataset={config.dataset!r}; accepted: {vocab}, the "
           f"dataset's vocabulary{how}, or leave it unset")
-  # The layers' plan (convolutions, the MLPs' dense layers); logreg and lstm_lm ignore it.
-  options.setdefault("conv_impl", models.resolve_conv_impl(config.engine.conv_impl))
+  # The layers' plan (convolutions, the MLPs' dense layers), the platform plan's kernel set;
+  # logreg and lstm_lm ignore it.
+  options.setdefault("conv_impl", platform_plan(config).kernels)
   return options
 
 
@@ -302,7 +304,15 @@ def run_options(config, fed) -> RunOptions:
       label_smoothing=config.label_smoothing, unroll=config.engine.unroll,
       clients_per_chunk=config.engine.clients_per_chunk,
       client_state_on_host=_on_host(config),
-      augment=augment.augmentation(config.augmentation, fed.dataset))
+      augment=augment.augmentation(config.augmentation, fed.dataset),
+      platform=platform_plan(config))
+
+
+def platform_plan(config) -> platform_lib.PlatformPlan:
+  """The engine's plan for JAX's default backend, from config.engine.conv_impl and
+  config.engine.client_map (built here once; the programs only read it)."""
+  return platform_lib.plan(conv_impl=config.engine.conv_impl,
+                           client_map=config.engine.get("client_map", "auto"))
 
 
 def _on_host(config) -> bool:
@@ -704,7 +714,7 @@ def _train_on_clock(config, workdir: str, stop_after_tick: Optional[int]) -> dic
   stop_after_tick: stop after the checkpoint that follows that evaluation tick (tests).
   """
   from fedjax_lama.simulation import clock_run  # pylint: disable=g-import-not-at-top
-  options = registry.clock_options(config)
+  options = dataclasses.replace(registry.clock_options(config), platform=platform_plan(config))
   data_dir = federation.resolve_data_dir(config.data_dir)
   with progress.Phase(f"loading data: {config.dataset} from {data_dir}"):
     dataset = _load_dataset(config, data_dir)

@@ -242,8 +242,7 @@ def test_the_client_map_is_read_from_the_environment_when_asked_not_at_import(mo
   monkeypatch.setenv("FEDJAX_LAMA_CLIENT_MAP", "vmap")
   assert platform.plan("cpu").client_map == "vmap"
   assert local.resolve_client_map(platform="cpu") == "vmap"
-  monkeypatch.setattr(local, "CLIENT_MAP", "scan")  # a benchmark's override wins
-  assert local.resolve_client_map(platform="cpu") == "scan"
+  assert local.resolve_client_map("scan", platform="cpu") == "scan"  # a caller's choice wins
   monkeypatch.setenv("FEDJAX_LAMA_CLIENT_MAP", "loop")
   with pytest.raises(ValueError, match="FEDJAX_LAMA_CLIENT_MAP='loop'"):
     platform.plan("cpu")

@@ -7,7 +7,7 @@ import optax
 import pytest
 
 from fedjax_lama import algorithms, rng
-from fedjax_lama.engine import local, reduce, round as round_lib
+from fedjax_lama.engine import local, platform, reduce, round as round_lib
 from fedjax_lama.engine.algorithm import ClientContext
 
 
@@ -198,14 +198,11 @@ def test_folded_round_equals_reducing_the_stacked_clients(name):
   ctx = round_lib.client_contexts(alg.shared(server), rows, cohort)
   keys = rng.client_keys(rng.round_key(SEED, rng.STREAM_TRAIN, 1), cohort.client_ids)
   state = round_lib.fresh_states(alg, ctx, server.model_state, c, batched=False)
-  saved = local.CLIENT_MAP
-  local.CLIENT_MAP = "vmap"  # read when the phase is built
-  try:
-    phase = round_lib.ClientPhase(loss_fn, alg, schedule, seed=SEED,
-                                  state_axes=round_lib.fresh_state_axes(alg))
-    final, stats = phase.train(state, ctx, data_x, data_y, cohort, keys, S)
-  finally:
-    local.CLIENT_MAP = saved
+  phase = round_lib.ClientPhase(loss_fn, alg, schedule, seed=SEED,
+                                state_axes=round_lib.fresh_state_axes(alg),
+                                plan=platform.plan(client_map="vmap"))
+  assert phase.client_map == "vmap"
+  final, stats = phase.train(state, ctx, data_x, data_y, cohort, keys, S)
   info = phase.info(stats, cohort, S)
   uploads, want_rows = phase.finish(final, ctx, info, cohort.client_ids, 1)
   weights = reduce.client_weights(cohort.client_mask, cohort.num_examples, "examples")
@@ -214,17 +211,17 @@ def test_folded_round_equals_reducing_the_stacked_clients(name):
           want_rows, round_lib.client_stats(stats))
   assert want[0].values, "no reductions to compare"
 
-  saved = local.CLIENT_MAP, local.scan_group
+  saved = local.scan_group
   try:
     for client_map, width in (("vmap", None), ("scan", 1), ("scan", 2), ("scan", 3), ("scan", c)):
-      local.CLIENT_MAP = client_map
       local.scan_group = lambda *_, width=width, **__: width  # clients per scan iteration
       train_chunk, _ = round_lib.make_round_fns(loss_fn, alg, schedule, seed=SEED,
                                                 weighting="examples", local_steps=S,
-                                                population=population)
+                                                population=population,
+                                                plan=platform.plan(client_map=client_map))
       got = train_chunk(server, rows, data_x, data_y, cohort, 1)
       assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
       for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"{client_map} {width}")
   finally:
-    local.CLIENT_MAP, local.scan_group = saved
+    local.scan_group = saved

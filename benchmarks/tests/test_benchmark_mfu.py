@@ -1,5 +1,6 @@
 """The benchmark's FLOP figures and the engine's client maps. No timing thresholds:
 only what the numbers are made of is checked, never how large a speed is."""
+import dataclasses
 import itertools
 import json
 import os
@@ -15,7 +16,7 @@ import pytest
 
 from benchmarks import benchmark
 from fedjax_lama import algorithms, models
-from fedjax_lama.engine import local, round as round_lib
+from fedjax_lama.engine import local, platform, round as round_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TINY = dict(clients=2, steps=2, batch=4, repeats=1, matmul_size=64)
@@ -144,20 +145,18 @@ def test_scan_client_map_equals_vmap(name, clients):
       ("vmap", "scan"), (None, 0, 1 << 40), ("shared", "copied")):
     if (client_map == "vmap") != (budget is None):
       continue
-    saved = local.CLIENT_MAP, local.SCAN_GROUP_BYTES
-    local.CLIENT_MAP = client_map
-    if budget is not None:
-      local.SCAN_GROUP_BYTES = budget  # 0: one client per group; huge: one group (vmap)
+    plan = platform.plan(client_map=client_map)
+    if budget is not None:  # 0: one client per group; huge: one group (vmap)
+      plan = dataclasses.replace(plan, scan_group_bytes=budget)
     if start == "copied":
       round_lib.fresh_states, round_lib.ClientPhase = copied_start
     try:
       train_chunk, server_update = round_lib.make_round_fns(
           local.make_loss_fn(model, False), alg, optax.constant_schedule(0.1), seed=0,
-          weighting="examples", local_steps=steps, population=clients)
+          weighting="examples", local_steps=steps, population=clients, plan=plan)
       sums, _, stats = train_chunk(server, {}, x, y, cohort, 0)
       outs[(client_map, budget, start)] = (server_update(server, sums).params, stats)
     finally:
-      local.CLIENT_MAP, local.SCAN_GROUP_BYTES = saved
       round_lib.fresh_states, round_lib.ClientPhase = shared_start
   assert len(outs) == 6
   ref = jax.tree_util.tree_leaves(outs[("vmap", None, "shared")])

@@ -20,11 +20,12 @@ from fedjax_lama.tree import PyTree, tree_where
 LossFn = Callable[..., tuple[jax.Array, tuple[PyTree, jax.Array]]]
 
 
-def jit_training(fn: Callable, **jit_kwargs) -> Callable:
+def jit_training(fn: Callable, plan: Optional[platform_lib.PlatformPlan] = None,
+                 **jit_kwargs) -> Callable:
   """`jax.jit(fn, **jit_kwargs)` for a function that runs local training, with the compiler
-  options of the platform plan of JAX's default backend (`platform.plan`)."""
-  options = platform_lib.plan(client_map="auto").jit_compiler_options()
-  return jax.jit(fn, compiler_options=options, **jit_kwargs)
+  options of the run's platform `plan` (default: the plan of JAX's default backend)."""
+  plan = plan if plan is not None else platform_lib.plan(client_map="auto")
+  return jax.jit(fn, compiler_options=plan.jit_compiler_options(), **jit_kwargs)
 
 
 class StepStats(NamedTuple):
@@ -231,20 +232,18 @@ def context_axes(shared_per_client: bool = False) -> ClientContext:
   return ClientContext(0 if shared_per_client else None, 0, 0, 0)
 
 
-# How the client axis is added (`vmap_clients`; see `platform.CLIENT_MAPS`): None takes
-# FEDJAX_LAMA_CLIENT_MAP, read when a round's functions are built; a benchmark or test may set
-# "auto", "vmap" or "scan" here instead.
+# How the client axis is added (`vmap_clients`; see `platform.CLIENT_MAPS`). A run's plan
+# (`platform.PlatformPlan.client_map`) says which; a caller without one gets
+# FEDJAX_LAMA_CLIENT_MAP, read when its round's functions are built.
 CLIENT_MAPS = platform_lib.CLIENT_MAPS
-CLIENT_MAP: Optional[str] = None
 SCAN_GROUP_BYTES = platform_lib.SCAN_GROUP_BYTES
 
 
 def resolve_client_map(client_map: Optional[str] = None, platform: Optional[str] = None) -> str:
-  """"vmap" or "scan" for `client_map` (default CLIENT_MAP, else the environment's) on
-  `platform` (default jax's)."""
+  """"vmap" or "scan" for `client_map` (default the environment's) on `platform` (default
+  jax's)."""
   if client_map is None:
-    client_map = CLIENT_MAP if CLIENT_MAP is not None else (
-        platform_lib.client_map_from_environment())
+    client_map = platform_lib.client_map_from_environment()
   return platform_lib.resolve_client_map(client_map, platform)
 
 
@@ -288,7 +287,8 @@ def scan_group(num_clients: int, step_bytes: int, budget: int = None,
 
 
 def vmap_clients(client_train, shared_per_client: bool = False, client_map: Optional[str] = None,
-                 state_axes: Optional[LocalState] = None, devices: Optional[int] = None):
+                 state_axes: Optional[LocalState] = None, devices: Optional[int] = None,
+                 scan_group_bytes: Optional[int] = None):
   """Adds the client axis: state, context and batches mapped; the training data broadcast.
 
   `client_map` ("auto", "vmap", "scan"; default `resolve_client_map()`'s) picks the plan,
@@ -296,7 +296,8 @@ def vmap_clients(client_train, shared_per_client: bool = False, client_map: Opti
   [width, C / width] (client c = w * C / width + s, so a client axis split into contiguous
   blocks over the devices stays split over w), scanned over s and vmapped over w.
   `devices`: how many devices the client axis is split over (the run's mesh; default every
-  device), for the scan map's group width (`scan_group`).
+  device), and `scan_group_bytes` the values one group may hold per device (default
+  SCAN_GROUP_BYTES), for the scan map's group width (`scan_group`).
   `state_axes`: a LocalState of 0 (the field has the client axis) or None (one value every
   client starts from, `round.fresh_states(..., batched=False)`); default all 0. Why: a start
   shared by every client need not be copied C times before the round. With the scan map the
@@ -350,7 +351,8 @@ def vmap_clients(client_train, shared_per_client: bool = False, client_map: Opti
       return client_train(with_common(st), with_shared(cx), dx, dy, idx, emask, smask, k, so, ko)
 
     client_jaxpr, client_out = jax.make_jaxpr(one_client, return_shape=True)(*one, *rest)
-    width = scan_group(num, _jaxpr_bytes(client_jaxpr.jaxpr), devices=devices)
+    width = scan_group(num, _jaxpr_bytes(client_jaxpr.jaxpr), budget=scan_group_bytes,
+                       devices=devices)
     if width >= num:
       return vmapped_reduced(state, ctx, data_x, data_y, indices, example_mask, step_mask,
                              keys, step_offset, key_offset, reduce_group, extras)

@@ -2,9 +2,11 @@
 
 `plan(platform)` says, for a backend ("cpu", "gpu", "tpu"), which kernel set the models
 compute with, how local training adds the client axis, the compiler options of the
-functions that run local training, and whether CPU devices may split a cohort. Nothing here
-reads the environment at import: `client_map_from_environment()` reads
-FEDJAX_LAMA_CLIENT_MAP when it is called (when a round's functions are built).
+functions that run local training, and whether CPU devices may split a cohort. The training
+entry point builds a run's plan once from config.engine (conv_impl, client_map) and the run
+options carry it to every round. Nothing here reads the environment at import: a plan built
+without a client map (`plan()`, what a caller without run options gets) reads
+FEDJAX_LAMA_CLIENT_MAP when it is built (`client_map_from_environment`).
 """
 
 from __future__ import annotations

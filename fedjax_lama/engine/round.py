@@ -19,6 +19,7 @@ import numpy as np
 
 from fedjax_lama import compression, rng
 from fedjax_lama.engine import local, reduce
+from fedjax_lama.engine.platform import PlatformPlan
 from fedjax_lama.engine.algorithm import (MEAN, Aggregates, Algorithm, ClientContext, ClientInfo,
                                           LocalState, ServerState)
 from fedjax_lama.tree import PyTree, broadcast_clients
@@ -101,19 +102,25 @@ class ClientPhase:
   `uploads` are what the server decodes (the uplink compressor applied, keys per
   (compress_round, client id, upload, leaf)). `client_devices`: the devices the client axis
   is split over (the run's mesh size; default every device), `local.vmap_clients`.
+  `plan`: the run's platform plan, whose client map and scan group bytes add the client
+  axis (None: FEDJAX_LAMA_CLIENT_MAP, else the default backend's choice); `client_map` says
+  which map was taken ("vmap" or "scan").
   """
 
   def __init__(self, loss_fn: local.LossFn, algorithm: Algorithm, lr_schedule: Callable, *,
                seed: int, unroll=1, augment: Optional[Callable] = None,
                compressor: Optional[compression.Compressor] = None,
                shared_per_client: bool = False, state_axes: Optional[LocalState] = None,
-               client_devices: Optional[int] = None):
+               client_devices: Optional[int] = None, plan: Optional[PlatformPlan] = None):
     self.algorithm, self.lr_schedule = algorithm, lr_schedule
     # The algorithm's declared uplink compressor unless the caller chose one.
     self.compressor = compressor if compressor is not None else algorithm.uplink
+    self.client_map = local.resolve_client_map(plan.client_map if plan is not None else None)
     self._train = local.vmap_clients(
         local.make_client_train(loss_fn, algorithm, lr_schedule, augment=augment, unroll=unroll),
-        shared_per_client, state_axes=state_axes, devices=client_devices)
+        shared_per_client, client_map=self.client_map, state_axes=state_axes,
+        devices=client_devices,
+        scan_group_bytes=plan.scan_group_bytes if plan is not None else None)
     self._ctx_axes = local.context_axes(shared_per_client)
     self._uplink_key = compression.base_key(seed)
 
@@ -179,7 +186,7 @@ def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, lr_schedule: Cal
                    seed: int, weighting: str, local_steps: int, population: int, unroll=1,
                    augment: Optional[Callable] = None,
                    compressor: Optional[compression.Compressor] = None, jit: bool = True,
-                   client_devices: Optional[int] = None):
+                   client_devices: Optional[int] = None, plan: Optional[PlatformPlan] = None):
   """Returns (train_chunk, server_update), both jitted, for a synchronous round.
 
   local_steps: the static step axis of a round (the global step count of round r's first
@@ -187,6 +194,8 @@ def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, lr_schedule: Cal
   algorithms' 1/N global means. seed may be traced and the schedule may close over traced
   values when jit=False (several runs vmapped over a run axis, programs/vectorized.py).
   client_devices: the size of the mesh the client axis is split over (default every device).
+  plan: the run's platform plan (client map, scan groups, compiler options; None: the
+  default backend's, the client map from FEDJAX_LAMA_CLIENT_MAP).
   """
   if algorithm.local_optimizer_state != "reset":
     raise ValueError(f"local_optimizer_state={algorithm.local_optimizer_state!r} is not "
@@ -194,7 +203,8 @@ def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, lr_schedule: Cal
                      "'reset' ('carry' runs under the FedLAMA schedule)")
   phase = ClientPhase(loss_fn, algorithm, lr_schedule, seed=seed, unroll=unroll,
                       augment=augment, compressor=compressor,
-                      state_axes=fresh_state_axes(algorithm), client_devices=client_devices)
+                      state_axes=fresh_state_axes(algorithm), client_devices=client_devices,
+                      plan=plan)
 
   def train_chunk(server: ServerState, rows, data_x, data_y, cohort: Cohort, round_idx):
     num = cohort.indices.shape[0]
@@ -229,7 +239,7 @@ def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, lr_schedule: Cal
 
   if not jit:
     return train_chunk, server_update
-  return local.jit_training(train_chunk), jax.jit(server_update)
+  return local.jit_training(train_chunk, plan=plan), jax.jit(server_update)
 
 
 # ---- per-leaf selection (layer-wise schedules) -------------------------------------------------

@@ -38,7 +38,8 @@ from fedjax_lama.engine.algorithm import Algorithm, ClientContext, ClientInfo, L
 from fedjax_lama.errors import ConfigError
 from fedjax_lama.fedlama import layer_sync, layer_units as layers, selection as sel
 from fedjax_lama.fedlama.options import FedLamaOptions
-from fedjax_lama.programs.round_program import ProgramBase, RoundOutput, RunOptions, pack, with_steps
+from fedjax_lama.programs.round_program import (ProgramBase, RoundOutput, RunOptions, pack,
+                                              platform_plan, with_steps)
 from fedjax_lama.tree import broadcast_clients
 
 
@@ -137,9 +138,11 @@ class FedLamaProgram(ProgramBase):
     loss_fn = local.make_loss_fn(model, self.has_state, opts.label_smoothing)
     # A sub-round is one round of the base algorithm: "exponential" decays per sub-round.
     self.schedule = opts.lr.build(total, self.unit)
+    self.plan = platform_plan(opts)
     self.phase = round_lib.ClientPhase(loss_fn, algorithm, self.schedule, seed=opts.seed,
                                        unroll=opts.unroll, augment=opts.augment,
-                                       compressor=self.compressor, client_devices=mesh.size)
+                                       compressor=self.compressor, client_devices=mesh.size,
+                                       plan=self.plan)
     # Bits of each leaf of one client's uploads (block "leaf": additive over leaves, 5.12).
     self.leaf_bits = sum(compression.leaf_bits(self.compressor, self.traffic.upload_shapes[n])
                          for n in self.traffic.vector_uploads)
@@ -150,7 +153,7 @@ class FedLamaProgram(ProgramBase):
     clients = sharding.clients_sharding(mesh)
     state_shardings = FedLamaState(clients, *[replicated] * 5, clients, clients, clients)
     self.window_fn = local.jit_training(
-        self._window, donate_argnums=(0,),
+        self._window, plan=self.plan, donate_argnums=(0,),
         out_shardings=(state_shardings, clients, replicated, replicated, replicated))
 
   # ---- state ---------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from fedjax_lama import compression
 from fedjax_lama.engine import client_store, evaluate, local, round as round_lib, sharding
 from fedjax_lama.engine.algorithm import Algorithm
 from fedjax_lama.programs.round_program import (ProgramBase, RoundOutput, RunOptions, pack,
-                                         steps_per_round)
+                                         platform_plan, steps_per_round)
 
 
 class _RoundTotals(NamedTuple):
@@ -56,6 +56,7 @@ class SyncProgram(ProgramBase):
         algorithm.uplink or compression.identity())
     has_state = bool(jax.tree_util.tree_leaves(model_state))
     self.num_steps = steps_per_round(opts, fed, algorithm)
+    self.plan = platform_plan(opts)
     self.num_rounds = opts.rounds
     self.eval_every = opts.eval_every
     loss_fn = local.make_loss_fn(model, has_state, opts.label_smoothing)
@@ -63,10 +64,11 @@ class SyncProgram(ProgramBase):
     train_chunk, server_update = round_lib.make_round_fns(
         loss_fn, algorithm, schedule, seed=opts.seed, weighting=opts.weighting,
         local_steps=self.num_steps, population=fed.num_clients, unroll=opts.unroll,
-        compressor=self.compressor, augment=opts.augment, client_devices=mesh.size, jit=False)
+        compressor=self.compressor, augment=opts.augment, client_devices=mesh.size, jit=False,
+        plan=self.plan)
     replicated = sharding.replicated_sharding(mesh)
     clients = sharding.clients_sharding(mesh)
-    self.train_chunk = local.jit_training(train_chunk,
+    self.train_chunk = local.jit_training(train_chunk, plan=self.plan,
                                           out_shardings=(replicated, clients, clients))
     self.server_update = jax.jit(server_update, out_shardings=replicated)
     self._first_chunk = jax.jit(_first_chunk, out_shardings=replicated)

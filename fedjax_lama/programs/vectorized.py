@@ -21,7 +21,8 @@ import numpy as np
 from fedjax_lama import compression
 from fedjax_lama.engine import evaluate, local, round as round_lib
 from fedjax_lama.engine.algorithm import Algorithm
-from fedjax_lama.programs.round_program import RoundOutput, RunOptions, pack, steps_per_round
+from fedjax_lama.programs.round_program import (RoundOutput, RunOptions, pack, platform_plan,
+                                              steps_per_round)
 
 
 def _stack(trees):
@@ -86,6 +87,7 @@ class VectorizedSyncProgram:
     self.data_x = jnp.asarray(xs[0]) if self.data_shared else jnp.stack(xs)
     self.data_y = jnp.asarray(ys[0]) if self.data_shared else jnp.stack(ys)
     data_axis = None if self.data_shared else 0
+    self.plan = plan = platform_plan(base)
     weighting, steps, augment, unroll = base.weighting, self.num_steps, base.augment, base.unroll
 
     def one_run(server, store, data_x, data_y, cohort, round_idx, seed, lr):
@@ -93,7 +95,7 @@ class VectorizedSyncProgram:
           loss_fn, algorithm, lambda step: schedule(step) * lr, seed=seed, weighting=weighting,
           local_steps=steps, population=num_clients, unroll=unroll, augment=augment,
           compressor=self.compressor, jit=False,
-          client_devices=self.mesh.size)
+          client_devices=self.mesh.size, plan=plan)
       rows = round_lib.gather_rows(store, cohort.client_ids) if store else {}
       sums, new_rows, stats = train_chunk(server, rows, data_x, data_y, cohort, round_idx)
       if store:
@@ -105,7 +107,7 @@ class VectorizedSyncProgram:
 
     self._round = local.jit_training(
         jax.vmap(one_run, in_axes=(0, 0, data_axis, data_axis, 0, None, 0, 0)),
-        donate_argnums=(0, 1))
+        plan=plan, donate_argnums=(0, 1))
     self.seeds = jnp.asarray([o.seed for o in opts_list], jnp.int32)
     self.lrs = jnp.asarray([o.lr.lr for o in opts_list], jnp.float32)
     server = algorithm.init_server(params_list[0], model_state_list[0])

@@ -141,7 +141,7 @@ def build_simulator(options: ClockOptions, fed, model, params, *, mesh=None,
       batch_size=system.batch_size, max_epochs=system.local_epochs, lr=options.local_lr,
       local_tx=engine_adapter.local_solver(options.local_optimizer, options.local_momentum),
       mesh=mesh, call_size_multiple=options.call_size_multiple, augment=augment,
-      unroll=options.unroll, label_smoothing=options.label_smoothing)
+      unroll=options.unroll, label_smoothing=options.label_smoothing, plan=options.platform)
   evaluator = engine_adapter.LocalTestEvaluator(model, ds.train_x, ds.train_y, fed.client_test,
                                                 options.eval_batch_size)
   method = METHODS[options.method](options.method_config)

@@ -35,6 +35,7 @@ from fedjax_lama.algorithms.common import Common, fedavg_like, local_optimizer
 from fedjax_lama.algorithms.fedprox import proximal
 from fedjax_lama.engine import evaluate as evaluation
 from fedjax_lama.engine import local, sharding
+from fedjax_lama.engine import platform as platform_lib
 from fedjax_lama.engine import round as round_lib
 from fedjax_lama.engine.algorithm import Algorithm, ClientContext
 from fedjax_lama.simulation import job_packing
@@ -93,6 +94,7 @@ class EngineTrainer:
       device count), or to a smaller power of two times the device count (`padded_size`),
       so a run compiles once per bucket, not once per call size.
     augment, unroll, label_smoothing: as for the synchronous programs.
+    plan: the run's platform plan (`engine.platform`; None: the default backend's).
 
   Counters (host totals, restored on resume): `loss_sum`, `example_count` (training
   loss over every real example of every trained job), `local_steps`, `num_calls`;
@@ -103,8 +105,10 @@ class EngineTrainer:
                seed: int, batch_size: int, max_epochs: int, lr: float,
                local_tx: Optional[optax.GradientTransformation] = None, mesh=None,
                call_size_multiple: int = 1, augment: Optional[Callable] = None,
-               unroll: int = 1, label_smoothing: float = 0.0):
+               unroll: int = 1, label_smoothing: float = 0.0,
+               plan: Optional[platform_lib.PlatformPlan] = None):
     self.mesh = mesh if mesh is not None else sharding.client_mesh()
+    self.plan = plan if plan is not None else platform_lib.plan()
     self.seed, self.batch_size, self.max_epochs = int(seed), int(batch_size), int(max_epochs)
     self.call_size_multiple = int(call_size_multiple)
     self.client_sizes = np.array([len(ix) for ix in client_train], np.int32)
@@ -113,14 +117,14 @@ class EngineTrainer:
     # One phase per call mesh: the scan map's group width follows the devices of the call.
     self._phase = functools.cache(lambda devices: round_lib.ClientPhase(
         loss_fn, self.algorithm, lambda step: lr, seed=seed, unroll=unroll, augment=augment,
-        shared_per_client=True, client_devices=devices))
+        shared_per_client=True, client_devices=devices, plan=self.plan))
     # The tables every call reads: row_table, sizes_table, data_x, data_y.
     self._tables = sharding.replicate(
         (job_packing.client_row_table(client_train), self.client_sizes, np.asarray(train_x),
          np.asarray(train_y, np.int32)), self.mesh)
     # The same buffers, on the devices of a call's mesh (`call_mesh`).
     self._tables_on = functools.cache(lambda mesh: sharding.narrow(self._tables, mesh))
-    self._call = local.jit_training(self._train_call, static_argnums=0)
+    self._call = local.jit_training(self._train_call, plan=self.plan, static_argnums=0)
     self.loss_sum, self.example_count, self.local_steps, self.num_calls = 0.0, 0.0, 0, 0
     self.call_sizes: list[int] = []
 

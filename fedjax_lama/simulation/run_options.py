@@ -39,6 +39,8 @@ class ClockOptions:
     eval_batch_size, label_smoothing, unroll: as for synchronous runs.
     plots: write the PNG plots.
     algorithm, dataset, model: names for the summary and the plots' titles.
+    platform: the engine's platform plan (`engine.platform.PlatformPlan`, built by the
+      training entry point); None: the default backend's.
   """
   method: str
   method_config: Any
@@ -57,6 +59,7 @@ class ClockOptions:
   algorithm: str = ""
   dataset: str = ""
   model: str = ""
+  platform: Optional[Any] = None  # a PlatformPlan; typed Any so this module needs no JAX
 
   def __post_init__(self):
     if self.method not in METHOD_CONFIGS:

@@ -1,0 +1,130 @@
+"""The run options carry the engine's platform plan down to every round: the training entry
+point builds it once from config.engine (conv_impl, client_map), and each program, the
+FedLAMA window and the simulated clock's trainer add the client axis and compile local
+training as that plan says, not as a module global or the environment says."""
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from fedjax_lama import config as config_lib
+from fedjax_lama import data as fdata
+from fedjax_lama import training
+from fedjax_lama.engine import local, platform, sharding
+from fedjax_lama.errors import ConfigError
+from fedjax_lama.programs.sync import SyncProgram
+from tests import test_fedat_engine as clock_helpers
+from tests import test_sharding as helpers
+
+MESH = sharding.client_mesh(jax.devices()[:1])
+UNKNOWN = "xla_fedjax_lama_probe_option"
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+  """The client maps `local.vmap_clients` and the plans `local.jit_training` were given."""
+  seen = {"client_map": [], "plan": []}
+  vmap_clients, jit_training = local.vmap_clients, local.jit_training
+
+  def recording_vmap(*args, client_map=None, **kwargs):
+    seen["client_map"].append(client_map)
+    return vmap_clients(*args, client_map=client_map, **kwargs)
+
+  def recording_jit(fn, plan=None, **kwargs):
+    seen["plan"].append(plan)
+    return jit_training(fn, plan=plan, **kwargs)
+
+  monkeypatch.setattr(local, "vmap_clients", recording_vmap)
+  monkeypatch.setattr(local, "jit_training", recording_jit)
+  return seen
+
+
+def test_the_plan_is_built_once_from_config_engine():
+  plan = training.platform_plan(helpers.tiny_config(**{"engine.client_map": "vmap",
+                                                       "engine.conv_impl": "lax"}))
+  assert (plan.platform, plan.client_map, plan.kernels) == (jax.default_backend(), "vmap", "lax")
+  # The model's layers take the plan's kernel set.
+  config = helpers.tiny_config(model="mnist_cnn", **{"engine.conv_impl": "lax"})
+  dataset = fdata.load_dataset("digits", data_dir="")
+  options = training._model_options(config, dataset)  # pylint: disable=protected-access
+  assert options["conv_impl"] == "lax"
+  default = training.platform_plan(helpers.tiny_config())
+  assert default == platform.plan(client_map="auto")
+  # Resolved at build time: "auto" is the platform's map, never "auto" itself.
+  assert default.client_map == ("scan" if jax.default_backend() == "cpu" else "vmap")
+
+
+def test_config_rejects_an_unknown_client_map_naming_the_field():
+  c = helpers.tiny_config(**{"engine.client_map": "loop"})
+  with pytest.raises(ConfigError, match=r"engine\.client_map.*'loop'.*'auto', 'vmap', 'scan'"):
+    config_lib.validate(c)
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedlama"])
+@pytest.mark.parametrize("client_map", ["vmap", "scan"])
+def test_config_client_map_reaches_the_round(recorded, monkeypatch, algorithm, client_map):
+  # The environment says otherwise: the config's choice, carried by the run options, wins.
+  monkeypatch.setenv(platform.CLIENT_MAP_ENVIRONMENT, "scan" if client_map == "vmap" else "vmap")
+  program = helpers.build(helpers.tiny_config(algorithm=algorithm,
+                                              **{"engine.client_map": client_map}), MESH)
+  assert recorded["client_map"] and set(recorded["client_map"]) == {client_map}
+  assert recorded["plan"] and all(p == program.opts.platform for p in recorded["plan"])
+  assert program.opts.platform.client_map == client_map
+
+
+def _one_round(plan):
+  config = helpers.tiny_config()
+  fed = helpers.tiny_federation()
+  model = helpers.TinyMLP()
+  params = model.init(jax.random.PRNGKey(config.seed), fed.dataset.train_x[:1])["params"]
+  opts = dataclasses.replace(training.run_options(config, fed), platform=plan)
+  program = SyncProgram(opts, training.registry.build_algorithm(config, fed.num_clients, 1.0),
+                        model, params, {}, fed, MESH)
+  state, _ = program.run_round(program.init_state(), 0)
+  return [np.asarray(sharding.to_host(x)) for x in jax.tree_util.tree_leaves(
+      program.eval_params(state))]
+
+
+def test_vmap_and_scan_plans_train_the_same_round(recorded, monkeypatch):
+  """A scan plan of one client per group (scan_group_bytes 0) against a vmap plan: the same
+  round to float32 rounding, and the scan really ran groups of one client."""
+  widths = []
+  scan_group = local.scan_group
+
+  def recording_group(*args, **kwargs):
+    widths.append(scan_group(*args, **kwargs))
+    return widths[-1]
+
+  monkeypatch.setattr(local, "scan_group", recording_group)
+  base = platform.plan()
+  by_vmap = _one_round(dataclasses.replace(base, client_map="vmap"))
+  assert not widths  # the vmap map never groups
+  by_scan = _one_round(dataclasses.replace(base, client_map="scan", scan_group_bytes=0))
+  assert widths and set(widths) == {1}
+  assert recorded["client_map"] == ["vmap", "scan"]
+  for a, b in zip(by_vmap, by_scan, strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _bad_plan():
+  return dataclasses.replace(platform.plan(), compiler_options=((UNKNOWN, True),))
+
+
+def test_the_run_options_plan_compiler_options_reach_the_compiler():
+  """An option XLA does not know, in the RunOptions' plan only (the module's options
+  untouched), stops the round with XLA's own error: the round compiled with the plan."""
+  with pytest.raises(Exception, match=f"No such compile option: '{UNKNOWN}'"):
+    _one_round(_bad_plan())
+
+
+def test_the_clock_trainer_compiles_with_its_plan():
+  fed, model, params = setup = clock_helpers.clock_setup()
+  trainer = clock_helpers.engine_adapter.EngineTrainer(
+      model, fed.dataset.train_x, fed.dataset.train_y, fed.client_train,
+      seed=clock_helpers.SEED, batch_size=clock_helpers.BATCH, max_epochs=1, lr=3e-3,
+      call_size_multiple=4, plan=_bad_plan())
+  assert trainer.plan.compiler_options == ((UNKNOWN, True),)
+  del setup
+  with pytest.raises(Exception, match=f"No such compile option: '{UNKNOWN}'"):
+    trainer.train([clock_helpers.TrainJob(0, 0, params, params, 1, 0.0)])
