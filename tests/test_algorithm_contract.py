@@ -11,6 +11,8 @@ traffic table below must then name them):
 - padded clients, steps and examples change nothing (engine level);
 - chunked rounds equal unchunked ones;
 - 8 fake CPU devices equal 1 (one subprocess per mesh, all algorithms in it);
+- the costliest of these (padding, chunking, FedLAMA's resume, 8 devices) for a core of
+  algorithms in the default suite and for every algorithm under `-m slow` (CORE below);
 - FedLAMA over the algorithm: phi = 1 is the algorithm itself (local momentum 0.9, the
   local optimizer's state started afresh each round under both), a phi = 2 run resumes
   exactly and compiles once; combinations that cannot work stop with a ConfigError naming
@@ -64,6 +66,19 @@ TRAFFIC = {
 QUANTIZED = {"fedpaq", "fedcom"}
 
 NAMES = sorted(registry.SPECS)
+
+# The costliest checks (padding, chunking, FedLAMA's resume, 8 devices) run in the default
+# suite for a core that spans the engine's features -- no state, per-client rows and server
+# state (SCAFFOLD), a server optimizer (FedAdam), a compressed upload (FedPAQ), two gradients
+# per step (FedSpeed), a context-dependent gradient (FedSMOO), an adaptive local optimizer
+# (Fed-LAMB) -- and for every algorithm with `python -m pytest -m slow`.
+CORE = ("fedavg", "scaffold", "fedadam", "fedpaq", "fedspeed", "fedsmoo", "fedlamb")
+SHARDED_CORE = ("fedavg", "scaffold", "fedlamb")
+
+
+def _core_first(names, core=CORE):
+  """`names` as pytest parameters, those outside `core` marked slow."""
+  return [n if n in core else pytest.param(n, marks=pytest.mark.slow) for n in names]
 
 
 def _layerwise(name: str) -> bool:
@@ -199,7 +214,7 @@ def test_resume_compiles_rows_and_traffic(runs, name):
     assert out.bits_up == m * (up_d * (header + d * per_float) + scalar_bits)
 
 
-@pytest.mark.parametrize("name", LAYERWISE)
+@pytest.mark.parametrize("name", _core_first(LAYERWISE))
 def test_fedlama_over_the_algorithm_resumes_and_compiles_once(runs, name):
   run = runs(name, fedlama=True)
   assert _bits(run["resumed"]) == _bits(run["straight"])
@@ -314,7 +329,7 @@ def _padded_variant():
                        ids=[0, 1, 2, 3, 5, 6], sizes=np.concatenate([sizes, [7.0, 9.0]]))
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", _core_first(NAMES))
 def test_padded_clients_steps_and_examples_change_nothing(name):
   alg = registry.build_algorithm(config_for(name), num_clients=8)
   base, padded = _padded_variant()
@@ -323,7 +338,7 @@ def test_padded_clients_steps_and_examples_change_nothing(name):
   chex.assert_trees_all_close(got, want, rtol=2e-5, atol=2e-6)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", _core_first(NAMES))
 def test_chunked_rounds_equal_one_chunk(runs, name):
   config = config_for(name, active_ratio=0.25, rounds=3, **{"engine.clients_per_chunk": 3})
   program = helpers.build(config, MESH)
@@ -334,16 +349,37 @@ def test_chunked_rounds_equal_one_chunk(runs, name):
 
 
 # ---- 8 devices ------------------------------------------------------------------------------
+def _sharded_cases(names):
+  return [f"algo-{n}:9" for n in names] + [f"lama-{n}:9" for n in LAYERWISE if n in names]
+
+
+SHARDED_REST = [n for n in NAMES if n not in SHARDED_CORE]
+
+
 @pytest.fixture(scope="module")
-def sharded_report(tmp_path_factory):
-  cases = [f"algo-{n}:9" for n in NAMES] + [f"lama-{n}:9" for n in LAYERWISE]
-  return helpers.eight_devices_vs_one(tmp_path_factory.mktemp("contract"), cases)
+def sharded_core(tmp_path_factory):
+  return helpers.eight_devices_vs_one(tmp_path_factory.mktemp("contract"),
+                                      _sharded_cases(SHARDED_CORE))
 
 
-@pytest.mark.parametrize("case", [f"algo-{n}:9" for n in NAMES] +
-                         [f"lama-{n}:9" for n in LAYERWISE])
-def test_eight_devices_equal_one(sharded_report, case):
-  r = sharded_report[case]
+@pytest.fixture(scope="module")
+def sharded_rest(tmp_path_factory):
+  return helpers.eight_devices_vs_one(tmp_path_factory.mktemp("contract_rest"),
+                                      _sharded_cases(SHARDED_REST))
+
+
+def _check_sharded(r):
   assert r["max_abs"] > 0.01
   assert r["max_abs_diff"] <= 1e-5 * max(1.0, r["max_abs"]), r
   np.testing.assert_allclose(r["loss_many"], r["loss_1"], rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", _sharded_cases(SHARDED_CORE))
+def test_eight_devices_equal_one(sharded_core, case):
+  _check_sharded(sharded_core[case])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", _sharded_cases(SHARDED_REST))
+def test_eight_devices_equal_one_for_every_other_algorithm(sharded_rest, case):
+  _check_sharded(sharded_rest[case])

@@ -191,6 +191,7 @@ def test_use_cpu_device_per_core_sets_the_count_before_jax_starts():
   assert late.startswith("RuntimeError") and "before any JAX computation" in late
 
 
+@pytest.mark.slow  # two CLI runs end to end (about 40 s)
 def test_cli_splits_the_cpu_and_trains_as_one_device(tmp_path):
   """The CLI with two CPU devices splits mnist_cnn's clients over both (summary
   `client_devices`) and ends where the same run on one device ends."""

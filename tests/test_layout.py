@@ -106,6 +106,10 @@ _IMPORT_NAMES = {"ml-collections": "ml_collections", "absl-py": "absl",
                  "scikit-learn": "sklearn", "pillow": "PIL"}
 
 
+# Pytest plugins the suite uses through an option of pytest.ini rather than an import.
+_PLUGINS_USED_BY_OPTION = {"pytest-xdist": " -n "}
+
+
 def test_every_declared_dependency_is_imported_somewhere():
   """pyproject.toml lists nothing the project does not use (tqdm was once listed, unused)."""
   project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
@@ -117,6 +121,9 @@ def test_every_declared_dependency_is_imported_somewhere():
   for requirement in declared:
     name = re.match(r"[A-Za-z0-9._-]+", requirement).group()
     module = _IMPORT_NAMES.get(name.lower(), name.replace("-", "_"))
+    if name in _PLUGINS_USED_BY_OPTION:  # a pytest plugin: used through pytest.ini's options
+      assert _PLUGINS_USED_BY_OPTION[name] in (REPO / "pytest.ini").read_text(), name
+      continue
     assert any(f"{how}{module}" in sources for how in (
         "import ", "from ", 'importorskip("', "importorskip('")), name
 
