@@ -57,11 +57,7 @@ def conv_shifted_sum(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
                      padding: Padding = "SAME") -> Array:
   """Convolution as a sum over kernel offsets of slice @ kernel[i, j]."""
   kh, kw, cin, cout = kernel.shape
-  pads = shapes.pads(x.shape[1:3], (kh, kw), strides, padding)
-  if any(p != (0, 0) for p in pads):
-    x = jnp.pad(x, ((0, 0), *pads, (0, 0)))
-  ho = (x.shape[1] - kh) // strides[0] + 1
-  wo = (x.shape[2] - kw) // strides[1] + 1
+  x, (ho, wo) = shapes.pad_input(x, (kh, kw), strides, padding)
   cols = shapes.window_slices(x, (kh, kw), strides, (ho, wo))
   w = kernel.reshape(kh * kw, cin, cout)
   return sum(jnp.einsum("nhwc,cf->nhwf", c, w[k]) for k, c in enumerate(cols))

@@ -69,11 +69,7 @@ def im2col_conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
   traced; `_STRIDE1_PATCHES_PLATFORMS`) the patches' gradient is `_stride1_patches`'.
   """
   kh, kw, cin, cout = kernel.shape
-  pads = shapes.pads(x.shape[1:3], (kh, kw), strides, padding)
-  if any(p != (0, 0) for p in pads):
-    x = jnp.pad(x, ((0, 0), *pads, (0, 0)))
-  ho = (x.shape[1] - kh) // strides[0] + 1
-  wo = (x.shape[2] - kw) // strides[1] + 1
+  x, (ho, wo) = shapes.pad_input(x, (kh, kw), strides, padding)
   n, k = x.shape[0], kernel.reshape(kh * kw * cin, cout)
   ones = bias is not None and not _FOLD_BIAS_MAX_K < kh * kw * cin < _FOLD_BIAS_MIN_WIDE_K
   if ones:
@@ -153,12 +149,9 @@ def row_shift_conv(x: Array, kernel: Array, strides: Sequence[int] = (1, 1),
   kh, kw, cin, cout = kernel.shape
   if strides[0] != 1:
     raise ValueError(f"row_shift_conv needs stride 1 along H; got {strides}")
-  pads = shapes.pads(x.shape[1:3], (kh, kw), strides, padding)
-  if any(p != (0, 0) for p in pads):
-    x = jnp.pad(x, ((0, 0), *pads, (0, 0)))
+  x, (_, wo) = shapes.pad_input(x, (kh, kw), strides, padding)
   n, hp, wp, _ = x.shape
   sw = strides[1]
-  wo = (wp - kw) // sw + 1
   cols = [x[:, :, j:j + (wo - 1) * sw + 1:sw, :] for j in range(kw)]
   q = cols[0] if kw == 1 else jnp.concatenate(cols, axis=-1)
   k = kernel.transpose(1, 2, 0, 3).reshape(kw * cin, kh * cout)

@@ -7,6 +7,7 @@ from typing import Union
 
 import jax
 from jax import lax
+import jax.numpy as jnp
 
 Array = jax.Array
 Padding = Union[str, Sequence[tuple[int, int]]]
@@ -19,6 +20,16 @@ def pads(spatial: Sequence[int], window: Sequence[int],
     return list(lax.padtype_to_pads(tuple(spatial), tuple(window),
                                     tuple(strides), padding.upper()))
   return [tuple(p) for p in padding]
+
+
+def pad_input(x: Array, window: Sequence[int], strides: Sequence[int],
+              padding: Padding) -> tuple[Array, tuple[int, int]]:
+  """x [N, H, W, C] padded for `padding`, and the (ho, wo) output size of a valid window."""
+  (kh, kw) = window
+  explicit = pads(x.shape[1:3], window, strides, padding)
+  if any(p != (0, 0) for p in explicit):
+    x = jnp.pad(x, ((0, 0), *explicit, (0, 0)))
+  return x, ((x.shape[1] - kh) // strides[0] + 1, (x.shape[2] - kw) // strides[1] + 1)
 
 
 def window_slices(x: Array, window: Sequence[int], strides: Sequence[int],

@@ -10,23 +10,9 @@ import pytest
 
 from fedjax_lama import models
 from tests.test_models import CIFAR
+from tests.test_models import _loss_and_grads
 from tests.test_models import _numpy_variables
 from tests.test_models import _sample
-
-
-def _loss_and_grads(model, variables, x, train):
-  y = jnp.arange(x.shape[0]) % 10
-
-  def loss(params):
-    v = {**variables, "params": params}
-    if train and "batch_stats" in variables:
-      logits, _ = model.apply(v, x, train=True, mutable=["batch_stats"])
-    else:
-      logits = model.apply(v, x, train=False)
-    return optax.softmax_cross_entropy_with_integer_labels(
-        logits, y).mean(), logits
-
-  return jax.jit(jax.value_and_grad(loss, has_aux=True))(variables["params"])
 
 
 @pytest.mark.parametrize("name,with_grads", [
