@@ -15,6 +15,17 @@ transforms on G:
 which is x + server_lr m_delta / (sqrt(v) + tau) with m_delta built from delta = -G.
 `variant="optax"` runs optax's own transforms for comparison; those runs are named
 "<name>_optax" so they are never reported as Reddi et al.'s algorithm.
+
+`convention` picks whose reading of Algorithm 2 runs (variant "reddi" only):
+  "paper" (default): Reddi et al.'s, as above: v starts at v_{-1} = tau^2, and the rate
+    is server_lr in every round.
+  "flower": Flower's FedAdam/FedYogi/FedAdagrad strategies (flwr, `aggregate_fit`): v
+    starts at 0, and FedAdam's rate in the t-th server update (t = 1, 2, ...) is
+    bias-corrected, server_lr * sqrt(1 - beta2^(t+1)) / (1 - beta1^(t+1)) -- Flower
+    passes its 1-based round number r = t and raises beta to r + 1. FedYogi and
+    FedAdagrad keep the constant rate. Those runs are named "<name>_flower".
+The two readings differ most in the first rounds (FedAdam's first rate is 0.74 server_lr
+at beta1 = 0.9, beta2 = 0.99; v = 0 makes the first step about server_lr per coordinate).
 """
 import dataclasses
 from typing import NamedTuple
@@ -33,13 +44,34 @@ class ReddiState(NamedTuple):
   v: object  # params-shaped
 
 
-def reddi(kind: str, learning_rate: float, beta1: float, beta2: float,
-          tau: float) -> optax.GradientTransformation:
-  """Reddi et al.'s server update of kind 'adam' | 'yogi' | 'adagrad' on G (Algorithm 2)."""
+CONVENTIONS = ("paper", "flower")
+
+
+def reddi(kind: str, learning_rate: float, beta1: float, beta2: float, tau: float,
+          convention: str = "paper") -> optax.GradientTransformation:
+  """Reddi et al.'s server update of kind 'adam' | 'yogi' | 'adagrad' on G (Algorithm 2),
+  in Reddi et al.'s convention or Flower's (see the module docstring)."""
+  if convention == "flower" and kind == "adam":
+    # optax's count starts at 0 in the first update: Flower's exponent r + 1 is count + 2.
+    def bias_corrected_rate(count):
+      t = count + 2
+      return learning_rate * jnp.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
+
+    return optax.chain(moments(kind, beta1, beta2, tau, initial_v=0.0),
+                       optax.scale_by_schedule(bias_corrected_rate))
+  # Paper, and Flower's FedYogi/FedAdagrad: a constant rate, applied inside the transform
+  # (its state stays the ReddiState of earlier checkpoints).
+  initial_v = tau * tau if convention == "paper" else 0.0
+  return moments(kind, beta1, beta2, tau, initial_v, learning_rate)
+
+
+def moments(kind: str, beta1: float, beta2: float, tau: float, initial_v: float,
+            learning_rate: float = 1.0) -> optax.GradientTransformation:
+  """-learning_rate m / (sqrt(v) + tau) on G, the moments of `kind` from m = 0, v = initial_v."""
 
   def init(params):
     return ReddiState(tree_zeros_like(params),
-                      tree_map(lambda p: jnp.full_like(p, tau * tau), params))
+                      tree_map(lambda p: jnp.full_like(p, initial_v), params))
 
   def second_moment(v, g2):
     if kind == "adagrad":
@@ -73,6 +105,7 @@ class AdaptiveHparams:
   beta2: float = 0.99
   tau: float = 1e-3
   variant: str = "reddi"
+  convention: str = "paper"  # whose reading of Algorithm 2: CONVENTIONS, module docstring
 
   def __post_init__(self):
     for field in ("beta1", "beta2"):
@@ -80,6 +113,9 @@ class AdaptiveHparams:
       require(0.0 <= value < 1.0, field, value, "a number in [0, 1)")
     require(self.tau > 0, "tau", self.tau, "a number > 0")
     require_one_of("variant", self.variant, ("reddi", "optax"))
+    require_one_of("convention", self.convention, CONVENTIONS)
+    require(self.convention == "paper" or self.variant == "reddi", "convention",
+            self.convention, "'paper' with variant='optax' (optax's transforms have their own)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,10 +134,12 @@ def adaptive(kind: str):
   name = "fed" + kind
 
   def build(hp: AdaptiveHparams, common: Common) -> Algorithm:
-    make = reddi if hp.variant == "reddi" else optax_server
     rate = server_rate(common, DEFAULT_SERVER_LR[kind])
-    return fedavg_like(name if hp.variant == "reddi" else f"{name}_optax", common,
-                       server_tx=make(kind, rate, hp.beta1, hp.beta2, hp.tau))
+    if hp.variant == "optax":
+      return fedavg_like(f"{name}_optax", common,
+                         server_tx=optax_server(kind, rate, hp.beta1, hp.beta2, hp.tau))
+    return fedavg_like(name if hp.convention == "paper" else f"{name}_{hp.convention}", common,
+                       server_tx=reddi(kind, rate, hp.beta1, hp.beta2, hp.tau, hp.convention))
 
   return build
 
