@@ -11,10 +11,9 @@ each round.
 Two conventions of Flower's FedOpt strategies differ from Reddi et al. ("Adaptive
 Federated Optimization", ICLR 2021, Algorithm 2): the second moment starts at v = 0
 (the paper: v_{-1} = tau^2), and FedAdam multiplies eta by the bias correction
-sqrt(1 - beta2^(r+1)) / (1 - beta1^(r+1)) in round r (the paper has none).
-`paper_convention=True` makes the peer follow the paper instead: it starts v_t at tau^2
-and divides eta by that factor before each FedAdam round, so both sides compute the same
-update (up to rounding). Flower is an optional dependency (requirements-peers.txt).
+sqrt(1 - beta2^(r+1)) / (1 - beta1^(r+1)) in round r (the paper has none). The strategies
+run here as Flower ships them; our side takes Flower's reading with the algorithms'
+`convention="flower"`. Flower is an optional dependency (requirements-peers.txt).
 """
 from typing import Optional, Sequence
 
@@ -74,8 +73,7 @@ def _fit_results(uploads: Sequence[Sequence[np.ndarray]], num_examples: Sequence
 
 def run_rounds(name: str, initial: Sequence[np.ndarray],
                uploads_per_round: Sequence[Sequence[Sequence[np.ndarray]]],
-               num_examples: Sequence[int], *, paper_convention: bool = False,
-               server_lr: float = 1.0, momentum: float = 0.0, beta1: float = 0.9,
+               num_examples: Sequence[int], *, server_lr: float = 1.0, momentum: float = 0.0, beta1: float = 0.9,
                beta2: float = 0.99, tau: float = 1e-3) -> list[dict]:
   """Runs Flower's strategy for len(uploads_per_round) rounds on fixed uploads.
 
@@ -85,8 +83,6 @@ def run_rounds(name: str, initial: Sequence[np.ndarray],
     uploads_per_round: for each round, each client's uploaded arrays (its model after
       local training).
     num_examples: each client's example count (Flower weights its mean by them).
-    paper_convention: run FedAdam/FedYogi/FedAdagrad in Reddi et al.'s convention
-      (v starts at tau^2, no bias correction; see the module docstring).
     server_lr, momentum, beta1, beta2, tau: the strategy's eta (FedAvgM's
       server_learning_rate), FedAvgM's momentum and FedOpt's beta_1, beta_2, tau.
 
@@ -97,13 +93,9 @@ def run_rounds(name: str, initial: Sequence[np.ndarray],
   flwr = _flwr()
   strategy = make_strategy(name, initial, server_lr=server_lr, momentum=momentum, beta1=beta1,
                            beta2=beta2, tau=tau)
-  if paper_convention and name in ("fedadam", "fedyogi", "fedadagrad"):
-    strategy.v_t = [np.full_like(np.asarray(x), tau * tau) for x in initial]
   history = []
+  # Flower's server loop numbers its rounds from 1.
   for r, uploads in enumerate(uploads_per_round, start=1):
-    if paper_convention and name == "fedadam":
-      # Flower multiplies eta by sqrt(1 - b2^(r+1)) / (1 - b1^(r+1)) in round r.
-      strategy.eta = server_lr * (1 - beta1 ** (r + 1.0)) / np.sqrt(1 - beta2 ** (r + 1.0))
     params, _ = strategy.aggregate_fit(r, _fit_results(uploads, num_examples), [])
     record = {"params": flwr.common.parameters_to_ndarrays(params)}
     if name == "fedavgm":
