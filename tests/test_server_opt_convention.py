@@ -110,3 +110,17 @@ def test_names_and_refusals():
     algorithms.build("fedadam", convention="reddi")
   with pytest.raises(HparamError, match=r"convention='flower'.*variant='optax'"):
     algorithms.build("fedadagrad", convention="flower", variant="optax")
+
+
+def test_flower_convention_resumes_exactly_and_compiles_once(tmp_path):
+  """Its state (the moments and FedAdam's step count) checkpoints and resumes bit for bit,
+  through the contract table's run (tests/test_algorithm_contract.py)."""
+  from tests import test_algorithm_contract as contract  # pylint: disable=g-import-not-at-top
+  config = contract.config_for("fedadam", active_ratio=0.25, rounds=3)
+  config.fedadam.convention = "flower"
+  run = contract._run_resumed(config, tmp_path)  # pylint: disable=protected-access
+  assert run["program"].algorithm.name == "fedadam_flower"
+  assert contract._bits(run["resumed"]) == contract._bits(run["straight"])  # pylint: disable=protected-access
+  assert run["compiles"] == []
+  count = run["resumed"][0].opt_state[1].count
+  assert int(count) == 3  # three server updates counted for the bias-corrected rate
