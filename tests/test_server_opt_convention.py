@@ -124,3 +124,12 @@ def test_flower_convention_resumes_exactly_and_compiles_once(tmp_path):
   assert run["compiles"] == []
   count = run["resumed"][0].opt_state[1].count
   assert int(count) == 3  # three server updates counted for the bias-corrected rate
+
+
+def test_fedlama_refuses_flowers_fedadam_whose_step_count_is_not_per_layer():
+  from tests import test_algorithm_contract as contract  # pylint: disable=g-import-not-at-top
+  from fedjax_lama import config as config_lib  # pylint: disable=g-import-not-at-top
+  config = contract.config_for("fedadam", fedlama=True)
+  config.fedadam.convention = "flower"
+  with pytest.raises(config_lib.ConfigError, match=r"fedadam_flower.*not per layer.*count"):
+    contract.helpers.build(config, contract.MESH)
