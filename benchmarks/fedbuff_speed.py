@@ -15,7 +15,12 @@ process) is less disturbed than wall time when other work shares the machine.
 --mode=server times the same comparison without training: the numpy stand-in trainer
 and evaluator (simulation.testing) on an MLP-sized model with the engine's jitted model
 sums, so what is left is the event loop and each method's server rule.
+
+The last lines are the verdict (FedBuff's wall time per client update no worse than FedAsync's
+at the same concurrency: the median over repeats of the paired ratio fedbuff / fedasync
+<= 1; CPU time beside it) and one JSON object.
 """
+import json
 import statistics
 import time
 
@@ -118,12 +123,34 @@ def main(argv):
       cpus[method].append(cpu)
       print(f"{method:9s} {updates:5d} client updates  {1e3 * wall:8.3f} ms wall, "
             f"{1e3 * cpu:8.3f} ms CPU per update", flush=True)
-  for name, table in (("wall", walls), ("CPU", cpus)):
-    medians = {m: statistics.median(t) for m, t in table.items()}
-    print(f"median {name}: fedasync {1e3 * medians['fedasync']:.3f} ms, fedbuff "
-          f"{1e3 * medians['fedbuff']:.3f} ms per client update; fedbuff / fedasync = "
-          f"{medians['fedbuff'] / medians['fedasync']:.3f}")
+  print(json.dumps(verdict(walls, cpus, _CLIENTS.value, _MODE.value)))
 
+
+def verdict(walls: dict, cpus: dict, concurrency: int, mode: str) -> dict:
+  """Prints the medians, each repeat's paired ratio and the verdict; returns them.
+
+  The check (issue: FedBuff's wall time per simulated client update no worse than
+  FedAsync's at the same concurrency) holds when the median of the paired wall ratios,
+  fedbuff / fedasync of the runs made one after the other in the same repeat, is <= 1.
+  """
+  result = {"mode": mode, "concurrency": concurrency, "repeats": len(walls["fedbuff"])}
+  for name, table in (("wall", walls), ("cpu", cpus)):
+    medians = {m: statistics.median(t) for m, t in table.items()}
+    paired = [b / a for a, b in zip(table["fedasync"], table["fedbuff"])]
+    ratio = statistics.median(paired)
+    print(f"median {name}: fedasync {1e3 * medians['fedasync']:.3f} ms, fedbuff "
+          f"{1e3 * medians['fedbuff']:.3f} ms per client update; fedbuff / fedasync per "
+          f"repeat {', '.join(f'{r:.3f}' for r in paired)} (median {ratio:.3f})")
+    result[f"{name}_ms_per_update"] = {m: 1e3 * v for m, v in medians.items()}
+    result[f"{name}_ratio"] = ratio
+    result[f"{name}_ratios"] = paired
+  holds = result["wall_ratio"] <= 1.0
+  result["holds"] = holds
+  print(f"VERDICT: {'HOLDS' if holds else 'FAILS'} -- FedBuff's wall time per client update is "
+        f"{result['wall_ratio']:.3f}x FedAsync's at concurrency {concurrency} (median of "
+        f"{result['repeats']} paired repeats; <= 1 required; CPU time "
+        f"{result['cpu_ratio']:.3f}x)")
+  return result
 
 if __name__ == "__main__":
   app.run(main)
