@@ -11,13 +11,14 @@ g~ = grad F_i(y + e) with e = rho g / ||g|| (one L2 norm over all leaves of the 
 gradient), and steps y <- y - lr g~ (weight decay, if any, at the unperturbed y). The
 client uploads y_K - x and the server steps with their mean: FedAvg's server.
 
-What could be checked: the papers' own algorithm text was not available; the FedSAM
-paper's abstract confirms only that its clients run SAM as their local optimizer. The
-perturbation rho g / ||g|| with one norm over the whole model is SAM's rule as FL-Simulator
-(woodenchild95/FL-Simulator, the FedSpeed authors' simulator) implements it in its ESAM
-optimizer, which is the default here; that the FedSAM papers normalise exactly so and clip
-nothing is assumed from SAM's rule, not checked against their text. FL-Simulator differs in
-two places, each an option here:
+What could be checked: the papers' own algorithm text was not available. Their abstracts
+confirm that clients run SAM as their local optimizer (Caldarola et al. also try ASAM and
+stochastic weight averaging on the server, neither of which is here). The default
+perturbation rho g / ||g||, one norm over the whole model, is SAM's rule and what the ESAM
+optimizer of FL-Simulator (woodenchild95/FL-Simulator, the FedSpeed authors' simulator)
+computes up to the 1e-7 below; that the FedSAM papers normalise exactly so and clip nothing
+is assumed from SAM's rule, not checked against their text. FL-Simulator differs in two
+places, each an option here:
 - perturb_eps: FL-Simulator divides by ||g|| + 1e-7. The default 1e-12 only keeps a zero
   gradient from dividing 0 by 0.
 - clip_mode="reference": FL-Simulator clips every method's final local direction (here g~)
