@@ -15,7 +15,15 @@ process) is less disturbed than wall time when other work shares the machine.
 --mode=server times the same comparison without training: the numpy stand-in trainer
 and evaluator (simulation.testing) on an MLP-sized model with the engine's jitted model
 sums, so what is left is the event loop and each method's server rule.
+
+The last lines are the verdict (FedBuff's wall time per client update no worse than FedAsync's
+at the same concurrency, read from each repeat's paired ratio fedbuff / fedasync: HOLDS when
+their median is <= 1, FAILS when FedBuff was slower in so many repeats that a sign test
+rejects equal speeds at p < 0.05, otherwise HOLDS, at parity; CPU time beside it) and one
+JSON object.
 """
+import json
+import math
 import statistics
 import time
 
@@ -118,12 +126,54 @@ def main(argv):
       cpus[method].append(cpu)
       print(f"{method:9s} {updates:5d} client updates  {1e3 * wall:8.3f} ms wall, "
             f"{1e3 * cpu:8.3f} ms CPU per update", flush=True)
-  for name, table in (("wall", walls), ("CPU", cpus)):
-    medians = {m: statistics.median(t) for m, t in table.items()}
-    print(f"median {name}: fedasync {1e3 * medians['fedasync']:.3f} ms, fedbuff "
-          f"{1e3 * medians['fedbuff']:.3f} ms per client update; fedbuff / fedasync = "
-          f"{medians['fedbuff'] / medians['fedasync']:.3f}")
+  print(json.dumps(verdict(walls, cpus, _CLIENTS.value, _MODE.value)))
 
+
+def slower_p_value(slower: int, repeats: int) -> float:
+  """One-sided sign test: the chance of FedBuff being slower in at least `slower` of
+  `repeats` paired repeats if the two methods took the same time (each repeat a coin)."""
+  return sum(math.comb(repeats, k) for k in range(slower, repeats + 1)) / 2 ** repeats
+
+
+def verdict(walls: dict, cpus: dict, concurrency: int, mode: str) -> dict:
+  """Prints the medians, each repeat's paired ratio and the verdict; returns them.
+
+  The check: FedBuff's wall time per simulated client update no worse than FedAsync's at
+  the same concurrency. Each repeat runs the two methods one after the other, so its ratio
+  fedbuff / fedasync sees the same load; the verdict reads those paired wall ratios:
+  HOLDS when their median is <= 1; FAILS when FedBuff was slower in so many repeats that
+  equal speeds would give that few times in 20 (one-sided sign test, p < 0.05: all 5 of 5
+  repeats, 9 of 10); otherwise the methods are at parity within the noise of the
+  measurement, which is not worse (HOLDS, at parity).
+  """
+  result = {"mode": mode, "concurrency": concurrency, "repeats": len(walls["fedbuff"])}
+  for name, table in (("wall", walls), ("cpu", cpus)):
+    medians = {m: statistics.median(t) for m, t in table.items()}
+    paired = [b / a for a, b in zip(table["fedasync"], table["fedbuff"])]
+    ratio = statistics.median(paired)
+    print(f"median {name}: fedasync {1e3 * medians['fedasync']:.3f} ms, fedbuff "
+          f"{1e3 * medians['fedbuff']:.3f} ms per client update; fedbuff / fedasync per "
+          f"repeat {', '.join(f'{r:.3f}' for r in paired)} (median {ratio:.3f})")
+    result[f"{name}_ms_per_update"] = {m: 1e3 * v for m, v in medians.items()}
+    result[f"{name}_ratio"] = ratio
+    result[f"{name}_ratios"] = paired
+  paired, repeats = result["wall_ratios"], result["repeats"]
+  slower = sum(r > 1 for r in paired)
+  p_value = slower_p_value(slower, repeats)
+  if result["wall_ratio"] <= 1:
+    word = "HOLDS"
+  elif p_value < 0.05:
+    word = "FAILS"
+  else:
+    word = "HOLDS, at parity"
+  result.update(slower_repeats=slower, sign_test_p=p_value, verdict=word,
+                holds=word != "FAILS")
+  print(f"VERDICT: {word} -- FedBuff's wall time per client update is "
+        f"{result['wall_ratio']:.3f}x FedAsync's at concurrency {concurrency} (median of "
+        f"{repeats} paired repeats, {min(paired):.3f} to {max(paired):.3f}; FedBuff slower in "
+        f"{slower} of {repeats}, sign test p = {p_value:.3f}; CPU time "
+        f"{result['cpu_ratio']:.3f}x)")
+  return result
 
 if __name__ == "__main__":
   app.run(main)

@@ -1,24 +1,28 @@
 """FedGamma: sharpness-aware local steps with SCAFFOLD's control variates.
 
-R. Dai, Y. Sun, L. Shen et al., "FedGAMMA: Federated Learning With Global Sharpness-Aware
-Minimization", IEEE Transactions on Neural Networks and Learning Systems, 2023 (Algorithm 1).
+R. Dai, Y. Sun, L. Shen, Y. Zhang, D. Tao, "FedGAMMA: Federated Learning With Global
+Sharpness-Aware Minimization", IEEE Transactions on Neural Networks and Learning Systems, 2023.
 
 The control variates are SCAFFOLD's option II (S. P. Karimireddy et al., ICML 2020; the
 project's scaffold module, which this one builds on): the server keeps c, each client a
 row c_i, all 0 at start; x and c go down (2d). Each local step takes two gradients on one
 minibatch: g at y, then g~ at y + rho v / ||v|| with v = g - c_i + c, the corrected
-gradient, so the ascent approximates the one of the GLOBAL loss rather than client i's
-(the paper's point); the step is y <- y - lr (g~ - c_i + c). Then
+gradient, so the ascent approximates the one of the GLOBAL loss rather than client i's;
+the step is y <- y - lr (g~ - c_i + c). Then
 c_i+ = c_i - c + (x - y_K) / (sum of the client's step sizes), uploads y_K - x and
 c_i+ - c_i (2d up), and the server sets x <- x + server_lr mean(y_K - x),
 c <- c + (1/N) sum (c_i+ - c_i).
 
-Readings (the paper's is the default):
+What could be checked: neither the paper's text nor its abstract was available. The corrected
+ascent (along g - c_i + c, so that it estimates the global loss's ascent) is this module's
+reading of the paper's title and aim, global sharpness-aware minimisation with SCAFFOLD's
+control variates; the paper's text was not available to check it. FL-Simulator, the only
+implementation read, perturbs along the plain local gradient. Options for its reading:
 - perturbation="local": FL-Simulator's, the ascent follows the plain local gradient g
   (its ESAM step) and only the descent is corrected;
-- perturb_eps: ||v|| + 1e-7 in FL-Simulator, ||v|| in the paper;
+- perturb_eps: ||v|| + 1e-7 in FL-Simulator, ||v|| by default (SAM's rule);
 - clip_mode="reference": FL-Simulator clips g~ - c_i + c to global norm clip_norm before
-  its SGD step adds weight decay; the paper clips nothing.
+  its SGD step adds weight decay; the default clips nothing.
 FL-Simulator divides x - y_K by a nominal step count (client 0's batches per epoch) times
 the rate; this module by each client's own sum of step sizes (equal when clients take
 equal steps). rho = 0 (clip_mode "none") is the project's scaffold (option II) exactly,
@@ -39,9 +43,9 @@ class Hparams:
   # config (configs/default.py: lr 0.1, local momentum 0.9) diverged at round 19, at 0.005 it
   # trains (0.9611 after 30 rounds, as SCAFFOLD), so the default is 0.005.
   rho: float = 0.005
-  perturbation: str = "corrected"  # "corrected" (paper: along g - c_i + c) | "local" (FL-Simulator)
+  perturbation: str = "corrected"  # "corrected" (along g - c_i + c) | "local" (FL-Simulator)
   perturb_eps: float = 1e-12    # ||v|| + perturb_eps; FL-Simulator: 1e-7
-  clip_mode: str = "none"       # "none" (paper) | "reference" (FL-Simulator's clip)
+  clip_mode: str = "none"       # "none" (default) | "reference" (FL-Simulator's clip)
   clip_norm: float = 10.0
 
   def __post_init__(self):

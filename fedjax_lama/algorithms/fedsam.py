@@ -1,7 +1,7 @@
 """FedSAM: FedAvg whose clients take sharpness-aware (SAM) local steps.
 
 Z. Qu, X. Li, R. Duan, Y. Liu, B. Tang, Z. Lu, "Generalized Federated Learning via
-Sharpness Aware Minimization", ICML 2022 (Algorithm 1); D. Caldarola, B. Caputo,
+Sharpness Aware Minimization", ICML 2022; D. Caldarola, B. Caputo,
 M. Ciccone, "Improving Generalization in Federated Learning by Seeking Flat Minima",
 ECCV 2022. The local rule is SAM's (P. Foret, A. Kleiner, H. Mobahi, B. Neyshabur,
 "Sharpness-Aware Minimization for Efficiently Improving Generalization", ICLR 2021).
@@ -11,13 +11,19 @@ g~ = grad F_i(y + e) with e = rho g / ||g|| (one L2 norm over all leaves of the 
 gradient), and steps y <- y - lr g~ (weight decay, if any, at the unperturbed y). The
 client uploads y_K - x and the server steps with their mean: FedAvg's server.
 
-The papers' reading is the default. FL-Simulator (woodenchild95/FL-Simulator, the FedSpeed
-authors' simulator) differs in two places, each an option here:
-- perturb_eps: the papers divide by ||g||; FL-Simulator by ||g|| + 1e-7. The default 1e-12
-  only keeps a zero gradient from dividing 0 by 0.
+What could be checked: the papers' own algorithm text was not available. Their abstracts
+confirm that clients run SAM as their local optimizer (Caldarola et al. also try ASAM and
+stochastic weight averaging on the server, neither of which is here). The default
+perturbation rho g / ||g||, one norm over the whole model, is SAM's rule and what the ESAM
+optimizer of FL-Simulator (woodenchild95/FL-Simulator, the FedSpeed authors' simulator)
+computes up to the 1e-7 below; that the FedSAM papers normalise exactly so and clip nothing
+is assumed from SAM's rule, not checked against their text. FL-Simulator differs in two
+places, each an option here:
+- perturb_eps: FL-Simulator divides by ||g|| + 1e-7. The default 1e-12 only keeps a zero
+  gradient from dividing 0 by 0.
 - clip_mode="reference": FL-Simulator clips every method's final local direction (here g~)
   to global norm clip_norm (10) by PyTorch's clip_grad_norm_ formula before its SGD step
-  adds weight decay; the papers clip nothing.
+  adds weight decay; the default clips nothing.
 rho = 0 skips the second gradient (a static branch): with clip_mode "none", FedAvg exactly.
 """
 import dataclasses
@@ -103,7 +109,7 @@ def with_reference_clip(correct, clip_norm: float):
 class Hparams:
   rho: float = 0.1             # perturbation radius (FL-Simulator's --rho default)
   perturb_eps: float = 1e-12   # ||g|| + perturb_eps; FL-Simulator: 1e-7
-  clip_mode: str = "none"      # "none" (papers) | "reference" (FL-Simulator's clip)
+  clip_mode: str = "none"      # "none" (default, SAM's rule) | "reference" (FL-Simulator's clip)
   clip_norm: float = 10.0      # FL-Simulator's max_norm
 
   def __post_init__(self):

@@ -2,7 +2,7 @@
 
 Y. Sun, L. Shen, S. Chen, L. Ding, D. Tao, "Dynamic Regularized Sharpness Aware
 Minimization in Federated Learning: Approaching Global Consistency and Smooth Landscape",
-ICML 2023 (arXiv 2305.11584, Algorithm 1).
+ICML 2023 (arXiv 2305.11584).
 
 Two duals per client, kept as its row (0 at start, untouched in rounds it skips):
 g_hat_i, the dynamic regulariser's (FedDyn's, as in FedSpeed), and mu_i, the one that ties
@@ -17,7 +17,13 @@ z_i = mu_i + s_{i,K} (its last perturbation) (2d up). The server sets
   s <- rho z / ||z||,  z = mean_S z_i   (the consensus of the perturbations projected on the
                                         sphere of radius rho).
 
-Readings (the paper's is the default):
+What could be checked: the paper's algorithm text was not available; its abstract confirms a
+dynamic regulariser revised by a global SAM perturbation. The local rule above (s_i along
+g - mu_i - s, mu_i <- mu_i + s_i - s) is as FL-Simulator implements it (its DRegSAM
+optimizer). The server's s from z = mean_S (mu_i + s_{i,K}) is the full form that
+FL-Simulator's server code says it simplifies by dropping s_{i,K}; it is this module's
+default as the paper's reading, but the paper's text was not available to check it.
+Options for FL-Simulator's reading:
 - global_perturbation="dual_only": FL-Simulator's simplification, s <- rho mean_S mu_i /
   ||mean_S mu_i||, dropping the last local perturbation s_{i,K} (its code says so);
 - perturb_eps: FL-Simulator divides by the norm + 1e-7 (both for s_i and s);
@@ -57,9 +63,9 @@ def _keep_state() -> optax.GradientTransformation:
 class Hparams:
   rho: float = 0.1                         # perturbation radius (FL-Simulator's README value)
   lam: float = 10.0                        # prox weight 1/lam; FL-Simulator's lamb = 1/lam
-  global_perturbation: str = "with_local"  # "with_local" (paper) | "dual_only" (FL-Simulator)
+  global_perturbation: str = "with_local"  # "with_local" (default) | "dual_only" (FL-Simulator)
   perturb_eps: float = 1e-12               # norm + perturb_eps; FL-Simulator: 1e-7
-  clip_mode: str = "none"                  # "none" (paper) | "reference" (FL-Simulator's clip)
+  clip_mode: str = "none"                  # "none" (default) | "reference" (FL-Simulator's clip)
   clip_norm: float = 10.0
 
   def __post_init__(self):
