@@ -43,7 +43,7 @@ from configs import fedat_fmnist
 from fedjax_lama.cli import logs
 
 LABELS = {"fedat": "FedAT", "fedavg": "FedAvg", "fedprox": "FedProx", "tifl": "TiFL",
-          "fedasync": "FedAsync", "asofed": "ASO-Fed"}
+          "fedasync": "FedAsync", "asofed": "ASO-Fed", "fedbuff": "FedBuff"}
 MB = 1e6  # the paper's MB, taken as 10^6 bytes (Chai et al., SC'21, metrics)
 
 # Chai et al., SC'21, Tables 1-2, t1 (best accuracy; Norm. Var. to FedAT; FedAT's row: Abs. Var.).
@@ -69,7 +69,7 @@ def define_flags() -> None:
                                   "Base config (its #class setting is replaced per run).")
   flags.DEFINE_list("settings", list(fedat_fmnist.SETTINGS), "#class per client settings.")
   flags.DEFINE_list("methods", ["fedat", "fedavg", "fedprox", "tifl", "fedasync"],
-                    "Methods of Tables 1-2 (also: asofed).")
+                    "Methods of Tables 1-2 (also: asofed, fedbuff).")
   flags.DEFINE_list("precisions", ["3", "4", "6", "none"], "FedAT polyline precisions of the "
                     "ablation ('none': raw float32); empty to skip.")
   flags.DEFINE_string("ablation_setting", "2", "#class setting of the precision ablation.")
@@ -80,6 +80,10 @@ def define_flags() -> None:
                     "setting given twice has two targets (the first is its runs' own).")
   flags.DEFINE_string("out", "experiments/results/fedat_fmnist/runs", "Run directories.")
   flags.DEFINE_string("report", "experiments/results/fedat_fmnist.md", "Markdown report.")
+  flags.DEFINE_string("include", None, "An earlier report's JSON (<report>.json) whose runs "
+                      "join the tables at --settings for the methods this command does not "
+                      "run (their stored measures; not the plot): a new method's row beside a "
+                      "committed study without retraining it.")
   flags.DEFINE_bool("finished_only", False, "Train nothing: report the runs that have finished "
                     "and list the missing ones (a study whose seeds differ by setting).")
 
@@ -161,6 +165,43 @@ def measures(records: list, target: Optional[float]) -> dict:
   return out
 
 
+def run_measures(run: dict, target: Optional[float]) -> Optional[dict]:
+  """`measures` of a run: from its records, or, for a run included from an earlier report's
+  JSON (no records), as that JSON stored them; None where it stored none for `target`."""
+  if "records" in run:
+    return measures(run["records"], target)
+  stored = run.get("measures_at", {})
+  if target is None:
+    return next(iter(stored.values()), None)
+  return stored.get(f"{target:g}")
+
+
+def load_included(path: str, settings: list, budget_s: float) -> dict:
+  """The runs of an earlier report's JSON (`<report>.json`) at `settings`, as results entries
+  without records: the tables read their stored measures; the plot leaves them out."""
+  try:
+    with open(path) as f:
+      stored = json.load(f)
+    runs, stored_budget = stored["runs"], float(stored["budget_s"])
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise app.UsageError(f"--include: {path} is not a report JSON of this tool ({e})") from e
+  if stored_budget != budget_s:
+    raise app.UsageError(f"--include: {path} ran to {stored_budget:g} s of virtual time, this "
+                         f"study to --budget_s={budget_s:g}; the rows must share the budget")
+  out = {}
+  for s in settings:
+    for label, entries in runs.get(s, {}).items():
+      for e in entries:
+        # Reports before measures_at stored the measures at the setting's first target only.
+        at = e.get("measures_at") or {f"{e['measures']['target']:g}"
+                                      if e["measures"].get("target") is not None else "none":
+                                      e["measures"]}
+        out.setdefault(s, {}).setdefault(label, []).append(
+            {"workdir": e["workdir"], "summary": e["summary"], "measures_at": at,
+             "included_from": path})
+  return out
+
+
 # ---- statistics and formatting ------------------------------------------------------------------
 def mean_std(values) -> Optional[tuple]:
   values = [v for v in values if v is not None and math.isfinite(v)]
@@ -209,7 +250,12 @@ def ordering_lines(table: dict, settings: list, seeds: int,
 def _target_claims(rows: dict, target: float) -> str:
   """Table 2's outcomes at one target: FedAT needs the fewest bytes (up + down) and reaches
   the target sooner than the synchronous baselines (Chai et al., SC'21, Sec. 6). A method counts as
-  reaching it only when every one of its runs does."""
+  reaching it only when every one of its runs does; rows without measures at `target` (from
+  an included JSON that stored none) are left out."""
+  rows = {m: row for m, row in rows.items() if row["to_target"].get(target) is not None}
+  if "FedAT" not in rows:
+    return "FedAT has no measures at this target, so its claims are not checked."
+
   def reached(label, key):
     stat = rows[label]["to_target"][target][key]
     return stat[0] if stat is not None and stat[2] == rows[label]["runs"] else None
@@ -244,6 +290,9 @@ def plot(results: dict, settings: list, path: str) -> None:
                            squeeze=False)
   for ax, s in zip(axes[0], settings):
     for label, runs in results[s].items():
+      runs = [r for r in runs if "records" in r]
+      if not runs:
+        continue
       length = min(len(r["records"]) for r in runs)
       t = [r["virtual_time"] for r in runs[0]["records"][:length]]
       acc = np.mean([[r["test_accuracy"] for r in run["records"][:length]] for run in runs], 0)
@@ -263,10 +312,9 @@ def build_tables(results: dict, settings: list, targets: dict, num_seeds: int) -
   table = {}
   for s in settings:
     table[s] = {}
-    fedat_var = [measures(r["records"], None)["mean_variance"]
-                 for r in results[s].get("FedAT", [])]
+    fedat_var = [run_measures(r, None)["mean_variance"] for r in results[s].get("FedAT", [])]
     for label, runs in results[s].items():
-      m = [measures(r["records"], None) for r in runs]
+      m = [run_measures(r, None) for r in runs]
       norm = ([a["mean_variance"] / b for a, b in zip(m, fedat_var)]
               if len(fedat_var) == len(m) else [])
       row = {"best": mean_std([x["best_accuracy"] for x in m]),
@@ -278,15 +326,17 @@ def build_tables(results: dict, settings: list, targets: dict, num_seeds: int) -
              "wall": mean_std([r["summary"].get("wall_seconds") for r in runs])}
       row["to_target"] = {}
       for t in targets_of(targets, s):
-        reached = [measures(r["records"], t) for r in runs]
-        row["to_target"][t] = {key: mean_std([x[key] for x in reached])
-                               for key in ("time_to_target", "time_to_target_smoothed",
-                                           "bytes_to_target", "bytes_to_target_up")}
+        reached = [run_measures(r, t) for r in runs]
+        # None: an included report's JSON stored no measures at this target.
+        row["to_target"][t] = None if None in reached else {
+            key: mean_std([x[key] for x in reached])
+            for key in ("time_to_target", "time_to_target_smoothed", "bytes_to_target",
+                        "bytes_to_target_up")}
       table[s][label] = row
   return table
 
 
-def setup_text(c) -> str:
+def setup_text(c, fedbuff: bool = False) -> str:
   """The simulated system and the local training of the study, from its base config."""
   sysc = c.system
   per_step = sysc.compute_model.step_cost_s
@@ -301,13 +351,17 @@ def setup_text(c) -> str:
       f"lambda = {c.fedat.lam:g}, mu = {c.fedprox.mu:g}, FedAsync alpha = "
       f"{c.fedasync.alpha:g} ({c.fedasync.staleness}); FedAT at polyline precision "
       f"{c.fedat.compression_precision} both ways ({sysc.polyline_mode}), the others raw "
-      "float32 (FedAT, Chai et al., SC'21).")
+      "float32 (FedAT, Chai et al., SC'21)."
+      + (f" FedBuff (Nguyen et al., AISTATS 2022): {c.fedbuff.concurrency} clients training "
+         f"at once, a server step every K = {c.fedbuff.buffer_size} updates with eta_g = "
+         f"{c.fedbuff.server_lr:g}, staleness weight {c.fedbuff.staleness} (a = "
+         f"{c.fedbuff.poly_a:g})." if fedbuff else ""))
 
 
 def report(base, results: dict, settings: list, targets: dict, seeds: list, ablation: list,
            plot_name: str, budget_s: float = 300.0, eval_interval_s: float = 50.0,
            ablation_setting: str = "2", missing: Optional[list] = None,
-           requested_settings: Optional[list] = None) -> str:
+           requested_settings: Optional[list] = None, include: Optional[str] = None) -> str:
   """The markdown report of `settings` (those with runs). `missing` (finished_only studies):
   the (setting, label, seed) runs not yet finished; each row then averages the seeds it has.
   `requested_settings`: the command's --settings, when some have no run yet."""
@@ -324,9 +378,13 @@ def report(base, results: dict, settings: list, targets: dict, seeds: list, abla
       f"--settings={','.join(requested_settings or settings)} "
       f"--precisions={','.join(ablation)} --targets="
       + ",".join(f"{s}={t:g}" for s in targets for t in targets_of(targets, s))
-      + f"{' --finished_only' if missing is not None else ''}` (plus the --config overrides of "
-      "the setup below). "
-      f"{setup_text(base)} Accuracy is pooled over every client's local "
+      + f"{' --finished_only' if missing is not None else ''}"
+      + (f" --include={include}` (plus the --config overrides of the setup below); the rows "
+         "of methods this command did not run come from that JSON, as it stored them (the "
+         "plot and the targets it did not store leave them out). " if include else
+         "` (plus the --config overrides of the setup below). ")
+      + 
+      f"{setup_text(base, any('FedBuff' in results[s] for s in settings))} Accuracy is pooled over every client's local "
       f"{base.local_test_fraction:.0%} test split at each tick; variance is the population "
       "variance of per-client accuracy averaged over the ticks (Chai et al., SC'21); "
       "mean ± std over "
@@ -342,7 +400,7 @@ def report(base, results: dict, settings: list, targets: dict, seeds: list, abla
       + " | paper F-MNIST #2 | paper CIFAR-10 #2/#4/#6/#8/iid |",
       "|---|---|" + "---|" * len(settings) + "---|---|",
   ]
-  methods = [l for l in ("TiFL", "FedAvg", "FedProx", "FedAsync", "ASO-Fed", "FedAT")
+  methods = [l for l in ("TiFL", "FedAvg", "FedProx", "FedAsync", "ASO-Fed", "FedBuff", "FedAT")
              if any(l in table[s] for s in settings)]
   for label in methods:
     paper_f = PAPER_T1_FMNIST.get(label)
@@ -391,6 +449,10 @@ def report(base, results: dict, settings: list, targets: dict, seeds: list, abla
         if label not in table[s]:
           continue
         row, runs = table[s][label]["to_target"][t], table[s][label]["runs"]
+        if row is None:
+          lines.append(f"| {label} | not stored in the included JSON | | | | "
+                       f"{paper_mb.get(label, '-')} |")
+          continue
         lines.append(f"| {label} | {fmt(row['time_to_target'], 0, total=runs)} | "
                      f"{fmt(row['time_to_target_smoothed'], 0, total=runs)} | "
                      f"{fmt(row['bytes_to_target'], 2, MB, total=runs)} | "
@@ -416,7 +478,7 @@ def report(base, results: dict, settings: list, targets: dict, seeds: list, abla
         continue
       row = table[s][label]
       # "-" without a target, "not reached" (in k of the row's runs) with one.
-      reached = [row["to_target"][t] for t in ablation_targets] or [{}]
+      reached = [row["to_target"][t] or {} for t in ablation_targets] or [{}]
       total = row["runs"] if ablation_targets else None
       lines.append(f"| {p} | {fmt(row['best'])} | {fmt(row['var'], 5)} | "
                    f"{fmt(row['bytes_per_upload'], 0)} | {fmt(row['final_mb_up'], 2, MB)} | "
@@ -469,6 +531,7 @@ class FedATStudy:
   targets: dict = dataclasses.field(default_factory=lambda: {"2": 0.79})
   ablation_setting: str = "2"
   finished_only: bool = False        # report finished runs only; train nothing
+  include: Optional[str] = None      # an earlier report's JSON whose other methods' runs join
   missing: list = dataclasses.field(default_factory=list, init=False)  # set by run()
 
   def plan(self) -> list:
@@ -496,6 +559,11 @@ class FedATStudy:
         print(f"#class {setting} {label} seed {seed}: best {s['best_test_accuracy']:.4f} "
               f"virtual {s['virtual_time']:.0f}s updates {s['global_updates']} "
               f"MB {s['comm_bytes'] / MB:.1f} wall {s['wall_seconds']:.0f}s", flush=True)
+    if self.include:
+      for setting, by_label in load_included(self.include, self.settings, self.budget_s).items():
+        for label, runs in by_label.items():
+          if label not in results.get(setting, {}):  # this command's own runs come first
+            results.setdefault(setting, {})[label] = runs
     return results
 
   def report(self, results: dict, plot_path: Optional[str] = None) -> str:
@@ -506,13 +574,19 @@ class FedATStudy:
       plot_name = os.path.basename(plot_path)
     return report(self.base, results, settings, self.targets, self.seeds, self.precisions,
                   plot_name, self.budget_s, self.eval_interval_s, self.ablation_setting,
-                  self.missing if self.finished_only else None, self.settings)
+                  self.missing if self.finished_only else None, self.settings, self.include)
 
   def raw(self, results: dict) -> dict:
-    return {s: {label: [{"workdir": r["workdir"], "summary": r["summary"],
-                         "measures": measures(r["records"], run_target(self.targets, s))}
-                        for r in runs]
-                for label, runs in by_label.items()} for s, by_label in results.items()}
+    """Per run: its summary and its measures at every target of its setting (None: the
+    target-free measures), which `load_included` reads back."""
+    def entry(r, s):
+      at = {f"{t:g}" if t is not None else "none": run_measures(r, t)
+            for t in targets_of(self.targets, s) or [None]}
+      return {"workdir": r["workdir"], "summary": r["summary"],
+              "measures": next(iter(at.values())), "measures_at": at,
+              **({"included_from": r["included_from"]} if "included_from" in r else {})}
+    return {s: {label: [entry(r, s) for r in runs] for label, runs in by_label.items()}
+            for s, by_label in results.items()}
 
 
 def main(argv):
@@ -521,7 +595,7 @@ def main(argv):
   study = FedATStudy(FLAGS.config, [s.lower() for s in FLAGS.settings], list(FLAGS.methods),
                      [p.lower() for p in FLAGS.precisions], [int(s) for s in FLAGS.seeds],
                      FLAGS.budget_s, FLAGS.eval_interval_s, parse_targets(FLAGS.targets),
-                     FLAGS.ablation_setting, FLAGS.finished_only)
+                     FLAGS.ablation_setting, FLAGS.finished_only, FLAGS.include)
   results = study.run(FLAGS.out)
   report_dir = os.path.dirname(os.path.abspath(FLAGS.report))
   os.makedirs(report_dir, exist_ok=True)

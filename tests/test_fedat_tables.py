@@ -114,3 +114,51 @@ def test_table_2_outcomes_are_checked_at_every_target(tmp_path):
   assert ("- #class 2, target 0.45: fewest MB up + down FedAvg (0.90) — FedAT fewest: does "
           "not hold; TiFL does not reach it, FedAT does: sooner holds; time to it FedAvg / "
           "FedAT = 3.00x (the paper: 5-6x on CIFAR-10) — sooner: holds.") in text
+
+
+def test_an_included_report_json_adds_its_other_methods_rows(tmp_path):
+  """A new method beside a committed study: the earlier report's JSON supplies the rows of the
+  methods this command does not run, from the measures it stored (no records, no retraining)."""
+  old, new = str(tmp_path / "old"), str(tmp_path / "new")
+  write_run(old, "2", "FedAT", 0, [0.5, 0.8, 0.7], upload_bytes=1_000_000)
+  write_run(old, "2", "FedAsync", 0, [0.3, 0.9, 0.6])
+  earlier = fedat_tables.FedATStudy(fedat_fmnist.get_config(), ["2"], ["fedat", "fedasync"], [],
+                                    [0], 40.0, 10.0, {"2": [0.75, 0.45]}, finished_only=True)
+  path = str(tmp_path / "old.json")
+  with open(path, "w") as f:
+    json.dump({"budget_s": 40.0, "runs": earlier.raw(earlier.run(old))}, f)
+
+  write_run(new, "2", "FedBuff", 0, [0.2, 0.4, 0.6])
+  write_run(new, "2", "FedAsync", 0, [0.1, 0.1, 0.1])  # this command's own run wins
+  study = fedat_tables.FedATStudy(fedat_fmnist.get_config(), ["2"], ["fedbuff", "fedasync"], [],
+                                  [0], 40.0, 10.0, {"2": [0.75, 0.45]}, finished_only=True,
+                                  include=path)
+  text = study.report(study.run(new))
+  assert f"--include={path}" in text
+  assert "| FedBuff | Accuracy | 0.600 |" in text
+  assert "| FedAT | Accuracy | 0.800 |" in text
+  assert "| FedAsync | Accuracy | 0.100 |" in text      # not the included 0.9
+  at_075, at_045 = text.split("## Table 2")[1].split("target accuracy 0.45")
+  assert "| FedAT | 20 | not reached | 6.00 | 2.00 |" in at_075   # stored at both targets
+  assert "| FedAT | 10 |" in at_045 and "| FedBuff | 30 |" in at_045
+
+  # A JSON of an older format stored only the first target's measures: the other target's
+  # rows say so instead of "not reached".
+  with open(path) as f:
+    stored = json.load(f)
+  for runs in stored["runs"]["2"].values():
+    for run in runs:
+      del run["measures_at"]
+  with open(path, "w") as f:
+    json.dump(stored, f)
+  text = study.report(study.run(new))
+  assert "| FedAT | not stored in the included JSON |" in text.split("target accuracy 0.45")[1]
+
+
+def test_an_included_json_of_another_budget_is_refused(tmp_path):
+  path = tmp_path / "old.json"
+  path.write_text(json.dumps({"budget_s": 200.0, "runs": {}}))
+  study = fedat_tables.FedATStudy(fedat_fmnist.get_config(), ["2"], ["fedbuff"], [], [0], 40.0,
+                                  10.0, {"2": 0.75}, finished_only=True, include=str(path))
+  with pytest.raises(Exception, match="--include: .* 200 s .* --budget_s=40"):
+    study.run(str(tmp_path))
