@@ -35,20 +35,25 @@ from fedjax_lama.data import Dataset
 from fedjax_lama.engine import sharding
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model", "fedat_cnn", "Model name.")
-flags.DEFINE_integer("clients", 16, "Participating clients per round.")
-flags.DEFINE_integer("steps", 10, "Local steps per round (FedLAMA: tau').")
-flags.DEFINE_integer("phi", 2, "FedLAMA's phi.")
-flags.DEFINE_integer("batch", 32, "Local batch size.")
-flags.DEFINE_list("algorithms", ["scaffold", "feddyn", "fedadam", "fedspeed", "fedsam",
-                                 "mofedsam", "fedsmoo", "fedgamma"],
-                  "Algorithms timed against FedAvg.")
-flags.DEFINE_list("fedlama_over", ["fedavg", "scaffold", "feddyn", "fedadam"],
-                  "Algorithms timed under the FedLAMA schedule against themselves.")
-flags.DEFINE_integer("repeats", 5, "Timed repeats after one warm-up (best kept).")
-flags.DEFINE_bool("cost_analysis", False, "Also report XLA's operation and byte counts of each "
-                  "synchronous program's training call against FedAvg's (one more compilation "
-                  "each).")
+
+
+def define_flags() -> None:
+  """The command's flags, defined only when it runs as a program: the benchmarks' modules
+  are imported side by side (tests, other tools), and absl refuses a flag defined twice."""
+  flags.DEFINE_string("model", "fedat_cnn", "Model name.")
+  flags.DEFINE_integer("clients", 16, "Participating clients per round.")
+  flags.DEFINE_integer("steps", 10, "Local steps per round (FedLAMA: tau').")
+  flags.DEFINE_integer("phi", 2, "FedLAMA's phi.")
+  flags.DEFINE_integer("batch", 32, "Local batch size.")
+  flags.DEFINE_list("algorithms", ["scaffold", "feddyn", "fedadam", "fedspeed", "fedsam",
+                                   "mofedsam", "fedsmoo", "fedgamma"],
+                    "Algorithms timed against FedAvg.")
+  flags.DEFINE_list("fedlama_over", ["fedavg", "scaffold", "feddyn", "fedadam"],
+                    "Algorithms timed under the FedLAMA schedule against themselves.")
+  flags.DEFINE_integer("repeats", 5, "Timed repeats after one warm-up (best kept).")
+  flags.DEFINE_bool("cost_analysis", False, "Also report XLA's operation and byte counts of each "
+                    "synchronous program's training call against FedAvg's (one more compilation "
+                    "each).")
 
 
 def _dataset(n, shape=(32, 32, 3), num_classes=10):
@@ -168,4 +173,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -38,12 +38,17 @@ from fedjax_lama.simulation import clock_run
 from fedjax_lama.simulation.engine_adapter import JaxAlgebra
 from fedjax_lama.simulation.testing import make_simulator
 
-_MODE = flags.DEFINE_enum("mode", "engine", ["engine", "server"],
-                          "engine: runs through the training entry point; server: stand-ins")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "measured runs of each method (after a warm-up)")
-_BUDGET = flags.DEFINE_float("budget_s", 200.0, "virtual-time budget of each run, seconds")
-_CLIENTS = flags.DEFINE_integer("num_clients", 10, "clients (all of them train at once)")
-_BUFFER = flags.DEFINE_integer("buffer_size", 3, "FedBuff's K")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command's flags, defined only when it runs as a program (see algorithm_benchmark)."""
+  flags.DEFINE_enum("mode", "engine", ["engine", "server"],
+                    "engine: runs through the training entry point; server: stand-ins")
+  flags.DEFINE_integer("repeats", 3, "measured runs of each method (after a warm-up)")
+  flags.DEFINE_float("budget_s", 200.0, "virtual-time budget of each run, seconds")
+  flags.DEFINE_integer("num_clients", 10, "clients (all of them train at once)")
+  flags.DEFINE_integer("buffer_size", 3, "FedBuff's K")
 
 
 def run_config(method: str, num_clients: int, budget_s: float, buffer_size: int):
@@ -83,7 +88,7 @@ def timed_rest_of_run(sim, warm_until: float) -> tuple[float, float, int]:
 
 def engine_seconds_per_update(method: str) -> tuple[float, float, int]:
   """(wall, CPU) seconds per client update after the first quarter of the budget."""
-  config = run_config(method, _CLIENTS.value, _BUDGET.value, _BUFFER.value)
+  config = run_config(method, FLAGS.num_clients, FLAGS.budget_s, FLAGS.buffer_size)
   if not _SETUP:  # one federation, model and w0 for every run (what training builds)
     dataset = fdata.load_dataset(config.dataset, data_dir="")
     fed = federation.build_federation(training.partition_spec(config), dataset)
@@ -91,7 +96,7 @@ def engine_seconds_per_update(method: str) -> tuple[float, float, int]:
     _SETUP.update(fed=fed, model=model, params=params)
   sim = clock_run.build_simulator(registry.clock_options(config), _SETUP["fed"],
                                   _SETUP["model"], _SETUP["params"])
-  wall, cpu, updates = timed_rest_of_run(sim, _BUDGET.value / 4)
+  wall, cpu, updates = timed_rest_of_run(sim, FLAGS.budget_s / 4)
   return wall / updates, cpu / updates, updates
 
 
@@ -99,11 +104,11 @@ def server_seconds_per_update(method: str) -> tuple[float, float, int]:
   """Stand-in trainer and evaluator: the loop and the server rule only (no training)."""
   sizes = {"w1": (64, 32), "b1": (32,), "w2": (32, 10), "b2": (10,)}  # digits' MLP
   model = {k: np.zeros(shape, np.float32) for k, shape in sizes.items()}
-  num_clients = _CLIENTS.value
+  num_clients = FLAGS.num_clients
   config = SystemConfig(num_clients=num_clients, num_unstable=0, num_tiers=2,
-                        max_virtual_time_s=100 * _BUDGET.value, eval_interval_s=_BUDGET.value)
+                        max_virtual_time_s=100 * FLAGS.budget_s, eval_interval_s=FLAGS.budget_s)
   rule = FedAsync() if method == "fedasync" else FedBuff(FedBuffConfig(
-      concurrency=num_clients, buffer_size=_BUFFER.value))
+      concurrency=num_clients, buffer_size=FLAGS.buffer_size))
   sim = make_simulator(config, rule, initial_model=model, algebra=JaxAlgebra())
   wall, cpu, updates = timed_rest_of_run(sim, config.max_virtual_time_s / 4)
   return wall / updates, cpu / updates, updates
@@ -112,21 +117,21 @@ def server_seconds_per_update(method: str) -> tuple[float, float, int]:
 def main(argv):
   del argv
   methods = ("fedasync", "fedbuff")
-  if _MODE.value == "server":
+  if FLAGS.mode == "server":
     seconds_per_update = server_seconds_per_update  # pylint: disable=redefined-outer-name
   else:
     seconds_per_update = engine_seconds_per_update
   for method in methods:  # warm-up: compile every call size once
     seconds_per_update(method)
   walls, cpus = {m: [] for m in methods}, {m: [] for m in methods}
-  for _ in range(_REPEATS.value):
+  for _ in range(FLAGS.repeats):
     for method in methods:
       wall, cpu, updates = seconds_per_update(method)
       walls[method].append(wall)
       cpus[method].append(cpu)
       print(f"{method:9s} {updates:5d} client updates  {1e3 * wall:8.3f} ms wall, "
             f"{1e3 * cpu:8.3f} ms CPU per update", flush=True)
-  print(json.dumps(verdict(walls, cpus, _CLIENTS.value, _MODE.value)))
+  print(json.dumps(verdict(walls, cpus, FLAGS.num_clients, FLAGS.mode)))
 
 
 def slower_p_value(slower: int, repeats: int) -> float:
@@ -176,4 +181,5 @@ def verdict(walls: dict, cpus: dict, concurrency: int, mode: str) -> dict:
   return result
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
