@@ -115,6 +115,22 @@ def _read_workdir_config(workdir: str) -> Optional[dict]:
     raise WorkdirError(f"{path} cannot be read ({e.strerror})") from e
 
 
+_ABSENT = object()
+
+
+def _changed(old: dict, new: dict, defaults: dict, key: str) -> bool:
+  """Whether field `key` differs between a workdir's config and this one. A field or a
+  section added to the config after the run started (config.system, a new option of an
+  algorithm's section) is no change while it keeps its default."""
+  a, b = old.get(key, _ABSENT), new.get(key, _ABSENT)
+  if a is _ABSENT:
+    return b != defaults.get(key, _ABSENT)
+  if isinstance(a, dict) and isinstance(b, dict):
+    inner = defaults.get(key) if isinstance(defaults.get(key), dict) else {}
+    return any(_changed(a, b, inner, k) for k in set(a) | set(b))
+  return a != b
+
+
 def check_workdir(workdir: str, config) -> Optional[int]:
   """Refuses to mix runs: an existing config.json must match (RESUMABLE_CHANGES aside).
 
@@ -125,12 +141,9 @@ def check_workdir(workdir: str, config) -> Optional[int]:
   if old is None:
     return None
   new = _config_dict(config)
-  # A section added to the config after the run started (e.g. config.system) is no change
-  # while it keeps its default.
   defaults = _config_dict(config_lib.base_config())
   diff = sorted(k for k in set(old) | set(new)
-                if k not in RESUMABLE_CHANGES and old.get(k) != new.get(k)
-                and not (k not in old and new.get(k) == defaults.get(k)))
+                if k not in RESUMABLE_CHANGES and _changed(old, new, defaults, k))
   extended = None
   if diff == ["rounds"] and isinstance(old.get("rounds"), int) and new["rounds"] > old["rounds"]:
     check_extension(config, old["rounds"])

@@ -336,3 +336,22 @@ def test_a_run_started_before_the_clock_sections_existed_still_resumes(tmp_path)
   c.system.num_tiers = 3  # a changed value is a different run
   with pytest.raises(ConfigError, match="fields: system"):
     training.check_workdir(str(tmp_path), c)
+
+
+def test_a_run_started_before_an_option_was_added_to_its_section_still_resumes(tmp_path):
+  """config.json of an older run lacks an option added later inside an existing section
+  (fedadam.convention): no change while the option keeps its default; any other value, or a
+  changed existing option, is a different run."""
+  c = base_config()
+  old = training._config_dict(c)  # pylint: disable=protected-access
+  for name in ("fedadam", "fedyogi", "fedadagrad"):
+    del old[name]["convention"]
+  (tmp_path / "config.json").write_text(json.dumps(old))
+  training.check_workdir(str(tmp_path), c)
+  c.fedadam.convention = "flower"
+  with pytest.raises(ConfigError, match="fields: fedadam\\)"):
+    training.check_workdir(str(tmp_path), c)
+  c.fedadam.convention = "paper"
+  c.fedyogi.beta1 = 0.5
+  with pytest.raises(ConfigError, match="fields: fedyogi\\)"):
+    training.check_workdir(str(tmp_path), c)
