@@ -383,8 +383,8 @@ def report(base, results: dict, settings: list, targets: dict, seeds: list, abla
          "of methods this command did not run come from that JSON, as it stored them (the "
          "plot and the targets it did not store leave them out). " if include else
          "` (plus the --config overrides of the setup below). ")
-      + 
-      f"{setup_text(base, any('FedBuff' in results[s] for s in settings))} Accuracy is pooled over every client's local "
+      + f"{setup_text(base, any('FedBuff' in results[s] for s in settings))} "
+      f"Accuracy is pooled over every client's local "
       f"{base.local_test_fraction:.0%} test split at each tick; variance is the population "
       "variance of per-client accuracy averaged over the ticks (Chai et al., SC'21); "
       "mean ± std over "

@@ -190,8 +190,8 @@ _FEDSPEED_FULL_LRS = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 
 def _fedspeed_small():
   """Fashion-MNIST, FedAT's CNN, balanced Dirichlet 0.6, 10 % of 100 clients, batch 50; 1 local
-  epoch (K = 11) x 20 rounds: what this shared CPU's hour allows for 9 variants x (2 tuning
-  rates + 3 seeds) (2 epochs x 30 rounds estimated at 2.5 hours from the first runs)."""
+  epoch (K = 11) x 20 rounds: t1's 13 variants x (3 to 5 tuning rates + 2 more seeds) take
+  about 1.5 hours on a 2-core CPU (2 epochs x 30 rounds would take several times that)."""
   return _with(fedspeed_fmnist.get_config(), local_epochs=1, rounds=20, eval_every=5,
                validation_fraction=0.1, per_client_eval="never")
 

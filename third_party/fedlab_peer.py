@@ -18,9 +18,9 @@ algorithm's state after each round: SCAFFOLD's global and per-client control var
 FedNova's uploaded step counts tau_i and tau_eff (sum_i p_i tau_i with FedLab's p_i = 1/m).
 
 The PyPI release fedlab==1.3.0 imports its dataset zoo (torchvision's MNIST and CIFAR-10
-readers) when `fedlab.core` is imported; none of it is used here. PyPI's torchvision wheels are built
-against CUDA PyTorch and do not load beside the CPU build of PyTorch; when torchvision is
-not installed, `_fedlab()` puts an empty module in its place so that the import succeeds
+readers) when `fedlab.core` is imported; none of it is used here. PyPI's torchvision wheels
+are built against CUDA PyTorch and do not load beside the CPU build of PyTorch; when
+torchvision is not installed, `_fedlab()` puts an empty module in its place so that the import succeeds
 (any use of a torchvision dataset would then fail loudly with an AttributeError).
 FedLab and PyTorch are optional dependencies (requirements-peers.txt).
 """

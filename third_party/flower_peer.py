@@ -73,8 +73,8 @@ def _fit_results(uploads: Sequence[Sequence[np.ndarray]], num_examples: Sequence
 
 def run_rounds(name: str, initial: Sequence[np.ndarray],
                uploads_per_round: Sequence[Sequence[Sequence[np.ndarray]]],
-               num_examples: Sequence[int], *, server_lr: float = 1.0, momentum: float = 0.0, beta1: float = 0.9,
-               beta2: float = 0.99, tau: float = 1e-3) -> list[dict]:
+               num_examples: Sequence[int], *, server_lr: float = 1.0, momentum: float = 0.0,
+               beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3) -> list[dict]:
   """Runs Flower's strategy for len(uploads_per_round) rounds on fixed uploads.
 
   Args:
