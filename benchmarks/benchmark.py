@@ -57,7 +57,7 @@ from benchmarks.conv import plans as conv_plans
 from fedjax_lama import algorithms, models
 from fedjax_lama.cli import cpu_devices
 from fedjax_lama.engine import local, round as round_lib, sharding
-from fedjax_lama.engine import platform as platform_lib
+from fedjax_lama.engine import plan as plan_lib
 from third_party import fedjax_peer
 
 FLAGS = flags.FLAGS
@@ -257,7 +257,7 @@ def engine_round(w: Workload, client_map: str, unroll=1, mesh=None):
   train_chunk, server_update = round_lib.make_round_fns(
       local.make_loss_fn(w.model, w.has_state), alg, optax.constant_schedule(LR), seed=0,
       weighting="uniform", local_steps=k, population=c, unroll=unroll,
-      client_devices=mesh.size, plan=platform_lib.plan(client_map=client_map))
+      client_devices=mesh.size, plan=plan_lib.plan(client_map=client_map))
 
   def one_round():
     sums, _, _ = train_chunk(server, {}, data_x, data_y, cohort, 0)

@@ -12,7 +12,7 @@ COMMANDS (from the repository root):
 Throughput (docs/performance.md): for every (model, clients, steps) of
 the grid, `benchmarks.benchmark.run` times, side by side in one process and interleaved,
 the engine's round (one jitted call of every client's local scan + server mean, convolution
-plan `models.resolve_conv_impl(--conv_impl)`, client map of `engine.platform.plan`), the
+plan `models.resolve_conv_impl(--conv_impl)`, client map of `engine.plan.plan`), the
 per-client Python loop of a jitted SGD step (FedJAX's default backend), the centralized
 step (a reference, not a limit: one model, one jitted step over the whole cohort's batch,
 per local step; with lax convolutions and with the engine's plan, the faster counts; --quick

@@ -118,7 +118,7 @@ class Checkpointer:
   def restore(self, step: int, like: Any) -> tuple[Any, dict]:
     """Restores into the structure, dtypes and shardings of `like`, after `verify`."""
     self.verify(step)
-    abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, like)
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
     try:
       out = self._manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))

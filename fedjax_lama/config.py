@@ -15,7 +15,7 @@ import math
 import ml_collections
 
 from fedjax_lama import registry
-from fedjax_lama.engine.platform import CLIENT_MAPS
+from fedjax_lama.engine.plan import CLIENT_MAPS
 from fedjax_lama.errors import ConfigError, closest
 
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist", "femnist",
@@ -106,7 +106,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.plots = True
   c.tensorboard = False  # also write TensorBoard event files to <workdir>/tensorboard
   # client_map: how local training adds the client axis, "auto" (the platform's measured
-  # best), "vmap" or "scan" (fedjax_lama.engine.platform.CLIENT_MAPS).
+  # best), "vmap" or "scan" (fedjax_lama.engine.plan.CLIENT_MAPS).
   c.engine = ml_collections.ConfigDict({"conv_impl": "auto", "unroll": 1, "clients_per_chunk": 0,
                                         "client_state_on_host": False, "client_map": "auto"})
   return c

@@ -37,7 +37,7 @@ from fedjax_lama import registry
 from fedjax_lama.data import augment
 from fedjax_lama.engine import evaluate as evaluation
 from fedjax_lama.engine import local
-from fedjax_lama.engine import platform as platform_lib
+from fedjax_lama.engine import plan as plan_lib
 from fedjax_lama.engine import sharding
 from fedjax_lama.errors import TrainingError, WorkdirError
 from fedjax_lama.fedlama.schedule import FedLamaProgram
@@ -321,10 +321,10 @@ def run_options(config, fed) -> RunOptions:
       platform=platform_plan(config))
 
 
-def platform_plan(config) -> platform_lib.PlatformPlan:
+def platform_plan(config) -> plan_lib.PlatformPlan:
   """The engine's plan for JAX's default backend, from config.engine.conv_impl and
   config.engine.client_map (built here once; the programs only read it)."""
-  return platform_lib.plan(conv_impl=config.engine.conv_impl,
+  return plan_lib.plan(conv_impl=config.engine.conv_impl,
                            client_map=config.engine.get("client_map", "auto"))
 
 

@@ -33,28 +33,28 @@ def leaf_sizes(tree: PyTree) -> np.ndarray:
 
 def tree_where(pred, on_true: PyTree, on_false: PyTree) -> PyTree:
   """Elementwise select of whole pytrees by a scalar predicate (exact no-op when false)."""
-  return jax.tree_util.tree_map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
+  return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
 
 
 def tree_add(a: PyTree, b: PyTree) -> PyTree:
-  return jax.tree_util.tree_map(jnp.add, a, b)
+  return jax.tree.map(jnp.add, a, b)
 
 
 def tree_sub(a: PyTree, b: PyTree) -> PyTree:
-  return jax.tree_util.tree_map(jnp.subtract, a, b)
+  return jax.tree.map(jnp.subtract, a, b)
 
 
 def tree_scale(tree: PyTree, s) -> PyTree:
-  return jax.tree_util.tree_map(lambda x: x * s, tree)
+  return jax.tree.map(lambda x: x * s, tree)
 
 
 def tree_zeros_like(tree: PyTree) -> PyTree:
-  return jax.tree_util.tree_map(jnp.zeros_like, tree)
+  return jax.tree.map(jnp.zeros_like, tree)
 
 
 def broadcast_clients(tree: PyTree, num_clients: int) -> PyTree:
   """Stack `num_clients` copies of a pytree along a new leading axis."""
-  return jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (num_clients,) + jnp.shape(x)), tree)
+  return jax.tree.map(lambda x: jnp.broadcast_to(x, (num_clients,) + jnp.shape(x)), tree)
 
 
 def tree_all_finite(tree: PyTree) -> jax.Array:

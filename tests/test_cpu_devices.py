@@ -2,7 +2,7 @@
 
 `sharding.use_cpu_device_per_core` sets the CPU device count before JAX starts (so its
 checks run in subprocesses); `sharding.client_devices` picks a run's devices by the rule
-measured on a 2-core box (`platform.splits_cpu_cohort`); the scan map's groups follow the
+measured on a 2-core box (`plan_lib.splits_cpu_cohort`); the scan map's groups follow the
 run's mesh, not the process's device count; `sharding.call_devices` gives each call of the
 simulated clock's trainer the devices that leave it unpadded. The platform plan routes each backend and reads the
 client map from the environment only when asked.
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from fedjax_lama import models
-from fedjax_lama.engine import local, platform, sharding
+from fedjax_lama.engine import local, plan as plan_lib, sharding
 from tests.conftest import shared_data_dir_or_skip
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -231,19 +231,19 @@ def test_cli_splits_the_cpu_and_trains_as_one_device(tmp_path):
     ("cpu", "patches", "scan", True, True), ("gpu", "patches", "vmap", False, False),
     ("tpu", "lax", "vmap", False, False)])
 def test_the_platform_plan_routes_each_backend(backend, kernel_set, client_map, options, rule):
-  plan = platform.plan(backend, client_map="auto")
+  plan = plan_lib.plan(backend, client_map="auto")
   assert (plan.platform, plan.kernels, plan.client_map) == (backend, kernel_set, client_map)
-  assert (plan.jit_compiler_options() == platform.CPU_TRAINING_COMPILER_OPTIONS) == options
+  assert (plan.jit_compiler_options() == plan_lib.CPU_TRAINING_COMPILER_OPTIONS) == options
   assert plan.jit_compiler_options() is None or options
   assert plan.cpu_device_rule == rule
-  assert platform.plan(backend, "lax", "vmap").kernels == "lax"
+  assert plan_lib.plan(backend, "lax", "vmap").kernels == "lax"
 
 
 def test_the_client_map_is_read_from_the_environment_when_asked_not_at_import(monkeypatch):
   monkeypatch.setenv("FEDJAX_LAMA_CLIENT_MAP", "vmap")
-  assert platform.plan("cpu").client_map == "vmap"
+  assert plan_lib.plan("cpu").client_map == "vmap"
   assert local.resolve_client_map(platform="cpu") == "vmap"
   assert local.resolve_client_map("scan", platform="cpu") == "scan"  # a caller's choice wins
   monkeypatch.setenv("FEDJAX_LAMA_CLIENT_MAP", "loop")
   with pytest.raises(ValueError, match="FEDJAX_LAMA_CLIENT_MAP='loop'"):
-    platform.plan("cpu")
+    plan_lib.plan("cpu")

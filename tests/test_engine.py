@@ -7,7 +7,7 @@ import optax
 import pytest
 
 from fedjax_lama import algorithms, rng
-from fedjax_lama.engine import local, platform, reduce, round as round_lib
+from fedjax_lama.engine import local, plan as plan_lib, reduce, round as round_lib
 from fedjax_lama.engine.algorithm import ClientContext
 
 
@@ -200,7 +200,7 @@ def test_folded_round_equals_reducing_the_stacked_clients(name):
   state = round_lib.fresh_states(alg, ctx, server.model_state, c, batched=False)
   phase = round_lib.ClientPhase(loss_fn, alg, schedule, seed=SEED,
                                 state_axes=round_lib.fresh_state_axes(alg),
-                                plan=platform.plan(client_map="vmap"))
+                                plan=plan_lib.plan(client_map="vmap"))
   assert phase.client_map == "vmap"
   final, stats = phase.train(state, ctx, data_x, data_y, cohort, keys, S)
   info = phase.info(stats, cohort, S)
@@ -218,7 +218,7 @@ def test_folded_round_equals_reducing_the_stacked_clients(name):
       train_chunk, _ = round_lib.make_round_fns(loss_fn, alg, schedule, seed=SEED,
                                                 weighting="examples", local_steps=S,
                                                 population=population,
-                                                plan=platform.plan(client_map=client_map))
+                                                plan=plan_lib.plan(client_map=client_map))
       got = train_chunk(server, rows, data_x, data_y, cohort, 1)
       assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
       for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):

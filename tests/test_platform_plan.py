@@ -11,7 +11,7 @@ import pytest
 from fedjax_lama import config as config_lib
 from fedjax_lama import data as fdata
 from fedjax_lama import training
-from fedjax_lama.engine import local, platform, sharding
+from fedjax_lama.engine import local, plan as plan_lib, sharding
 from fedjax_lama.errors import ConfigError
 from fedjax_lama.programs.sync import SyncProgram
 from tests import test_fedat_engine as clock_helpers
@@ -50,7 +50,7 @@ def test_the_plan_is_built_once_from_config_engine():
   options = training._model_options(config, dataset)  # pylint: disable=protected-access
   assert options["conv_impl"] == "lax"
   default = training.platform_plan(helpers.tiny_config())
-  assert default == platform.plan(client_map="auto")
+  assert default == plan_lib.plan(client_map="auto")
   # Resolved at build time: "auto" is the platform's map, never "auto" itself.
   assert default.client_map == ("scan" if jax.default_backend() == "cpu" else "vmap")
 
@@ -65,7 +65,7 @@ def test_config_rejects_an_unknown_client_map_naming_the_field():
 @pytest.mark.parametrize("client_map", ["vmap", "scan"])
 def test_config_client_map_reaches_the_round(recorded, monkeypatch, algorithm, client_map):
   # The environment says otherwise: the config's choice, carried by the run options, wins.
-  monkeypatch.setenv(platform.CLIENT_MAP_ENVIRONMENT, "scan" if client_map == "vmap" else "vmap")
+  monkeypatch.setenv(plan_lib.CLIENT_MAP_ENVIRONMENT, "scan" if client_map == "vmap" else "vmap")
   program = helpers.build(helpers.tiny_config(algorithm=algorithm,
                                               **{"engine.client_map": client_map}), MESH)
   assert recorded["client_map"] and set(recorded["client_map"]) == {client_map}
@@ -97,7 +97,7 @@ def test_vmap_and_scan_plans_train_the_same_round(recorded, monkeypatch):
     return widths[-1]
 
   monkeypatch.setattr(local, "scan_group", recording_group)
-  base = platform.plan()
+  base = plan_lib.plan()
   by_vmap = _one_round(dataclasses.replace(base, client_map="vmap"))
   assert not widths  # the vmap map never groups
   by_scan = _one_round(dataclasses.replace(base, client_map="scan", scan_group_bytes=0))
@@ -108,7 +108,7 @@ def test_vmap_and_scan_plans_train_the_same_round(recorded, monkeypatch):
 
 
 def _bad_plan():
-  return dataclasses.replace(platform.plan(), compiler_options=((UNKNOWN, True),))
+  return dataclasses.replace(plan_lib.plan(), compiler_options=((UNKNOWN, True),))
 
 
 def test_the_run_options_plan_compiler_options_reach_the_compiler():

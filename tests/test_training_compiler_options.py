@@ -1,9 +1,9 @@
-"""Local training compiles with `platform.CPU_TRAINING_COMPILER_OPTIONS` on every path, and those
+"""Local training compiles with `plan_lib.CPU_TRAINING_COMPILER_OPTIONS` on every path, and those
 options change the speed, not the numbers.
 
 The options (XLA:CPU's region-based live-range analysis in copy insertion) let a step update a
 parameter's buffer in place instead of copying it first (the measurements are beside
-`platform.CPU_TRAINING_COMPILER_OPTIONS`). The first test proves the options reach the compiler: an option
+`plan_lib.CPU_TRAINING_COMPILER_OPTIONS`). The first test proves the options reach the compiler: an option
 XLA does not know, put in their place, must stop each training path with XLA's own error, so a
 path that built its function with plain `jax.jit` fails here.
 """
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fedjax_lama import models, training
-from fedjax_lama.engine import local, platform, sharding
+from fedjax_lama.engine import local, plan as plan_lib, sharding
 from fedjax_lama.programs.vectorized import VectorizedSyncProgram
 from benchmarks import benchmark
 from tests import test_fedat_engine as clock_helpers

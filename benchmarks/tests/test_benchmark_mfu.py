@@ -16,7 +16,7 @@ import pytest
 
 from benchmarks import benchmark
 from fedjax_lama import algorithms, models
-from fedjax_lama.engine import local, platform, round as round_lib
+from fedjax_lama.engine import local, plan as plan_lib, round as round_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TINY = dict(clients=2, steps=2, batch=4, repeats=1, matmul_size=64)
@@ -145,7 +145,7 @@ def test_scan_client_map_equals_vmap(name, clients):
       ("vmap", "scan"), (None, 0, 1 << 40), ("shared", "copied")):
     if (client_map == "vmap") != (budget is None):
       continue
-    plan = platform.plan(client_map=client_map)
+    plan = plan_lib.plan(client_map=client_map)
     if budget is not None:  # 0: one client per group; huge: one group (vmap)
       plan = dataclasses.replace(plan, scan_group_bytes=budget)
     if start == "copied":

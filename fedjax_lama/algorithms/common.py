@@ -100,7 +100,7 @@ def fedavg_like(name: str, common: Common, **fields) -> Algorithm:
 
 
 def tree_map(fn, *trees):
-  return jax.tree_util.tree_map(fn, *trees)
+  return jax.tree.map(fn, *trees)
 
 
 def safe_positive(x: jax.Array) -> jax.Array:

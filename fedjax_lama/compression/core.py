@@ -87,7 +87,7 @@ def compress_uploads(compressor: Compressor, base_key: jax.Array, round_idx,
     return uploads
   out = {}
   for u, (name, value) in enumerate(uploads.items()):
-    per_client = jax.tree_util.tree_map(lambda x: x[0], value)
+    per_client = jax.tree.map(lambda x: x[0], value)
     if is_scalar_upload(per_client):
       out[name] = value
     else:

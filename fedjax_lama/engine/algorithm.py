@@ -141,7 +141,7 @@ def single_gradient(value_and_grad: ValueAndGrad, params: PyTree):
 
 def displacement(final: LocalState, ctx: ClientContext) -> PyTree:
   """y - x: how far the client moved from the downloaded model (Delta_i)."""
-  return jax.tree_util.tree_map(jnp.subtract, final.params, ctx.shared["params"])
+  return jax.tree.map(jnp.subtract, final.params, ctx.shared["params"])
 
 
 def upload_delta(final: LocalState, ctx: ClientContext, info: ClientInfo):
@@ -156,7 +156,7 @@ def apply_server_tx(tx: optax.GradientTransformation, server: ServerState,
 
   With tx = optax.sgd(1.0) this is exactly x + delta, FedAvg.
   """
-  pseudo_grad = jax.tree_util.tree_map(jnp.negative, delta)
+  pseudo_grad = jax.tree.map(jnp.negative, delta)
   updates, opt_state = tx.update(pseudo_grad, server.opt_state, server.params)
   return server._replace(params=optax.apply_updates(server.params, updates), opt_state=opt_state)
 
@@ -253,4 +253,4 @@ def leafwise(value: PyTree, like: PyTree) -> PyTree:
   `like`; per-leaf pytrees (under a layer-wise schedule) pass through."""
   if jax.tree_util.tree_structure(value) == jax.tree_util.tree_structure(like):
     return value
-  return jax.tree_util.tree_map(lambda _: value, like)
+  return jax.tree.map(lambda _: value, like)

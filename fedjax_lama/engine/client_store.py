@@ -71,12 +71,12 @@ class ClientStore:
     if not isinstance(num_clients, int) or num_clients < 1:
       raise ValueError(f"num_clients={num_clients!r} is not accepted; accepted: an integer >= 1")
     if on_host:
-      rows = jax.tree_util.tree_map(
+      rows = jax.tree.map(
           lambda r: np.repeat(np.asarray(r)[None], num_clients, axis=0), row)
       return cls(rows, mesh, on_host=True, copy=False)
     size = sharding.padded_size(num_clients, mesh)
     broadcast = jax.jit(
-        lambda r: jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (size,) + x.shape), r),
+        lambda r: jax.tree.map(lambda x: jnp.broadcast_to(x, (size,) + x.shape), r),
         out_shardings=sharding.clients_sharding(mesh))
     return cls(broadcast(sharding.replicate(row, mesh)), mesh, on_host=False,
                num_clients=num_clients)
@@ -108,16 +108,16 @@ class ClientStore:
       pad = np.zeros((self._size - n,) + np.shape(x)[1:], x.dtype)
       return np.concatenate([sharding.to_host(x), pad])
 
-    rows = jax.tree_util.tree_map(fit, rows)
+    rows = jax.tree.map(fit, rows)
     if self.on_host:
       # Scatter writes into these arrays in place: a private, writable copy by default.
-      self._rows = jax.tree_util.tree_map(lambda x: _writable(sharding.to_host(x), copy), rows)
+      self._rows = jax.tree.map(lambda x: _writable(sharding.to_host(x), copy), rows)
     else:
       self._rows = sharding.shard_clients(rows, self.mesh)
 
   def to_numpy(self) -> PyTree:
     """A numpy copy of the N real rows (tests, inspection)."""
-    return jax.tree_util.tree_map(
+    return jax.tree.map(
         lambda x: np.array(sharding.to_host(x)[:self.num_clients]), self._rows)
 
   def gather(self, ids) -> PyTree:
@@ -128,7 +128,7 @@ class ClientStore:
     """
     if self.on_host:
       idx = np.clip(np.asarray(sharding.to_host(ids), np.int64), 0, self.num_clients - 1)
-      rows = jax.tree_util.tree_map(lambda a: np.take(a, idx, axis=0), self._rows)
+      rows = jax.tree.map(lambda a: np.take(a, idx, axis=0), self._rows)
       return sharding.shard_clients(rows, self.mesh)
     ids = sharding.shard_clients(jnp.asarray(ids, jnp.int32), self.mesh)
     return self._gather(self._rows, ids, self.num_clients)
@@ -146,7 +146,7 @@ class ClientStore:
       def write(a, r):
         a[target] = sharding.to_host(r)[real]
 
-      jax.tree_util.tree_map(write, self._rows, rows)
+      jax.tree.map(write, self._rows, rows)
       return
     ids = sharding.shard_clients(jnp.asarray(ids, jnp.int32), self.mesh)
     mask = sharding.shard_clients(jnp.asarray(mask, jnp.float32), self.mesh)
@@ -159,7 +159,7 @@ def _writable(a: np.ndarray, copy: bool) -> np.ndarray:
 
 def _gather_rows(store: PyTree, ids: jax.Array, num_clients: int) -> PyTree:
   ids = jnp.clip(ids, 0, num_clients - 1)
-  return jax.tree_util.tree_map(lambda a: a[ids], store)
+  return jax.tree.map(lambda a: a[ids], store)
 
 
 def _scatter_rows(store: PyTree, ids: jax.Array, mask: jax.Array, rows: PyTree,
@@ -168,4 +168,4 @@ def _scatter_rows(store: PyTree, ids: jax.Array, mask: jax.Array, rows: PyTree,
   size = jax.tree_util.tree_leaves(store)[0].shape[0]
   valid = (mask > 0) & (ids >= 0) & (ids < num_clients)
   target = jnp.where(valid, ids, size)
-  return jax.tree_util.tree_map(lambda a, r: a.at[target].set(r, mode="drop"), store, rows)
+  return jax.tree.map(lambda a, r: a.at[target].set(r, mode="drop"), store, rows)

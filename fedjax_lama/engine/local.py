@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_lama.engine import platform as platform_lib
+from fedjax_lama.engine import plan as plan_lib
 from fedjax_lama.engine.algorithm import Algorithm, ClientContext, LocalState
 from fedjax_lama.tree import PyTree, tree_where
 
@@ -20,11 +20,11 @@ from fedjax_lama.tree import PyTree, tree_where
 LossFn = Callable[..., tuple[jax.Array, tuple[PyTree, jax.Array]]]
 
 
-def jit_training(fn: Callable, plan: Optional[platform_lib.PlatformPlan] = None,
+def jit_training(fn: Callable, plan: Optional[plan_lib.PlatformPlan] = None,
                  **jit_kwargs) -> Callable:
   """`jax.jit(fn, **jit_kwargs)` for a function that runs local training, with the compiler
   options of the run's platform `plan` (default: the plan of JAX's default backend)."""
-  plan = plan if plan is not None else platform_lib.plan(client_map="auto")
+  plan = plan if plan is not None else plan_lib.plan(client_map="auto")
   return jax.jit(fn, compiler_options=plan.jit_compiler_options(), **jit_kwargs)
 
 
@@ -201,7 +201,7 @@ def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
         grads = correct(grads, carry.params, ctx)
       direction, new_opt = local_tx.update(grads, opt_state, carry.params)
       lr = lr_schedule(step_offset + s)
-      new_params = jax.tree_util.tree_map(lambda p, u: p - lr * u, carry.params, direction)
+      new_params = jax.tree.map(lambda p, u: p - lr * u, carry.params, direction)
       new = LocalState(new_params, new_model_state, new_opt)
       real = smask > 0
       count = jnp.sum(emask)
@@ -235,16 +235,16 @@ def context_axes(shared_per_client: bool = False) -> ClientContext:
 # How the client axis is added (`vmap_clients`; see `platform.CLIENT_MAPS`). A run's plan
 # (`platform.PlatformPlan.client_map`) says which; a caller without one gets
 # FEDJAX_LAMA_CLIENT_MAP, read when its round's functions are built.
-CLIENT_MAPS = platform_lib.CLIENT_MAPS
-SCAN_GROUP_BYTES = platform_lib.SCAN_GROUP_BYTES
+CLIENT_MAPS = plan_lib.CLIENT_MAPS
+SCAN_GROUP_BYTES = plan_lib.SCAN_GROUP_BYTES
 
 
 def resolve_client_map(client_map: Optional[str] = None, platform: Optional[str] = None) -> str:
   """"vmap" or "scan" for `client_map` (default the environment's) on `platform` (default
   jax's)."""
   if client_map is None:
-    client_map = platform_lib.client_map_from_environment()
-  return platform_lib.resolve_client_map(client_map, platform)
+    client_map = plan_lib.client_map_from_environment()
+  return plan_lib.resolve_client_map(client_map, platform)
 
 
 def _jaxpr_bytes(jaxpr) -> int:
@@ -336,9 +336,9 @@ def vmap_clients(client_train, shared_per_client: bool = False, client_map: Opti
     own = state._replace(**{f: None for f, a in zip(state._fields, state_axes) if a is None})
     mapped = (own, ctx if shared_per_client else ctx._replace(shared=None), indices,
               example_mask, step_mask, keys, extras)
-    one = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype),
+    one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype),
                                  mapped[:-1])
-    rest = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)),
+    rest = jax.tree.map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)),
                                   (data_x, data_y, step_offset, key_offset))
 
     def with_common(st):
@@ -365,9 +365,9 @@ def vmap_clients(client_train, shared_per_client: bool = False, client_map: Opti
       if width == 1:
         # One client per iteration: no vmap at all, so convolutions keep their plain
         # (ungrouped) form, the one XLA:CPU runs fast inside loops (fedjax_lama/kernels).
-        one = jax.tree_util.tree_map(lambda a: a[0], (st, cx, idx, emask, smask, k))
+        one = jax.tree.map(lambda a: a[0], (st, cx, idx, emask, smask, k))
         out = one_client(*one, data_x, data_y, step_offset, key_offset)
-        out = jax.tree_util.tree_map(lambda a: a[None], out)
+        out = jax.tree.map(lambda a: a[None], out)
       else:
         out = vmapped(with_common(st), group_ctx, data_x, data_y, idx, emask, smask, k,
                       step_offset, key_offset)
@@ -376,22 +376,22 @@ def vmap_clients(client_train, shared_per_client: bool = False, client_map: Opti
     def body(sums, xs):
       kept, group_sums = group(xs)
       if reduce_group is not None:
-        sums = jax.tree_util.tree_map(jnp.add, sums, group_sums)
+        sums = jax.tree.map(jnp.add, sums, group_sums)
       return sums, kept
 
-    groups = jax.tree_util.tree_map(split, mapped)
+    groups = jax.tree.map(split, mapped)
     sums = None
     if reduce_group is not None:
       # The sums' shapes from one group's reduction alone (the training was traced above).
-      group_out = jax.tree_util.tree_map(
+      group_out = jax.tree.map(
           lambda a: jax.ShapeDtypeStruct((width,) + a.shape, a.dtype), client_out)
-      group_ctx, group_extras = jax.tree_util.tree_map(
+      group_ctx, group_extras = jax.tree.map(
           lambda a: jax.ShapeDtypeStruct((width,) + a.shape[1:], a.dtype), (mapped[1], extras))
       shapes = jax.eval_shape(lambda out, cx, ex: reduce_group(*out, with_shared(cx), ex)[1],
                               group_out, group_ctx, group_extras)
-      sums = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
+      sums = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
     sums, kept = jax.lax.scan(body, sums, groups)
-    kept = jax.tree_util.tree_map(merge, kept)
+    kept = jax.tree.map(merge, kept)
     return kept if reduce_group is None else (kept, sums)
 
   return scanned

@@ -35,10 +35,10 @@ def client_sum(x: jax.Array, weights: jax.Array) -> jax.Array:
 
 def weighted_sum(stacked: PyTree, weights: jax.Array) -> PyTree:
   """sum_i w_i x_i over the leading client axis of every leaf (see `client_sum`)."""
-  return jax.tree_util.tree_map(lambda x: client_sum(x, weights), stacked)
+  return jax.tree.map(lambda x: client_sum(x, weights), stacked)
 
 
 def weighted_mean(stacked: PyTree, weights: jax.Array) -> PyTree:
   total = jnp.sum(weights)
   safe = jnp.where(total > 0, total, 1.0)
-  return jax.tree_util.tree_map(lambda s: s / safe, weighted_sum(stacked, weights))
+  return jax.tree.map(lambda s: s / safe, weighted_sum(stacked, weights))

@@ -19,7 +19,7 @@ import numpy as np
 
 from fedjax_lama import compression, rng
 from fedjax_lama.engine import local, reduce
-from fedjax_lama.engine.platform import PlatformPlan
+from fedjax_lama.engine.plan import PlatformPlan
 from fedjax_lama.engine.algorithm import (MEAN, Aggregates, Algorithm, ClientContext, ClientInfo,
                                           LocalState, ServerState)
 from fedjax_lama.tree import PyTree, broadcast_clients
@@ -50,14 +50,14 @@ class ClientStats(NamedTuple):
 
 
 def gather_rows(store: PyTree, client_ids: jax.Array) -> PyTree:
-  return jax.tree_util.tree_map(lambda a: a[client_ids], store)
+  return jax.tree.map(lambda a: a[client_ids], store)
 
 
 def scatter_rows(store: PyTree, client_ids: jax.Array, client_mask: jax.Array, rows: PyTree) -> PyTree:
   """Writes the rows of real clients; padded slots are dropped (index out of range)."""
   num = jax.tree_util.tree_leaves(store)[0].shape[0]
   ids = jnp.where(client_mask > 0, client_ids, num)
-  return jax.tree_util.tree_map(lambda a, r: a.at[ids].set(r, mode="drop"), store, rows)
+  return jax.tree.map(lambda a, r: a.at[ids].set(r, mode="drop"), store, rows)
 
 
 def client_contexts(shared, rows, cohort: "Cohort") -> ClientContext:
@@ -164,7 +164,7 @@ def reduce_uploads(algorithm: Algorithm, uploads: dict, info: ClientInfo, model_
 
 
 def add_sums(a: ChunkSums, b: ChunkSums) -> ChunkSums:
-  return jax.tree_util.tree_map(jnp.add, a, b)
+  return jax.tree.map(jnp.add, a, b)
 
 
 def aggregates(algorithm: Algorithm, sums: ChunkSums, population: int) -> Aggregates:
@@ -173,13 +173,13 @@ def aggregates(algorithm: Algorithm, sums: ChunkSums, population: int) -> Aggreg
   values = {}
   for name, red in algorithm.reductions_for(sums.values).items():
     v = sums.values[name]
-    values[name] = jax.tree_util.tree_map(lambda s: s / denom, v) if red.kind == MEAN else v
+    values[name] = jax.tree.map(lambda s: s / denom, v) if red.kind == MEAN else v
   return Aggregates(values, sums.participants, population)
 
 
 def mean_model_state(sums: ChunkSums) -> PyTree:
   denom = jnp.where(sums.weight > 0, sums.weight, 1.0)
-  return jax.tree_util.tree_map(lambda s: s / denom, sums.model_state)
+  return jax.tree.map(lambda s: s / denom, sums.model_state)
 
 
 def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, lr_schedule: Callable, *,
@@ -235,7 +235,7 @@ def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, lr_schedule: Cal
     new = new._replace(model_state=mean_model_state(sums))
     # An empty cohort (Bernoulli sampling can draw none) leaves the server as it was.
     has = sums.weight > 0
-    return jax.tree_util.tree_map(lambda a, b: jnp.where(has, a, b), new, server)
+    return jax.tree.map(lambda a, b: jnp.where(has, a, b), new, server)
 
   if not jit:
     return train_chunk, server_update

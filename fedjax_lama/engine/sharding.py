@@ -22,14 +22,14 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from fedjax_lama.engine import platform as platform_lib
+from fedjax_lama.engine import plan as plan_lib
 from fedjax_lama.tree import PyTree, tree_size
 
 AXIS = "clients"
 
 # The CPU device split's thresholds (`platform.splits_cpu_cohort`).
-CPU_SPLIT_MAX_PARAMS = platform_lib.CPU_SPLIT_MAX_PARAMS
-CPU_SPLIT_MIN_STEP_BYTES = platform_lib.CPU_SPLIT_MIN_STEP_BYTES
+CPU_SPLIT_MAX_PARAMS = plan_lib.CPU_SPLIT_MAX_PARAMS
+CPU_SPLIT_MIN_STEP_BYTES = plan_lib.CPU_SPLIT_MIN_STEP_BYTES
 
 
 def client_mesh(devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
@@ -71,9 +71,9 @@ def client_devices(params: PyTree, step_bytes: int, cohort: Optional[int] = None
   (the clients of one call), since a padded client would cost the shared cores real work.
   """
   devices = list(devices) if devices is not None else jax.devices()
-  if not platform_lib.plan(devices[0].platform, client_map="auto").cpu_device_rule:
+  if not plan_lib.plan(devices[0].platform, client_map="auto").cpu_device_rule:
     return devices
-  split = platform_lib.splits_cpu_cohort(tree_size(params), step_bytes)
+  split = plan_lib.splits_cpu_cohort(tree_size(params), step_bytes)
   per_process = min(map(len, _by_process(devices))) if split else 1
   if cohort:
     per_process = math.gcd(per_process, cohort)
@@ -158,7 +158,7 @@ def shard_clients(tree: PyTree, mesh: Mesh, axis: int = 0) -> PyTree:
 def _put_tree(tree: PyTree, sharding: NamedSharding) -> PyTree:
   if sharding.is_fully_addressable:
     return jax.device_put(tree, sharding)  # one call: the transfers are batched
-  return jax.tree_util.tree_map(lambda x: put(x, sharding), tree)
+  return jax.tree.map(lambda x: put(x, sharding), tree)
 
 
 def replicate(tree: PyTree, mesh: Mesh) -> PyTree:
@@ -176,7 +176,7 @@ def narrow(tree: PyTree, mesh: Mesh) -> PyTree:
     return jax.make_array_from_single_device_arrays(
         x.shape, sharding, [buffers[d] for d in mesh.local_devices])
 
-  return jax.tree_util.tree_map(one, tree)
+  return jax.tree.map(one, tree)
 
 
 def shardings_of(tree: PyTree) -> PyTree:
@@ -185,7 +185,7 @@ def shardings_of(tree: PyTree) -> PyTree:
   A jitted round whose outputs carry the placement of its inputs sees the same
   input types every round, so it compiles once (tests/test_compilation.py).
   """
-  return jax.tree_util.tree_map(lambda x: x.sharding, tree)
+  return jax.tree.map(lambda x: x.sharding, tree)
 
 
 def to_host(x) -> np.ndarray:

@@ -172,7 +172,7 @@ class FedLamaProgram(ProgramBase):
                        self._fresh_opt_states(template))
     num_layers = len(self.spec.sizes)
     # Copies: the window donates its state, which must never delete self.params.
-    own = lambda t: jax.tree_util.tree_map(jnp.copy, t)
+    own = lambda t: jax.tree.map(jnp.copy, t)
     rest = sharding.replicate(own(
         (server, jnp.zeros(num_layers, jnp.float32),
          self.fixed if self.fixed is not None else self.base,
@@ -204,7 +204,7 @@ class FedLamaProgram(ProgramBase):
     stats_sum = jnp.zeros(4)  # loss_sum, correct, count, unused
     key = rng.round_key(self.opts.seed, rng.STREAM_TRAIN, window)
     for r in range(self.phi):  # static: phi sub-rounds, each a rolled scan inside
-      c = jax.tree_util.tree_map(lambda a: a[r], cohorts)
+      c = jax.tree.map(lambda a: a[r], cohorts)
       sub_round = window * self.phi + r
       ctx = ClientContext(alg.shared(server), rows, c.num_examples, c.client_ids)
       if alg.local_optimizer_state == "reset" and (r == 0 or fl.client_sampling == "round"):
@@ -236,7 +236,7 @@ class FedLamaProgram(ProgramBase):
       if alg.model_upload is not None:
         moved = uploads[alg.model_upload]
       else:
-        moved = jax.vmap(lambda p: jax.tree_util.tree_map(jnp.subtract, p, server.params))(
+        moved = jax.vmap(lambda p: jax.tree.map(jnp.subtract, p, server.params))(
             slots.params)
       d = layer_sync.layer_discrepancy(moved, weights, sync, intervals, d,
                                        self.spec.leaf_to_layer)
@@ -247,7 +247,7 @@ class FedLamaProgram(ProgramBase):
           model_state=server.model_state), server, self.params_def)
       rows = round_lib.select_leafwise(sync_leaf, new_rows, rows, self.params_def)
       counts = counts + sync.astype(jnp.int32)
-      params = jax.tree_util.tree_map(lambda m, u, x: jnp.where(m, u[None], x), sync_leaf,
+      params = jax.tree.map(lambda m, u, x: jnp.where(m, u[None], x), sync_leaf,
                                       server.params, slots.params)
       slots = slots._replace(params=params)
       since_steps = jnp.where(sync[None, :], 0.0, since_steps)
@@ -260,7 +260,7 @@ class FedLamaProgram(ProgramBase):
     # After window-end averaging every slot holds the mean; with "never" slot 0's own
     # statistics are evaluated.
     server = server._replace(
-        model_state=jax.tree_util.tree_map(lambda s: s[0], slots.model_state))
+        model_state=jax.tree.map(lambda s: s[0], slots.model_state))
     if self.fixed is not None:
       new_mult = self.fixed
     else:

@@ -20,7 +20,7 @@ import optax
 from fedjax_lama import data as fdata
 from fedjax_lama import federation
 from fedjax_lama.engine import client_store
-from fedjax_lama.engine import platform as platform_lib
+from fedjax_lama.engine import plan as plan_lib
 from fedjax_lama.engine import round as round_lib
 from fedjax_lama.engine.algorithm import Algorithm
 
@@ -84,12 +84,12 @@ class RunOptions:
   augment: Optional[Callable] = None
   # The engine's per-platform choices (kernels, client map, compiler options), built once by
   # the training entry point; None: `platform.plan()` of JAX's default backend.
-  platform: Optional[platform_lib.PlatformPlan] = None
+  platform: Optional[plan_lib.PlatformPlan] = None
 
 
-def platform_plan(opts: RunOptions) -> platform_lib.PlatformPlan:
+def platform_plan(opts: RunOptions) -> plan_lib.PlatformPlan:
   """The run's platform plan: `opts.platform`, or the default backend's."""
-  return opts.platform if opts.platform is not None else platform_lib.plan()
+  return opts.platform if opts.platform is not None else plan_lib.plan()
 
 
 def steps_per_round(opts: RunOptions, fed, algorithm: Algorithm) -> int:

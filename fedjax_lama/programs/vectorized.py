@@ -26,11 +26,11 @@ from fedjax_lama.programs.round_program import (RoundOutput, RunOptions, pack, p
 
 
 def _stack(trees):
-  return jax.tree_util.tree_map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *trees)
+  return jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *trees)
 
 
 def _unstack(tree, num: int):
-  return [jax.tree_util.tree_map(lambda x, i=i: x[i], tree) for i in range(num)]
+  return [jax.tree.map(lambda x, i=i: x[i], tree) for i in range(num)]
 
 
 def _same(arrays) -> bool:
@@ -102,7 +102,7 @@ class VectorizedSyncProgram:
         store = round_lib.scatter_rows(store, cohort.client_ids, cohort.client_mask, new_rows)
       new = server_update(server, sums)
       has = sums.weight > 0
-      server = jax.tree_util.tree_map(lambda a, b: jnp.where(has, a, b), new, server)
+      server = jax.tree.map(lambda a, b: jnp.where(has, a, b), new, server)
       return server, store, jnp.sum(stats.loss_sum), jnp.sum(stats.count)
 
     self._round = local.jit_training(
@@ -120,7 +120,7 @@ class VectorizedSyncProgram:
                for p, s in zip(self.params_list, self.model_state_list)]
     stores = [{}] * self.num_runs
     if self.algorithm.row_init is not None:
-      stores = [jax.tree_util.tree_map(
+      stores = [jax.tree.map(
           lambda r: jnp.broadcast_to(r, (f.num_clients,) + jnp.shape(r)),
           self.algorithm.row_init(p)) for p, f in zip(self.params_list, self.feds)]
     return {"server": _stack(servers), "rows": _stack(stores) if stores[0] else {}}
@@ -149,7 +149,7 @@ class VectorizedSyncProgram:
 
   def run_state(self, state, run: int):
     """The state of one run, as its sequential program would hold it (for checkpoints)."""
-    return jax.tree_util.tree_map(lambda x: x[run], state)
+    return jax.tree.map(lambda x: x[run], state)
 
   def stack_states(self, states):
     return _stack(states)

@@ -145,7 +145,7 @@ def build_simulator(options: ClockOptions, fed, model, params, *, mesh=None,
   evaluator = engine_adapter.LocalTestEvaluator(model, ds.train_x, ds.train_y, fed.client_test,
                                                 options.eval_batch_size)
   method = METHODS[options.method](options.method_config)
-  initial = jax.tree_util.tree_map(np.asarray, params)
+  initial = jax.tree.map(np.asarray, params)
   return EngineSimulator(system, method, num_examples=[len(ix) for ix in fed.client_train],
                          initial_model=initial, trainer=trainer, evaluator=evaluator,
                          algebra=engine_adapter.JaxAlgebra(),

@@ -35,7 +35,7 @@ from fedjax_lama.algorithms.common import Common, fedavg_like, local_optimizer
 from fedjax_lama.algorithms.fedprox import proximal
 from fedjax_lama.engine import evaluate as evaluation
 from fedjax_lama.engine import local, sharding
-from fedjax_lama.engine import platform as platform_lib
+from fedjax_lama.engine import plan as plan_lib
 from fedjax_lama.engine import round as round_lib
 from fedjax_lama.engine.algorithm import Algorithm, ClientContext
 from fedjax_lama.simulation import job_packing
@@ -73,7 +73,7 @@ def job_algorithm(local_tx: optax.GradientTransformation) -> Algorithm:
 
 def stack_trees(trees: Sequence[PyTree]) -> PyTree:
   """numpy leaves [len(trees), ...] (host arrays; one transfer per leaf when placed)."""
-  return jax.tree_util.tree_map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *trees)
+  return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *trees)
 
 
 class EngineTrainer:
@@ -94,7 +94,7 @@ class EngineTrainer:
       device count), or to a smaller power of two times the device count (`padded_size`),
       so a run compiles once per bucket, not once per call size.
     augment, unroll, label_smoothing: as for the synchronous programs.
-    plan: the run's platform plan (`engine.platform`; None: the default backend's).
+    plan: the run's platform plan (`engine.plan`; None: the default backend's).
 
   Counters (host totals, restored on resume): `loss_sum`, `example_count` (training
   loss over every real example of every trained job), `local_steps`, `num_calls`;
@@ -106,9 +106,9 @@ class EngineTrainer:
                local_tx: Optional[optax.GradientTransformation] = None, mesh=None,
                call_size_multiple: int = 1, augment: Optional[Callable] = None,
                unroll: int = 1, label_smoothing: float = 0.0,
-               plan: Optional[platform_lib.PlatformPlan] = None):
+               plan: Optional[plan_lib.PlatformPlan] = None):
     self.mesh = mesh if mesh is not None else sharding.client_mesh()
-    self.plan = plan if plan is not None else platform_lib.plan()
+    self.plan = plan if plan is not None else plan_lib.plan()
     self.seed, self.batch_size, self.max_epochs = int(seed), int(batch_size), int(max_epochs)
     self.call_size_multiple = int(call_size_multiple)
     self.client_sizes = np.array([len(ix) for ix in client_train], np.int32)
@@ -195,7 +195,7 @@ class EngineTrainer:
     self.local_steps += int(steps[:num].sum())
     self.num_calls += 1
     self.call_sizes.append(size)
-    return [TrainResult(jax.tree_util.tree_map(lambda a, i=i: np.array(a[i]), params),
+    return [TrainResult(jax.tree.map(lambda a, i=i: np.array(a[i]), params),
                         int(steps[i])) for i in range(num)]
 
   # ---- resume ---------------------------------------------------------------------------
@@ -250,7 +250,7 @@ def _weighted_sum(trees: tuple, weights: jax.Array) -> PyTree:
       acc = acc + leaf * weights[i].astype(leaf.dtype)
     return acc
 
-  return jax.tree_util.tree_map(combine, *trees)
+  return jax.tree.map(combine, *trees)
 
 
 class JaxAlgebra:

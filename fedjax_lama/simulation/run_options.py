@@ -39,7 +39,7 @@ class ClockOptions:
     eval_batch_size, label_smoothing, unroll: as for synchronous runs.
     plots: write the PNG plots.
     algorithm, dataset, model: names for the summary and the plots' titles.
-    platform: the engine's platform plan (`engine.platform.PlatformPlan`, built by the
+    platform: the engine's platform plan (`engine.plan.PlatformPlan`, built by the
       training entry point); None: the default backend's.
   """
   method: str
