@@ -20,7 +20,7 @@ Needs the `privacy` extra: pip install 'fedjax-lama[privacy]' (dp-accounting==0.
 """
 import dataclasses
 import importlib.metadata
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -115,39 +115,45 @@ def schedule_event(sampling: SamplingOptions, noise_multiplier: float,
   return dp_accounting.ComposedDpEvent(events)
 
 
-def make_accountant(accountant: str, sampling_kind: str) -> "dp_accounting.PrivacyAccountant":
-  """A fresh accountant under the adjacency the sampling needs."""
+def make_accountant(accountant: str, sampling_kind: str,
+                    rdp_orders: Optional[Sequence[float]] = None
+                    ) -> "dp_accounting.PrivacyAccountant":
+  """A fresh accountant under the adjacency the sampling needs.
+
+  `rdp_orders`: the RDP accountant's orders (dp-accounting's defaults when None).
+  """
   require_one_of("privacy.accountant", accountant, ACCOUNTANTS)
   check_accountant_takes_sampling(accountant, sampling_kind)
   relation = (dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE if sampling_kind == "poisson"
               else dp_accounting.NeighboringRelation.REPLACE_ONE)
   if accountant == "rdp":
-    return dp_rdp.RdpAccountant(neighboring_relation=relation)
+    return dp_rdp.RdpAccountant(orders=rdp_orders, neighboring_relation=relation)
   return dp_pld.PLDAccountant(neighboring_relation=relation)
 
 
-def epsilon_of_event(event, sampling: SamplingOptions, delta: float,
-                     accountant: str = "rdp") -> PrivacyReport:
+def epsilon_of_event(event, sampling: SamplingOptions, delta: float, accountant: str = "rdp",
+                     rdp_orders: Optional[Sequence[float]] = None) -> PrivacyReport:
   """The epsilon of `event` at `delta` under the accountant named."""
   check_delta(delta, sampling.num_clients)
-  composed = make_accountant(accountant, sampling.kind).compose(event)
+  composed = make_accountant(accountant, sampling.kind, rdp_orders).compose(event)
   return PrivacyReport(float(composed.get_epsilon(delta)), float(delta), accountant,
                        LIBRARY_VERSION)
 
 
 def epsilon(sampling: SamplingOptions, noise_multiplier: float, rounds: int, delta: float,
-            accountant: str = "rdp") -> PrivacyReport:
+            accountant: str = "rdp", rdp_orders: Optional[Sequence[float]] = None
+            ) -> PrivacyReport:
   """epsilon at delta after `rounds` rounds of multiplier sigma on cohorts drawn by `sampling`."""
   return epsilon_of_event(training_event(sampling, noise_multiplier, rounds), sampling, delta,
-                          accountant)
+                          accountant, rdp_orders)
 
 
 def schedule_epsilon(sampling: SamplingOptions, noise_multiplier: float,
-                     releases_per_round: Sequence[int], delta: float,
-                     accountant: str = "rdp") -> PrivacyReport:
+                     releases_per_round: Sequence[int], delta: float, accountant: str = "rdp",
+                     rdp_orders: Optional[Sequence[float]] = None) -> PrivacyReport:
   """epsilon at delta of a schedule of releases (see `schedule_event`)."""
   return epsilon_of_event(schedule_event(sampling, noise_multiplier, releases_per_round),
-                          sampling, delta, accountant)
+                          sampling, delta, accountant, rdp_orders)
 
 
 def calibrate_noise_multiplier(sampling: SamplingOptions, target_epsilon: float, delta: float,

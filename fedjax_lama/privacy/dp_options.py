@@ -85,8 +85,9 @@ class AdaptiveClipOptions:
   Attributes:
     target_quantile: gamma in [0, 1], the fraction of clients meant to be left unclipped.
     learning_rate: eta > 0 of the geometric update C <- C exp(-eta (b - gamma)).
-    count_stddev: sigma_b > 0, std of the Gaussian noise on the count of unclipped clients
-      (TF Privacy's default is expected cohort / 20).
+    count_stddev: sigma_b >= 0, std of the Gaussian noise on the count of unclipped clients
+      (TF Privacy's default is expected cohort / 20); it must exceed noise_multiplier / 2,
+      so 0 only without privacy (noise_multiplier 0).
   """
   target_quantile: float = 0.5
   learning_rate: float = 0.2
@@ -97,8 +98,8 @@ class AdaptiveClipOptions:
             "privacy.adaptive.target_quantile", self.target_quantile, "a number in [0, 1]")
     require(_is_number(self.learning_rate) and self.learning_rate > 0,
             "privacy.adaptive.learning_rate", self.learning_rate, "a number > 0")
-    require(_is_number(self.count_stddev) and self.count_stddev > 0,
-            "privacy.adaptive.count_stddev", self.count_stddev, "a number > 0")
+    require(_is_number(self.count_stddev) and self.count_stddev >= 0,
+            "privacy.adaptive.count_stddev", self.count_stddev, "a number >= 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,9 +197,8 @@ def update_noise_multiplier(noise_multiplier: float, count_stddev: float) -> flo
   """
   if noise_multiplier == 0:
     return 0.0  # no privacy asked: nothing to share between the two queries
-  budget = noise_multiplier ** -2 - (2 * count_stddev) ** -2
-  if budget <= 0:
+  if 2 * count_stddev <= noise_multiplier:
     raise HparamError("privacy.adaptive.count_stddev", count_stddev,
                       f"a number > noise_multiplier / 2 = {noise_multiplier / 2:.6g} (the "
                       "count's noise must cost less than the whole budget)")
-  return budget ** -0.5
+  return (noise_multiplier ** -2 - (2 * count_stddev) ** -2) ** -0.5
