@@ -100,13 +100,25 @@ def test_known_epsilons_of_both_accountants(q, sigma, rounds, delta, eps_rdp, ep
 
 def test_a_fixed_size_cohort_costs_at_least_its_poisson_figure():
   fixed = SamplingOptions("fixed", 3400, cohort_size=100)
-  report = accounting.epsilon(fixed, 1.0, 1500, 1 / 3400, "rdp")
-  assert report.epsilon == pytest.approx(13.78, abs=6e-3)
-  assert report.epsilon >= accounting.epsilon(
+  poisson_figure = accounting.epsilon(
       SamplingOptions("poisson", 3400, rate=100 / 3400), 1.0, 1500, 1 / 3400).epsilon
-  # Accounted as sampling without replacement, never as Poisson.
-  assert isinstance(accounting.round_event(fixed, 1.0),
-                    dp_accounting.SampledWithoutReplacementDpEvent)
+  report = accounting.epsilon(fixed, 1.0, 1500, 1 / 3400, "rdp")
+  assert report.epsilon >= poisson_figure
+  # Accounted as sampling without replacement under replace-one, never as Poisson.
+  event = accounting.round_event(fixed, 1.0)
+  assert isinstance(event, dp_accounting.SampledWithoutReplacementDpEvent)
+  assert (event.source_dataset_size, event.sample_size) == (3400, 100)
+  # Replacing a client moves the clipped sum by up to 2C: the library sees multiplier sigma / 2.
+  assert event.event == dp_accounting.GaussianDpEvent(0.5)
+  # The known answer of the library's event at multiplier 1 (13.78) is our sigma = 2.
+  library = dp_accounting.rdp.RdpAccountant(
+      neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+  library.compose(dp_accounting.SelfComposedDpEvent(
+      dp_accounting.SampledWithoutReplacementDpEvent(3400, 100, dp_accounting.GaussianDpEvent(1.0)),
+      1500))
+  assert library.get_epsilon(1 / 3400) == pytest.approx(13.78, abs=6e-3)
+  assert accounting.epsilon(fixed, 2.0, 1500, 1 / 3400).epsilon == pytest.approx(13.78, abs=6e-3)
+  assert report.epsilon > 13.78
 
 
 def test_the_pld_accountant_refuses_a_fixed_size_cohort():
@@ -184,3 +196,13 @@ def test_importing_the_accountant_without_dp_accounting_names_the_install(monkey
   assert isinstance(raised.value, FedjaxLamaError)
   message = str(raised.value)
   assert "\n" not in message and "pip install 'fedjax-lama[privacy]'" in message
+
+
+def test_both_accountants_take_a_schedule():
+  # k releases per round are one query of multiplier sigma / sqrt(k), under either accountant.
+  sampling = poisson(0.02)
+  for name in ("rdp", "pld"):
+    assert accounting.schedule_epsilon(sampling, 1.5, [3] * 50 + [0] * 5, 1e-6, name).epsilon \
+        == pytest.approx(accounting.epsilon(sampling, 1.5 / math.sqrt(3), 50, 1e-6, name).epsilon,
+                         rel=1e-9)
+  assert accounting.schedule_epsilon(sampling, 1.5, [0, 0], 1e-6, "pld").epsilon == 0

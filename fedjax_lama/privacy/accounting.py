@@ -4,9 +4,10 @@ A round releases the noised sum of its cohort's clipped updates: a Gaussian quer
 multiplier sigma on a sampled cohort. Poisson cohorts (rate q) are accounted as
 `PoissonSampledDpEvent(q, GaussianDpEvent(sigma))` under add/remove-one adjacency (RDP or PLD
 accountant); fixed-size cohorts (m of N, uniform without replacement) as
-`SampledWithoutReplacementDpEvent(N, m, GaussianDpEvent(sigma))` under replace-one adjacency,
-which only the RDP accountant takes. A fixed-size cohort is never given Poisson
-amplification: that would understate epsilon.
+`SampledWithoutReplacementDpEvent(N, m, GaussianDpEvent(sigma / 2))` under replace-one
+adjacency, which only the RDP accountant takes (replacing a client moves the clipped sum by up
+to 2C: see `release_event`). A fixed-size cohort is never given Poisson amplification: that
+would understate epsilon.
 
 The RDP accountant works from the Renyi DP of the sampled Gaussian (Mironov, Talwar, Zhang,
 "Renyi Differential Privacy of the Sampled Gaussian Mechanism", 2019) and converts it to
@@ -68,6 +69,22 @@ def _gaussian(noise_multiplier: float) -> "dp_accounting.DpEvent":
   return dp_accounting.GaussianDpEvent(noise_multiplier)
 
 
+def release_event(sampling: SamplingOptions, noise_multiplier: float) -> "dp_accounting.DpEvent":
+  """One noised sum of the cohort's clipped updates, as the accountant must see it.
+
+  Noise N(0, sigma^2 C^2) on a sum of updates clipped to C. Under add/remove-one adjacency
+  (Poisson cohorts) one client moves the sum by at most C: a Gaussian query of multiplier
+  sigma. Under replace-one adjacency (fixed-size cohorts) replacing a client's update moves it
+  by up to 2C, so the query's multiplier relative to its sensitivity is sigma / 2.
+  dp-accounting 0.6.0 defines `GaussianDpEvent`'s multiplier relative to the clip C but uses it
+  as relative to the sensitivity in its replace-one formulas (google/differential-privacy
+  issue 378), which would understate the Renyi divergence four-fold; the halving says it right.
+  """
+  if sampling.kind == "fixed":
+    return _gaussian(noise_multiplier / 2)
+  return _gaussian(noise_multiplier)
+
+
 def sampled_event(sampling: SamplingOptions, release) -> "dp_accounting.DpEvent":
   """`release` (an event on the whole cohort) on a cohort drawn as `sampling` says."""
   if sampling.kind == "poisson":
@@ -78,7 +95,7 @@ def sampled_event(sampling: SamplingOptions, release) -> "dp_accounting.DpEvent"
 
 def round_event(sampling: SamplingOptions, noise_multiplier: float) -> "dp_accounting.DpEvent":
   """One round: a Gaussian query of multiplier sigma on the sampled cohort."""
-  return sampled_event(sampling, _gaussian(noise_multiplier))
+  return sampled_event(sampling, release_event(sampling, noise_multiplier))
 
 
 def training_event(sampling: SamplingOptions, noise_multiplier: float,
@@ -93,10 +110,12 @@ def schedule_event(sampling: SamplingOptions, noise_multiplier: float,
   """Rounds with several releases each, e.g. FedLAMA's per-layer synchronisations.
 
   Under FedLAMA (Lee et al., AAAI 2023) each synchronisation of a set of layers releases a
-  noised sum of that set, each clipped to C and noised with multiplier sigma: k releases on one
-  round's cohort are k Gaussian queries on the same sample, composed inside the sampling
-  (`PoissonSampled(q, SelfComposed(Gaussian(sigma), k))`, which the accountants reduce to one
-  Gaussian of multiplier sigma / sqrt(k)). Rounds without a release cost nothing.
+  noised sum of that set, clipped to C and noised with multiplier sigma. The k releases of one
+  round's cohort together are one Gaussian query of sensitivity sqrt(k) C and noise sigma C per
+  coordinate, i.e. of multiplier sigma / sqrt(k), exactly (the k releases may cover the same or
+  different layers); that query is then sampled like any round. Rounds without a release cost
+  nothing. A round here is one draw of the cohort: under FedLAMA with one cohort per window,
+  one window.
 
   Args:
     sampling: how each round's cohort is drawn.
@@ -108,9 +127,8 @@ def schedule_event(sampling: SamplingOptions, noise_multiplier: float,
                                   and k >= 0 for k in counts),
           "releases_per_round", counts, "a non-empty list of ints >= 0")
   counts = [int(k) for k in counts]
-  gaussian = _gaussian(noise_multiplier)
   events = [dp_accounting.SelfComposedDpEvent(
-      sampled_event(sampling, dp_accounting.SelfComposedDpEvent(gaussian, k)), counts.count(k))
+      round_event(sampling, noise_multiplier / np.sqrt(k)), counts.count(k))
             for k in sorted(set(counts)) if k > 0]
   return dp_accounting.ComposedDpEvent(events)
 
@@ -173,7 +191,9 @@ def calibrate_noise_multiplier(sampling: SamplingOptions, target_epsilon: float,
           and target_epsilon > 0, "privacy.target_epsilon", target_epsilon, "a number > 0")
   check_delta(delta, sampling.num_clients)
   _check_rounds(rounds)
-  make_fresh = lambda: make_accountant(accountant, sampling.kind)  # pylint: disable=unnecessary-lambda-assignment
+
+  def make_fresh():
+    return make_accountant(accountant, sampling.kind)
 
   def make_event(sigma):
     # sigma = 0 publishes the sum (epsilon infinite); said as such, because the accountant's
