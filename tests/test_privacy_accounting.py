@@ -6,7 +6,8 @@ import sys
 import pytest
 
 from fedjax_lama.errors import FedjaxLamaError, HparamError
-from fedjax_lama.privacy import SamplingOptions, accounting, update_noise_multiplier
+from fedjax_lama.privacy import (AdaptiveClipOptions, DpOptions, SamplingOptions, accounting,
+                                 update_noise_multiplier)
 
 import dp_accounting
 
@@ -206,3 +207,12 @@ def test_both_accountants_take_a_schedule():
         == pytest.approx(accounting.epsilon(sampling, 1.5 / math.sqrt(3), 50, 1e-6, name).epsilon,
                          rel=1e-9)
   assert accounting.schedule_epsilon(sampling, 1.5, [0, 0], 1e-6, "pld").epsilon == 0
+
+
+def test_the_options_guarantee_is_that_of_their_sampling_sigma_and_delta():
+  sampling = poisson(0.01)
+  options = DpOptions(noise_multiplier=1.1, clip_norm=0.3, sampling=sampling, delta=1e-5,
+                      accountant="pld", adaptive=AdaptiveClipOptions(count_stddev=5.0))
+  report = accounting.options_epsilon(options, 300)
+  assert report == accounting.epsilon(sampling, 1.1, 300, 1e-5, "pld")
+  assert report.accountant == "pld"

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from fedjax_lama.engine import reduce
+from fedjax_lama.errors import HparamError
 from fedjax_lama.privacy import (AdaptiveClipOptions, DpOptions, SamplingOptions, mechanisms,
                                  update_noise_multiplier)
 
@@ -112,7 +113,7 @@ def test_per_layer_clips_share_the_whole_clip():
   for split in ("equal", "size", (0.1, 0.6, 0.3)):
     clips = mechanisms.layer_clip_norms(tree, 2.0, split)
     assert float(sum(c ** 2 for c in jax.tree.leaves(clips))) == pytest.approx(4.0, rel=1e-6)
-  with pytest.raises(ValueError, match="privacy.layer_split has 2 shares for an update of 3"):
+  with pytest.raises(HparamError, match=r"^privacy\.layer_split=\(0\.5, 0\.5\) .*\(3 leaves\)$"):
     mechanisms.layer_clip_norms(tree, 2.0, (0.5, 0.5))
 
 

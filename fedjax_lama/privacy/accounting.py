@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from fedjax_lama.errors import FedjaxLamaError, HparamError, require, require_one_of
-from fedjax_lama.privacy.dp_options import (ACCOUNTANTS, SamplingOptions,
+from fedjax_lama.privacy.dp_options import (ACCOUNTANTS, DpOptions, SamplingOptions,
                                             check_accountant_takes_sampling, check_delta,
                                             update_noise_multiplier)
 
@@ -164,6 +164,16 @@ def epsilon(sampling: SamplingOptions, noise_multiplier: float, rounds: int, del
   """epsilon at delta after `rounds` rounds of multiplier sigma on cohorts drawn by `sampling`."""
   return epsilon_of_event(training_event(sampling, noise_multiplier, rounds), sampling, delta,
                           accountant, rdp_orders)
+
+
+def options_epsilon(options: DpOptions, rounds: int) -> PrivacyReport:
+  """The guarantee of `rounds` rounds run with `options` (its sampling, sigma, delta, accountant).
+
+  Under adaptive clipping the configured sigma is what the updates and the count cost together
+  (Andrew et al., NeurIPS 2021, Theorem 1), so it is the sigma accounted.
+  """
+  return epsilon(options.sampling, options.noise_multiplier, rounds, options.delta,
+                 options.accountant)
 
 
 def schedule_epsilon(sampling: SamplingOptions, noise_multiplier: float,

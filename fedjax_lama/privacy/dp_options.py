@@ -193,7 +193,8 @@ def update_noise_multiplier(noise_multiplier: float, count_stddev: float) -> flo
   The count of unclipped clients, centred as sum_i (b_i - 1/2), has sensitivity 1/2, so its
   noise sigma_b is a Gaussian query of multiplier 2 sigma_b; the two queries compose to one of
   multiplier sigma exactly when the equation holds. It has a solution only when
-  2 sigma_b > sigma; otherwise the count alone costs more than the whole budget.
+  2 sigma_b > sigma; otherwise the count alone costs more than the whole budget. Under
+  replace-one adjacency both sensitivities double (2C and 1), so the same split holds.
   """
   if noise_multiplier == 0:
     return 0.0  # no privacy asked: nothing to share between the two queries

@@ -1,10 +1,10 @@
 """Clipping, Gaussian noise and adaptive clipping: pure jnp functions over pytrees.
 
 The mechanisms of central user-level DP, written so that they run inside one jitted,
-vmapped round: the per-client part (`clip_update`) maps one client's upload to its clipped
-upload, the uploads are summed with uniform weights (padded clients weigh zero), possibly in
-several chunks, and the server part (`release`) noises the sum once and divides it by the
-expected cohort size. Keys are always arguments; nothing here draws hidden randomness.
+vmapped round: the per-client part (`user_level_dp(...).client`) maps one client's upload to
+its clipped upload, the uploads are summed with uniform weights (padded clients weigh zero),
+possibly in several chunks, and the server part (`user_level_dp(...).server`) noises the sum
+once and divides it by the expected cohort size. Keys are always arguments; nothing here draws hidden randomness.
 
 References:
   McMahan, Ramage, Talwar, Zhang, "Learning Differentially Private Recurrent Language
@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_lama.errors import HparamError
 from fedjax_lama.privacy.dp_options import DpOptions
 
 PyTree = Any
@@ -67,8 +68,8 @@ def layer_clip_norms(update: PyTree, clip_norm, split: Union[str, Sequence[float
   else:
     shares = np.asarray(split, np.float64)
     if shares.shape != (len(leaves),):
-      raise ValueError(f"privacy.layer_split has {shares.size} shares for an update of "
-                       f"{len(leaves)} leaves; accepted: one share per leaf")
+      raise HparamError("privacy.layer_split", tuple(split),
+                        f"one share per leaf of the update ({len(leaves)} leaves)")
   clip = jnp.asarray(clip_norm, jnp.float32)
   return jax.tree.unflatten(treedef, [clip * jnp.sqrt(jnp.float32(s)) for s in shares])
 
