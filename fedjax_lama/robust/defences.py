@@ -439,13 +439,16 @@ def centered_clipping(stack: PyTree, mask: jax.Array, weights: jax.Array,
   previous = state.center
   momenta = jax.tree.map(lambda x, c: (1 - momentum) * x + momentum * c, stack, previous)
   p = jnp.where(real, weights, 0)
+  total = jnp.sum(p)
+  total = jnp.where(total > 0, total, 1)
 
   def clip_step(_, carry):
     v, _ = carry
     gaps = jax.tree.map(lambda x, c: x - c, momenta, v)
     norms = jnp.sqrt(_row_sq_norms(gaps))
     scale = 1 / jnp.maximum(1, norms / radius)
-    v = jax.tree.map(jnp.add, v, _masked_mean(gaps, p * scale))
+    step = reduce_lib.weighted_sum(gaps, p * scale)
+    v = jax.tree.map(lambda c, s: c + s / total, v, step)
     return v, jnp.sum(real & (norms > radius)) / jnp.maximum(_count(mask), 1)
 
   v, clipped = jax.lax.fori_loop(0, iterations, clip_step, (previous, jnp.zeros(())))
@@ -528,8 +531,13 @@ def build(name: str, f: int = 0, **hparams) -> Defence:
     require(key in accepted, f"{name}.{key}", hparams[key],
             ", ".join(accepted) or f"no hyper-parameters for {name}")
   no_state = lambda upload_like: ()
-  whole = lambda rule: Defence(name, no_state, lambda s, m, w, state: (*rule(s, m, w), state),
-                               None, "whole_cohort")
+
+  def whole(rule):
+    def aggregate(stack, mask, weights, state):
+      value, info = rule(stack, mask, weights)
+      return value, state, info
+    return Defence(name, no_state, aggregate, None, "whole_cohort")
+
   if name == "krum":
     return whole(lambda s, m, w: krum(s, m, f))
   if name == "multi_krum":
@@ -572,6 +580,7 @@ def build(name: str, f: int = 0, **hparams) -> Defence:
           "a number > 0")
 
   def bounded_mean(stack, mask, weights, state):
-    return (*norm_bounded_mean(stack, mask, weights, bound), state)
+    value, info = norm_bounded_mean(stack, mask, weights, bound)
+    return value, state, info
 
   return Defence(name, no_state, bounded_mean, lambda u: norm_bound(u, bound), "streaming")
