@@ -62,7 +62,7 @@ def test_gaussian_noise_is_a_function_of_its_key():
 
 @pytest.mark.parametrize("n,f", [(50, 12), (50, 24), (20, 5), (11, 2)])
 def test_little_is_enough_z_formula(n, f):
-  # Baruch et al. 2019, Algorithm 3: s = floor(n/2 + 1) - f; z = Phi^-1((n - s) / n).
+  # Baruch et al. 2019: s = floor(n/2 + 1) - f; z = Phi^-1((n - s) / n).
   s = math.floor(n / 2 + 1) - f
   assert robust.little_is_enough_z(n, f) == pytest.approx(stats.norm.ppf((n - s) / n), abs=1e-9)
 
@@ -126,8 +126,8 @@ def test_backdoor_examples_poison_only_the_chosen():
 
 
 def test_model_replacement_replaces_the_global_model():
-  # Bagdasaryan et al. 2020, Eq. 3: G + eta/n * gamma (X - G) = X with gamma = n / eta, when
-  # the other n - 1 updates cancel.
+  # Bagdasaryan et al. 2020 (model replacement): G + eta/n * gamma (X - G) = X with
+  # gamma = n / eta, when the other n - 1 updates cancel.
   global_model, backdoored = jnp.array([1.0, 2.0]), jnp.array([4.0, -1.0])
   n, eta = 10, 0.5
   sent = robust.model_replacement({"w": backdoored - global_model}, n, eta)["w"]

@@ -76,8 +76,8 @@ def substitute(stack: PyTree, malicious: jax.Array, sent: PyTree) -> PyTree:
 def sign_flip(update: PyTree, scale: float = 1.0) -> PyTree:
   """-scale * update: the client sends its honest update reversed and amplified.
 
-  The sign-flipping attack of the Byzantine-robust literature (e.g. Karimireddy, He, Jaggi,
-  ICML 2021, Sec. 6 "bit flipping" and Li et al., AAAI 2019 "RSA"). Not omniscient: it uses
+  The sign-flipping attack of the Byzantine-robust literature (Li, Xu, Chen, Giannakis, Ling,
+  "RSA", AAAI 2019; "bit flipping" in Karimireddy, He, Jaggi, ICML 2021). Not omniscient: it uses
   only the client's own update.
   """
   return jax.tree.map(lambda x: -scale * x, update)
@@ -87,9 +87,9 @@ def gaussian_noise(key: jax.Array, update_like: PyTree, std: float,
                    mean: float = 0.0) -> PyTree:
   """An upload of independent N(mean, std^2) coordinates, in place of the honest one.
 
-  The Gaussian Byzantine worker of Blanchard, El Mhamdi, Guerraoui, Stainer (NeurIPS 2017,
-  Sec. 6). Deterministic given `key` (fold in the client id for distinct clients); one key per
-  leaf, split from `key`. Not omniscient.
+  The Gaussian Byzantine worker of Blanchard, El Mhamdi, Guerraoui, Stainer's experiments
+  (NeurIPS 2017). Deterministic given `key` (fold in the client id for distinct clients); one
+  key per leaf, split from `key`. Not omniscient.
   """
   leaves, treedef = jax.tree_util.tree_flatten(update_like)
   keys = jax.random.split(key, max(len(leaves), 1))
@@ -116,7 +116,7 @@ def _honest_moments(stack: PyTree, honest: jax.Array) -> tuple[PyTree, PyTree]:
 
 def little_is_enough_z(n: int, f: int) -> float:
   """z_max of Baruch, Baruch, Goldberg, "A Little Is Enough: Circumventing Defenses For
-  Distributed Learning", NeurIPS 2019, Algorithm 3: with s = floor(n/2 + 1) - f supporters
+  Distributed Learning", NeurIPS 2019: with s = floor(n/2 + 1) - f supporters
   needed, z_max = Phi^{-1}((n - s) / n), Phi the standard normal CDF.
 
   Preconditions: 0 < (n - s) / n < 1 (that is 0 < s < n).
@@ -131,7 +131,7 @@ def little_is_enough_z(n: int, f: int) -> float:
 def little_is_enough(stack: PyTree, honest: jax.Array, z: float) -> PyTree:
   """mean - z * std per coordinate over the honest uploads ("a little is enough").
 
-  Baruch, Baruch, Goldberg, NeurIPS 2019, Algorithm 3: every malicious client sends
+  Baruch, Baruch, Goldberg, NeurIPS 2019: every malicious client sends
   mu_j - z sigma_j. Omniscient: mu and sigma are those of this round's honest uploads (the
   paper lets the attackers estimate them; with all honest uploads known this is its strongest
   form). sigma is the sample standard deviation (n - 1), as their implementation's torch.std.
@@ -145,7 +145,7 @@ def inner_product_manipulation(stack: PyTree, honest: jax.Array, epsilon: float)
   """-epsilon times the mean of the honest uploads.
 
   Xie, Koyejo, Gupta, "Fall of Empires: Breaking Byzantine-tolerant SGD by Inner Product
-  Manipulation", UAI 2019, Sec. 4: the Byzantine value is -epsilon * (mean of the correct
+  Manipulation", UAI 2019: the Byzantine value is -epsilon * (mean of the correct
   gradients), which makes the inner product of the aggregate with the true gradient negative
   for a large enough epsilon. Omniscient: the mean is over this round's honest uploads.
   """
@@ -193,7 +193,7 @@ def pixel_trigger(images: jax.Array, *, pattern: Optional[Any] = None, value: fl
   """Images [..., H, W, channels] with a pixel pattern stamped near the top-left corner.
 
   The pixel-pattern backdoor of Bagdasaryan, Veit, Hua, Estrin, Shmatikov, "How To Backdoor
-  Federated Learning", AISTATS 2020, Sec. 5 (after Gu et al.'s BadNets): where `pattern` is 1
+  Federated Learning", AISTATS 2020 (after Gu et al.'s BadNets, 2017): where `pattern` is 1
   the pixel is set to `value` in every channel; elsewhere the image is unchanged. The pattern
   (default `checkerboard(3)`) starts `offset` pixels from the top and left edges.
   """
@@ -213,7 +213,7 @@ def backdoor_examples(images: jax.Array, labels: jax.Array, poisoned: jax.Array,
                       target_label: int, **trigger) -> tuple[jax.Array, jax.Array]:
   """The examples where `poisoned` [B] is True get the trigger and `target_label`.
 
-  Bagdasaryan et al., AISTATS 2020, Sec. 4: the attacker trains on a mix of backdoored and
+  Bagdasaryan et al., AISTATS 2020: the attacker trains on a mix of backdoored and
   clean examples so the model keeps its main-task accuracy. `trigger` goes to `pixel_trigger`.
   """
   poisoned = jnp.asarray(poisoned, bool)
@@ -226,7 +226,7 @@ def backdoor_examples(images: jax.Array, labels: jax.Array, poisoned: jax.Array,
 def model_replacement(delta: PyTree, num_clients: int, server_lr: float = 1.0) -> PyTree:
   """The backdoored update boosted by gamma = n / eta, so it replaces the global model.
 
-  Bagdasaryan et al., AISTATS 2020, Eq. 3: the attacker submits gamma (X - G) for its
+  Bagdasaryan et al., AISTATS 2020, model replacement: the attacker submits gamma (X - G) for its
   backdoored model X and the global model G, with gamma = n / eta (n clients averaged, eta the
   server learning rate), so that G + eta/n * gamma (X - G) = X when the other updates cancel.
   `delta` is X - G (the upload in update form). Not omniscient (it needs n and eta only).

@@ -14,7 +14,8 @@ The number of real clients n = sum(mask) may change every round without recompil
 put padded slots last (+inf), neighbour counts and order statistics are traced indices. A
 padded slot never wins and never poisons a result, even when it holds NaN or inf: its rows
 are replaced before any arithmetic (`jnp.where`, never multiplication by 0). A real client
-whose upload is not finite is kept out of Krum's distances (its distances read +inf).
+whose upload is not finite is kept out of Krum's distances (its distances read +inf); in a
+coordinate-wise sort its NaN counts as larger than every value.
 
 The number of Byzantine clients f and every hyper-parameter are static Python numbers.
 `check_preconditions(defence, n, f)` refuses, on the host, an (n, f) outside a rule's bound;
@@ -180,7 +181,7 @@ def krum_scores(distances: jax.Array, active: jax.Array, f: int) -> jax.Array:
   to the other active clients (r = number active), +inf for inactive ones.
 
   Blanchard, El Mhamdi, Guerraoui, Stainer, "Machine Learning with Adversaries: Byzantine
-  Tolerant Gradient Descent", NeurIPS 2017, Sec. 4: s(i) = sum over the n - f - 2 closest
+  Tolerant Gradient Descent", NeurIPS 2017: s(i) = sum over the n - f - 2 closest
   vectors to V_i. When fewer than f + 3 clients are active (Bulyan's last recursions) the
   count r - f - 2 drops below 1: a client is then scored by its single nearest neighbour,
   and a lone client scores 0 (the count is clamped to [1, r - 1], as Flower does).
@@ -213,7 +214,7 @@ def _ranks(scores: jax.Array) -> jax.Array:
 def krum(stack: PyTree, mask: jax.Array, f: int) -> tuple[PyTree, dict]:
   """Krum: the upload of the client whose n - f - 2 nearest neighbours are closest.
 
-  Blanchard, El Mhamdi, Guerraoui, Stainer, NeurIPS 2017, Sec. 4. Preconditions: n > 2f + 2
+  Blanchard, El Mhamdi, Guerraoui, Stainer, NeurIPS 2017. Preconditions: n > 2f + 2
   real clients (the paper's bound); the rule returns one client's upload unchanged, the one
   with the lowest score (`krum_scores`), the lowest index on ties.
 
@@ -233,7 +234,7 @@ def multi_krum(stack: PyTree, mask: jax.Array, weights: jax.Array, f: int,
                num_selected: Optional[int] = None) -> tuple[PyTree, dict]:
   """Multi-Krum: the weighted mean of the m clients with the lowest Krum scores.
 
-  Blanchard, El Mhamdi, Guerraoui, Stainer, NeurIPS 2017, Sec. 5 ("Multi-Krum"): scores are
+  Blanchard, El Mhamdi, Guerraoui, Stainer, NeurIPS 2017 (Multi-Krum): scores are
   computed once on the whole cohort and the m best are averaged; the paper averages them
   uniformly (pass `weights = mask`); Flower weights them by example counts. Preconditions:
   n > 2f + 2 and 1 <= m <= n.
@@ -241,7 +242,7 @@ def multi_krum(stack: PyTree, mask: jax.Array, weights: jax.Array, f: int,
   Args:
     stack, mask, weights: the cohort (see the module docstring).
     f: Byzantine clients tolerated.
-    num_selected: m; None keeps n - f (the paper's choice), computed from the round's n.
+    num_selected: m; None keeps n - f, computed from the round's n.
 
   Returns:
     (the mean, {"selected": [C] bool, "scores": [C], "valid": bool}).
@@ -275,7 +276,7 @@ def bulyan(stack: PyTree, mask: jax.Array, f: int) -> tuple[PyTree, dict]:
   beta = theta - 2f picked values nearest their median.
 
   El Mhamdi, Guerraoui, Rouault, "The Hidden Vulnerability of Distributed Learning in
-  Byzantium", ICML 2018, Sec. 4: Krum is applied to the remaining set, its choice moved to the
+  Byzantium", ICML 2018: Krum is applied to the remaining set, its choice moved to the
   selection set, theta times; then a coordinate-wise trimmed aggregation around the median.
   Krum's neighbour count in each recursion is r - f - 2 for the r clients remaining, clamped
   to at least 1 (see `krum_scores`). Preconditions: n >= 4f + 3.
@@ -296,7 +297,8 @@ def bulyan(stack: PyTree, mask: jax.Array, f: int) -> tuple[PyTree, dict]:
     chosen = (jnp.arange(num_clients) == pick) & remaining & (t < theta)
     return remaining & ~chosen, selected | chosen
 
-  _, selected = jax.lax.fori_loop(0, num_clients, pick_one,
+  # theta <= C - 2f: the loop's static length; iterations past the round's theta pick nothing.
+  _, selected = jax.lax.fori_loop(0, max(num_clients - 2 * f, 0), pick_one,
                                   (active, jnp.zeros_like(active)))
   median = coordinate_median(stack, selected)[0]
   aggregate = jax.tree.map(
@@ -374,9 +376,9 @@ def geometric_median(stack: PyTree, mask: jax.Array, weights: jax.Array, *,
   """The weighted geometric median by the smoothed Weiszfeld algorithm (RFA).
 
   Pillutla, Kakade, Harchaoui, "Robust Aggregation for Federated Learning", IEEE TSP 2022,
-  Algorithm 2: starting from the weighted mean, repeat
+  smoothed Weiszfeld algorithm: starting from the weighted mean, repeat
       beta_i = alpha_i / max(nu, ||v - w_i||),   v = sum_i beta_i w_i / sum_i beta_i
-  for a fixed number of iterations (the paper's experiments use 3 or 4), alpha_i the client
+  for a fixed number of iterations (the paper finds that a few suffice), alpha_i the client
   weights (their alpha_i is proportional to the example count). nu > 0 keeps the step finite
   when v lands on an upload. Preconditions: n > 2f (the breakdown point is 1/2).
 
@@ -399,7 +401,7 @@ def geometric_median(stack: PyTree, mask: jax.Array, weights: jax.Array, *,
   total = jnp.sum(alpha)
   objective = jnp.sum(jnp.where(real, alpha * distances(v), 0)) / jnp.where(total > 0, total, 1)
   n = _count(mask)
-  return v, {"objective": objective, "valid": _valid("geometric_median", n, 0) & (n > 0)}
+  return v, {"objective": objective, "valid": n > 0}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -421,7 +423,7 @@ def centered_clipping(stack: PyTree, mask: jax.Array, weights: jax.Array,
   """Centered clipping around the previous aggregate, with the server keeping the momentum.
 
   Karimireddy, He, Jaggi, "Learning from History for Byzantine Robust Optimization", ICML
-  2021, Algorithm 2 (CC): starting from v = the previous round's aggregate, repeat L times
+  2021, centered clipping: starting from v = the previous round's aggregate, repeat L times
       v <- v + sum_i p_i (m_i - v) min(1, tau / ||m_i - v||)
   with p_i the normalised weights (the paper: 1/n, pass `weights = mask`). The paper's workers
   send momenta m_i = (1 - beta) g_i + beta m_i^prev. Clients here keep no state across rounds,
@@ -464,7 +466,7 @@ def norm_bound(update: PyTree, bound: float) -> PyTree:
   """One client's update scaled to L2 norm at most `bound` (over the whole pytree).
 
   Sun, Kairouz, Suresh, McMahan, "Can You Really Backdoor Federated Learning?", arXiv
-  1911.07963 (2019), Sec. 3 "norm thresholding": Delta / max(1, ||Delta|| / M). Per client,
+  1911.07963 (2019), norm thresholding of updates: Delta / max(1, ||Delta|| / M). Per client,
   so it runs inside the vmapped client computation and the mean streams. Preconditions:
   bound M > 0; no bound on the number of Byzantine clients (it limits each one's influence).
   """
