@@ -91,7 +91,7 @@ def check_preconditions(defence: str, n: int, f: int, *, beta: Optional[float] =
 
 
 def _valid(defence: str, n: jax.Array, f: int) -> jax.Array:
-  """The bound of `check_preconditions` on a traced n (trimmed_mean: see `trimmed_mean`)."""
+  """The bound of `check_preconditions` on a traced n (trimmed_mean checks its own)."""
   return BOUNDS[defence][1](n, f)
 
 
@@ -162,10 +162,6 @@ def _select_rows(stack: PyTree, one_hot: jax.Array) -> PyTree:
   """The row where `one_hot` is True, exactly (no arithmetic on its values)."""
   return jax.tree.map(
       lambda x: jnp.sum(jnp.where(_rows(one_hot, x), x, jnp.zeros((), x.dtype)), axis=0), stack)
-
-
-def _zeros_like_row(stack: PyTree) -> PyTree:
-  return jax.tree.map(lambda x: jnp.zeros(x.shape[1:], x.dtype), stack)
 
 
 def _order_statistic(sorted_x: jax.Array, index: jax.Array) -> jax.Array:
