@@ -113,3 +113,55 @@ def largest_difference(a: Sequence[np.ndarray], b: Sequence[np.ndarray],
   diff = max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
              for x, y in zip(a, b, strict=True))
   return diff / scale if scale else diff
+
+
+# Flower's robust aggregation functions (flwr.server.strategy.aggregate), driven on fixed
+# uploads. `results` there is a list of (list of arrays, num_examples); the arrays here are
+# whatever one client uploads (whole models in Flower's strategies; the comparisons feed the
+# same arrays to both sides).
+ROBUST_RULES = ("krum", "multi_krum", "bulyan", "median", "trimmed_mean")
+
+
+def _aggregate_module():
+  _flwr()
+  import flwr.server.strategy.aggregate as aggregate  # pylint: disable=g-import-not-at-top
+  return aggregate
+
+
+def robust_aggregate(rule: str, uploads: Sequence[Sequence[np.ndarray]],
+                     num_examples: Sequence[int], *, num_malicious: int = 0,
+                     to_keep: int = 0, proportiontocut: float = 0.0) -> list[np.ndarray]:
+  """Flower's robust aggregate of the clients' `uploads` (one list of arrays per client).
+
+  Args:
+    rule: one of ROBUST_RULES: "krum" is `aggregate_krum(..., to_keep=0)`, "multi_krum"
+      `aggregate_krum(..., to_keep)` (to_keep > 0, the mean weighted by example counts),
+      "bulyan" `aggregate_bulyan` with Krum (to_keep=0) as its selection rule, "median"
+      `aggregate_median`, "trimmed_mean" `aggregate_trimmed_avg(..., proportiontocut)`.
+    uploads: each client's arrays.
+    num_examples: each client's example count (only Multi-Krum's mean reads them).
+    num_malicious: f, for Krum, Multi-Krum and Bulyan.
+    to_keep: m, Multi-Krum's number of selected clients.
+    proportiontocut: the trimmed mean's fraction cut from each side.
+
+  Returns:
+    The aggregate, as a list of arrays in the uploads' order.
+  """
+  aggregate = _aggregate_module()
+  # Flower's Bulyan pops its selections from the list it is given: each call gets a fresh one.
+  results = [([np.asarray(x) for x in arrays], int(n))
+             for arrays, n in zip(uploads, num_examples, strict=True)]
+  if rule == "krum":
+    return aggregate.aggregate_krum(results, num_malicious=num_malicious, to_keep=0)
+  if rule == "multi_krum":
+    if to_keep < 1:
+      raise ValueError(f"multi_krum needs to_keep >= 1, got {to_keep}")
+    return aggregate.aggregate_krum(results, num_malicious=num_malicious, to_keep=to_keep)
+  if rule == "bulyan":
+    return aggregate.aggregate_bulyan(results, num_malicious=num_malicious,
+                                      aggregation_rule=aggregate.aggregate_krum, to_keep=0)
+  if rule == "median":
+    return aggregate.aggregate_median(results)
+  if rule == "trimmed_mean":
+    return aggregate.aggregate_trimmed_avg(results, proportiontocut=proportiontocut)
+  raise ValueError(f"rule {rule!r} is not driven here; accepted: {', '.join(ROBUST_RULES)}")
