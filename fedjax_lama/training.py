@@ -7,6 +7,8 @@ tools that assemble a run piece by piece; they read the config through fedjax_la
 """
 import ml_collections
 
+from fedjax_lama.engine import plan as plan_lib
+
 from fedjax_lama.errors import TrainingError, WorkdirError  # pylint: disable=unused-import
 from fedjax_lama.run import parts as parts_lib, spec as spec_lib, workdir as workdir_lib
 from fedjax_lama.run.loop import train_and_evaluate  # pylint: disable=unused-import
@@ -15,7 +17,13 @@ from fedjax_lama.run.records import DivergenceError  # pylint: disable=unused-im
 from fedjax_lama.run.workdir import RESUMABLE_CHANGES, check_workdir_usable  # pylint: disable=unused-import
 
 partition_spec = spec_lib.partition_spec
-platform_plan = spec_lib.platform_plan
+
+
+def platform_plan(config):
+  """The engine's plan for JAX's default backend, from config.engine.conv_impl and
+  config.engine.client_map (as `fedjax_lama.run.spec.build_spec` builds it)."""
+  return plan_lib.plan(conv_impl=config.engine.conv_impl,
+                       client_map=config.engine.get("client_map", "auto"))
 
 
 def check_workdir(workdir: str, config: ml_collections.ConfigDict):
@@ -26,7 +34,7 @@ def check_workdir(workdir: str, config: ml_collections.ConfigDict):
 
 def run_options(config, fed):
   """The round programs' options of `config` on the federation `fed`."""
-  opts = spec_lib.run_options(config, spec_lib.platform_plan(config))
+  opts = spec_lib.run_options(config, platform_plan(config))
   return parts_lib.federated_options(opts, config.augmentation, fed)
 
 
@@ -44,12 +52,12 @@ def load_dataset(config, data_dir: str):
 def build_model(config, dataset):
   """(model, params, model_state) of config.model for `dataset`."""
   return parts_lib.build_model(spec_lib.model_spec(config), dataset,
-                               spec_lib.platform_plan(config).kernels)
+                               platform_plan(config).kernels)
 
 
 def model_options(config, dataset) -> dict:
   return parts_lib.model_options(spec_lib.model_spec(config), dataset,
-                                 spec_lib.platform_plan(config).kernels)
+                                 platform_plan(config).kernels)
 
 
 config_json = spec_lib.config_json

@@ -9,7 +9,7 @@ import pytest
 
 from fedjax_lama import config as config_lib
 from fedjax_lama import training
-from fedjax_lama.run import workdir as workdir_lib
+from fedjax_lama.run import parts as parts_lib, workdir as workdir_lib
 from fedjax_lama.programs.round_program import LrSchedule
 from tests.test_training import _metrics, tiny_config
 
@@ -204,7 +204,7 @@ def test_workdir_on_a_full_filesystem_is_refused_before_data(tmp_path, monkeypat
   usage = collections.namedtuple("usage", "total used free")
   monkeypatch.setattr(workdir_lib.shutil, "disk_usage", lambda path: usage(1 << 30, 1 << 30, 0))
   loaded = []
-  monkeypatch.setattr(training, "_prepare", lambda c: loaded.append(c))
+  monkeypatch.setattr(parts_lib, "prepare", lambda c: loaded.append(c))
   with pytest.raises(training.WorkdirError, match=f"{tmp_path / 'w'}.*full"):
     training.train_and_evaluate(tiny_config(), str(tmp_path / "w"))
   assert not loaded and not (tmp_path / "w").exists()
@@ -214,7 +214,7 @@ def test_workdir_on_a_full_filesystem_is_refused_before_data(tmp_path, monkeypat
 def test_workdir_that_is_not_a_directory_is_refused_before_data(tmp_path, monkeypatch, workdir):
   (tmp_path / "afile").write_text("mine\n")
   monkeypatch.chdir(tmp_path)
-  monkeypatch.setattr(training, "_prepare", lambda c: pytest.fail("data loaded"))
+  monkeypatch.setattr(parts_lib, "prepare", lambda c: pytest.fail("data loaded"))
   with pytest.raises(training.WorkdirError, match="empty" if not workdir else "afile"):
     training.train_and_evaluate(tiny_config(), workdir)
   assert (tmp_path / "afile").read_text() == "mine\n"

@@ -11,11 +11,14 @@ from fedjax_lama.run import parts as parts_lib
 from fedjax_lama.run.records import DivergenceError
 
 
-def train(spec, parts: parts_lib.Parts, workdir: str, stop_after_tick: Optional[int]) -> dict:
-  """Runs (or resumes) the clock run of `spec` in `workdir` (checked by the caller).
+def train(spec, parts: parts_lib.Parts, workdir: str, extended: Optional[int],
+          stop_after_tick: Optional[int]) -> dict:
+  """Runs (or resumes) the clock run of `spec` in `workdir` (checked by the caller; a run on
+  the clock is never `extended`).
 
   stop_after_tick: stop after the checkpoint that follows that evaluation tick (tests).
   """
+  del extended  # refused by workdir.check_extension
   from fedjax_lama.simulation import clock_run  # pylint: disable=g-import-not-at-top
   if jax.tree_util.tree_leaves(parts.model_state):
     raise ConfigError(

@@ -25,8 +25,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   spec = spec_lib.build_spec(config)  # the config as given, validated and read once
   workdir, extended = workdir_lib.check(workdir, spec)  # before any data is loaded
   parts = parts_lib.prepare(spec)
-  if spec.mode == "clock":
-    return clock.train(spec, parts, workdir, stop_after_tick=stop_after_round)
+  return TRAIN[spec.mode](spec, parts, workdir, extended, stop_after_round)
+
+
+def train_rounds(spec, parts: parts_lib.Parts, workdir: str, extended: Optional[int],
+                 stop_after_round: Optional[int]) -> dict:
+  """Synchronous rounds (FedLAMA's schedule included) of the round program, recorded."""
   program = parts_lib.program(spec, parts)
   run = records_lib.Run(spec.records, workdir, program, parts.fed, parts.params)
   state = run.restore(program.init_state(), extended_from=extended)
@@ -40,3 +44,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   finally:
     run.close()
   return run.finish(state)
+
+
+# How each mode (spec.MODES, decided once by build_spec) trains.
+TRAIN = {"synchronous": train_rounds, "fedlama": train_rounds, "clock": clock.train}

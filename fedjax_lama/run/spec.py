@@ -113,25 +113,20 @@ def build_spec(config: ml_collections.ConfigDict) -> RunSpec:
         f"config file's get_config()), got {type(config).__name__}")
   config = copy.deepcopy(config)
   config_lib.validate(config)
-  plan = platform_plan(config)
   clock = registry.runs_on_clock(config)  # FedAT (Chai et al. 2021) and its baselines
   selection = None if clock else registry.select(config)
+  clock_options = registry.clock_options(config) if clock else None
   mode = "clock" if clock else "fedlama" if selection.fedlama is not None else "synchronous"
+  plan = plan_lib.plan(conv_impl=config.engine.conv_impl,  # built once; the programs read it
+                       client_map=config.engine.get("client_map", "auto"))
   return RunSpec(
       mode=mode, data=data_spec(config), federation=partition_spec(config),
-      model=model_spec(config), plan=plan, records=record_options(config),
+      model=model_spec(config), records=record_options(config), plan=plan,
       algorithm=None if clock else AlgorithmSpec(
           config.algorithm, selection, functools.partial(registry.build_algorithm, config),
           functools.partial(registry.uplink_compressor, config)),
       options=None if clock else run_options(config, plan),
-      clock=dataclasses.replace(registry.clock_options(config), platform=plan) if clock else None)
-
-
-def platform_plan(config) -> plan_lib.PlatformPlan:
-  """The engine's plan for JAX's default backend, from config.engine.conv_impl and
-  config.engine.client_map (built once; the programs only read it)."""
-  return plan_lib.plan(conv_impl=config.engine.conv_impl,
-                       client_map=config.engine.get("client_map", "auto"))
+      clock=dataclasses.replace(clock_options, platform=plan) if clock else None)
 
 
 def data_spec(config) -> DataSpec:
