@@ -1,7 +1,7 @@
 """The training entry points, as the README, notebooks and experiments import them.
 
 The run itself lives in fedjax_lama.run (config -> validation -> RunSpec -> loop):
-`train_and_evaluate` is fedjax_lama.run.loop's, `train_many` fedjax_lama.run.many's. The
+`train_and_evaluate` is fedjax_lama.run.pipeline's, `train_many` fedjax_lama.run.many's. The
 functions below build one part of a run straight from a config, for tests, benchmarks and
 tools that assemble a run piece by piece; they read the config through fedjax_lama.run.spec.
 """
@@ -11,7 +11,7 @@ from fedjax_lama.engine import plan as plan_lib
 
 from fedjax_lama.errors import TrainingError, WorkdirError  # pylint: disable=unused-import
 from fedjax_lama.run import parts as parts_lib, spec as spec_lib, workdir as workdir_lib
-from fedjax_lama.run.loop import train_and_evaluate  # pylint: disable=unused-import
+from fedjax_lama.run.pipeline import train_and_evaluate  # pylint: disable=unused-import
 from fedjax_lama.run.many import VECTORIZABLE_FIELDS, train_many  # pylint: disable=unused-import
 from fedjax_lama.run.records import DivergenceError  # pylint: disable=unused-import
 from fedjax_lama.run.workdir import RESUMABLE_CHANGES, check_workdir_usable  # pylint: disable=unused-import

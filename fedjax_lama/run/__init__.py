@@ -5,6 +5,7 @@
   workdir.py   what a workdir must be, and the run it may already hold (resume, extension).
   parts.py     the data, federation, model, mesh and round program a RunSpec describes.
   records.py   the run's bookkeeping: metrics, checkpoints, evaluation, summary.
-  loop.py      train_and_evaluate(config, workdir): the pipeline on one page.
+  pipeline.py  train_and_evaluate(config, workdir): the pipeline on one page, and the loop
+               of synchronous rounds.
   many.py      train_many: runs of one config trained together.
 """

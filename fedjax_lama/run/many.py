@@ -1,7 +1,7 @@
 """train_many: several runs, each written to its own workdir exactly as train_and_evaluate
 writes it; runs of one synchronous config that differ only in seed and local_lr train
 together as one jitted computation per round (programs/vectorized.py)."""
-from fedjax_lama.run import loop, parts as parts_lib, records as records_lib
+from fedjax_lama.run import parts as parts_lib, pipeline, records as records_lib
 from fedjax_lama.run import spec as spec_lib, workdir as workdir_lib
 from fedjax_lama.run.records import DivergenceError
 
@@ -50,7 +50,7 @@ def _one_after_another(configs, workdirs) -> list:
   outcomes = []
   for c, w in zip(configs, workdirs):
     try:
-      outcomes.append(loop.train_and_evaluate(c, w))
+      outcomes.append(pipeline.train_and_evaluate(c, w))
     except DivergenceError as e:
       outcomes.append(e)
   return outcomes

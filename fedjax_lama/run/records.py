@@ -173,8 +173,9 @@ class Run:
     # The rate of the rounds after the first: the first one's compilation does not recur.
     trained = (self.train_seconds - self.first_round_seconds, done - 1) if done > 1 else (
         self.train_seconds, done)
+    evaluations_left = self._evaluations_after(round_idx)
     eta = progress.eta_seconds(*trained, total - round_idx - 1, self.eval_seconds,
-                               self._evaluations_after(round_idx))
+                               evaluations_left)
     progress.info("round %d/%d  test_acc %.4f  test_loss %.4f  train_loss %.4f  %.1fs  "
                   "ETA %.1fs", round_idx + 1, total, record["test_accuracy"],
                   record["test_loss"], record["train_loss"], record["wall_seconds"], eta)
