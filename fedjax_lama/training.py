@@ -8,13 +8,12 @@ tools that assemble a run piece by piece; they read the config through fedjax_la
 import ml_collections
 
 from fedjax_lama.engine import plan as plan_lib
-
-from fedjax_lama.errors import TrainingError, WorkdirError  # pylint: disable=unused-import
+from fedjax_lama.errors import TrainingError, WorkdirError
 from fedjax_lama.run import parts as parts_lib, spec as spec_lib, workdir as workdir_lib
-from fedjax_lama.run.pipeline import train_and_evaluate  # pylint: disable=unused-import
-from fedjax_lama.run.many import VECTORIZABLE_FIELDS, train_many  # pylint: disable=unused-import
-from fedjax_lama.run.records import DivergenceError  # pylint: disable=unused-import
-from fedjax_lama.run.workdir import RESUMABLE_CHANGES, check_workdir_usable  # pylint: disable=unused-import
+from fedjax_lama.run.pipeline import train_and_evaluate
+from fedjax_lama.run.many import VECTORIZABLE_FIELDS, train_many
+from fedjax_lama.run.records import DivergenceError
+from fedjax_lama.run.workdir import RESUMABLE_CHANGES, check_workdir_usable
 
 partition_spec = spec_lib.partition_spec
 
@@ -61,3 +60,8 @@ def model_options(config, dataset) -> dict:
 
 
 config_json = spec_lib.config_json
+
+__all__ = ["DivergenceError", "RESUMABLE_CHANGES", "TrainingError", "VECTORIZABLE_FIELDS",
+           "WorkdirError", "build_model", "build_program", "check_workdir",
+           "check_workdir_usable", "config_json", "load_dataset", "model_options",
+           "partition_spec", "platform_plan", "run_options", "train_and_evaluate", "train_many"]

@@ -51,7 +51,8 @@ def check_workdir_usable(workdir) -> None:
       break
     probe_dir = parent
   if not os.path.isdir(probe_dir):
-    what = "is a file" if probe_dir == os.path.abspath(workdir) else f"is under a file ({probe_dir})"
+    what = ("is a file" if probe_dir == os.path.abspath(workdir)
+            else f"is under a file ({probe_dir})")
     raise WorkdirError(f"workdir {workdir} {what}; accepted: a directory, or a path where one "
                        "can be made")
   try:  # os.access answers for the user, not for the filesystem (read-only mounts, quotas)
