@@ -79,7 +79,7 @@ def _config(algorithm, clients, steps, phi, batch, model, fedlama=False):
 
 def _program(config, dataset, mesh):
   fed = federation.build_federation(training.partition_spec(config), dataset)
-  model, params, model_state = training._build_model(config, dataset)  # pylint: disable=protected-access
+  model, params, model_state = training.build_model(config, dataset)
   return training.build_program(config, model, params, model_state, fed, mesh)
 
 

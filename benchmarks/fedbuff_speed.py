@@ -92,7 +92,7 @@ def engine_seconds_per_update(method: str) -> tuple[float, float, int]:
   if not _SETUP:  # one federation, model and w0 for every run (what training builds)
     dataset = fdata.load_dataset(config.dataset, data_dir="")
     fed = federation.build_federation(training.partition_spec(config), dataset)
-    model, params, _ = training._build_model(config, dataset)  # pylint: disable=protected-access
+    model, params, _ = training.build_model(config, dataset)
     _SETUP.update(fed=fed, model=model, params=params)
   sim = clock_run.build_simulator(registry.clock_options(config), _SETUP["fed"],
                                   _SETUP["model"], _SETUP["params"])

@@ -60,7 +60,7 @@ def run(model: str, num_runs: int = 8, repeats: int = 5) -> dict:
   feds, params, states, programs = [], [], [], []
   for c in configs:
     fed = federation.build_federation(training.partition_spec(c), dataset)
-    mdl, p, s = training._build_model(c, dataset)  # pylint: disable=protected-access
+    mdl, p, s = training.build_model(c, dataset)
     feds.append(fed), params.append(p), states.append(s)
     programs.append(training.build_program(c, mdl, p, s, fed, mesh))
   vec = VectorizedSyncProgram([training.run_options(c, f) for c, f in zip(configs, feds)],

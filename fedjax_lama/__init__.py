@@ -8,7 +8,7 @@ Public entry points (imported lazily so `import fedjax_lama` stays light):
 __version__ = "0.1.0"
 
 _LAZY = {
-    "train_and_evaluate": ("fedjax_lama.training", "train_and_evaluate"),
+    "train_and_evaluate": ("fedjax_lama.run.pipeline", "train_and_evaluate"),
     "select_intervals": ("fedjax_lama.fedlama.selection", "select_intervals"),
     "layer_masked_mean": ("fedjax_lama.fedlama.layer_sync", "layer_masked_mean"),
     "base_config": ("fedjax_lama.config", "base_config"),

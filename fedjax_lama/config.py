@@ -209,9 +209,8 @@ def validate(c: ml_collections.ConfigDict, num_classes: int | None = None) -> No
     _fail("dirichlet_concentration", c.dirichlet_concentration, "a Dirichlet alpha > 0")
   if c.partition in ("shards", "class_cyclic"):
     _positive_int(c, "classes_per_client")
-    if num_classes is not None and c.classes_per_client > num_classes:
-      _fail("classes_per_client", c.classes_per_client,
-            f"at most the number of classes of {c.dataset!r} ({num_classes})")
+  if num_classes is not None:
+    check_classes_per_client(c.partition, c.classes_per_client, c.dataset, num_classes)
   if not (0.0 <= c.local_test_fraction < 1.0):
     _fail("local_test_fraction", c.local_test_fraction, "a fraction in [0, 1)")
   if not (0.0 <= c.validation_fraction < 1.0):
@@ -230,6 +229,15 @@ def validate(c: ml_collections.ConfigDict, num_classes: int | None = None) -> No
   if c.weight_decay < 0:
     _fail("weight_decay", c.weight_decay, "a number >= 0")
   registry.validate(c)
+
+
+def check_classes_per_client(partition: str, classes_per_client: int, dataset: str,
+                             num_classes: int) -> None:
+  """The one check that needs the data: a label-sharding partition's classes per client are
+  at most the dataset's classes."""
+  if partition in ("shards", "class_cyclic") and classes_per_client > num_classes:
+    _fail("classes_per_client", classes_per_client,
+          f"at most the number of classes of {dataset!r} ({num_classes})")
 
 
 # ---- fields set on the command line -------------------------------------------------------

@@ -199,3 +199,19 @@ def test_debug_variable_shows_the_traceback(tmp_path):
   assert "Traceback" in proc.stderr and "ConfigError" in proc.stderr
   assert [l for l in proc.stderr.splitlines() if l.startswith("error:")] == [
       "error: config.seed=-1 is not accepted; accepted: an integer >= 0"]
+
+
+def test_a_dataset_and_its_options_can_both_be_set_on_the_command_line(tmp_path):
+  """--config.dataset=femnist --config.dataset_options.format=leaf: the option is checked
+  against the dataset set beside it (configs/default.py's dataset is digits, which has no
+  options), so the run passes validation and stops only at the data: LEAF files, as asked."""
+  workdir = tmp_path / "w"
+  proc = _run_main([f"--config={DEFAULT}", "--config.dataset=femnist",
+                    "--config.dataset_options.format=leaf", "--config.data_source=files",
+                    f"--config.data_dir={tmp_path / 'nodata'}", f"--workdir={workdir}"])
+  output = proc.stdout + proc.stderr
+  errors = [line for line in output.splitlines() if line.startswith("error:")]
+  assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in output, output
+  assert "loading data: femnist" in output, output  # validation passed: the data was sought
+  assert "LEAF FEMNIST" in errors[0] and str(tmp_path / "nodata") in errors[0], errors[0]
+  assert not workdir.exists()

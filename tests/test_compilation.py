@@ -15,6 +15,7 @@ import pytest
 
 from configs import default, fedlama_digits
 from fedjax_lama import training
+from fedjax_lama.run import parts as parts_lib
 from fedjax_lama.programs.sync import SyncProgram
 from tests import test_sharding
 
@@ -27,14 +28,16 @@ class CompileLog:
   def __init__(self, monkeypatch, algorithm=None):
     self.by_round = collections.defaultdict(list)
     self._round = -1
-    build = training.build_program
+    build = parts_lib.program
 
-    def counting_build(config, model, params, model_state, fed, mesh):
+    def counting_build(spec, parts, mesh=None):
       if algorithm is not None:
-        program = SyncProgram(training.run_options(config, fed), algorithm, model, params,
-                              model_state, fed, mesh)
+        opts = parts_lib.federated_options(spec.options, spec.data.augmentation, parts.fed)
+        mesh = parts_lib.client_mesh(opts.batch_size, parts, parts_lib.chunk_cap(opts))
+        program = SyncProgram(opts, algorithm, parts.model, parts.params, parts.model_state,
+                              parts.fed, mesh)
       else:
-        program = build(config, model, params, model_state, fed, mesh)
+        program = build(spec, parts, mesh)
       run_round = program.run_round
 
       def tracked(state, round_idx):
@@ -44,7 +47,7 @@ class CompileLog:
       program.run_round = tracked
       return program
 
-    monkeypatch.setattr(training, "build_program", counting_build)
+    monkeypatch.setattr(parts_lib, "program", counting_build)
 
   def listener(self, event, duration, **kwargs):
     del duration

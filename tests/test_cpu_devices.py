@@ -89,7 +89,7 @@ from fedjax_lama.simulation.interfaces import TrainJob
 from tests import test_fedat_engine as t
 config, dataset = t.clock_config(), datasets.load_dataset("digits", data_dir="")
 fed = federation.build_federation(training.partition_spec(config), dataset)
-model, params, _ = training._build_model(config, dataset)
+model, params, _ = training.build_model(config, dataset)
 trainers = {n: t.engine_adapter.EngineTrainer(
     model, fed.dataset.train_x, fed.dataset.train_y, fed.client_train, seed=t.SEED,
     batch_size=t.BATCH, max_epochs=2, lr=3e-3, mesh=sharding.client_mesh(jax.devices()[:n]),

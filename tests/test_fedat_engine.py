@@ -60,7 +60,7 @@ def clock_setup():
   c = clock_config()
   dataset = fdata.load_dataset("digits", data_dir="")
   fed = federation.build_federation(training.partition_spec(c), dataset)
-  model, params, _ = training._build_model(c, dataset)  # pylint: disable=protected-access
+  model, params, _ = training.build_model(c, dataset)
   return fed, model, params
 
 
@@ -328,7 +328,7 @@ def test_unknown_fields_and_names_list_what_is_accepted(tmp_path):
 def test_a_run_started_before_the_clock_sections_existed_still_resumes(tmp_path):
   """config.json of an older run lacks config.system / .fedat / ...: no change at defaults."""
   c = base_config()
-  old = training._config_dict(c)  # pylint: disable=protected-access
+  old = training.config_json(c)
   for name in registry.clock_sections():
     del old[name]
   (tmp_path / "config.json").write_text(json.dumps(old))
@@ -343,7 +343,7 @@ def test_a_run_started_before_an_option_was_added_to_its_section_still_resumes(t
   (fedadam.convention): no change while the option keeps its default; any other value, or a
   changed existing option, is a different run."""
   c = base_config()
-  old = training._config_dict(c)  # pylint: disable=protected-access
+  old = training.config_json(c)
   for name in ("fedadam", "fedyogi", "fedadagrad"):
     del old[name]["convention"]
   (tmp_path / "config.json").write_text(json.dumps(old))

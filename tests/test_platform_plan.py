@@ -10,6 +10,7 @@ import pytest
 
 from fedjax_lama import config as config_lib
 from fedjax_lama import data as fdata
+from fedjax_lama import registry
 from fedjax_lama import training
 from fedjax_lama.engine import local, plan as plan_lib, sharding
 from fedjax_lama.errors import ConfigError
@@ -47,7 +48,7 @@ def test_the_plan_is_built_once_from_config_engine():
   # The model's layers take the plan's kernel set.
   config = helpers.tiny_config(model="mnist_cnn", **{"engine.conv_impl": "lax"})
   dataset = fdata.load_dataset("digits", data_dir="")
-  options = training._model_options(config, dataset)  # pylint: disable=protected-access
+  options = training.model_options(config, dataset)
   assert options["conv_impl"] == "lax"
   default = training.platform_plan(helpers.tiny_config())
   assert default == plan_lib.plan(client_map="auto")
@@ -79,7 +80,7 @@ def _one_round(plan):
   model = helpers.TinyMLP()
   params = model.init(jax.random.PRNGKey(config.seed), fed.dataset.train_x[:1])["params"]
   opts = dataclasses.replace(training.run_options(config, fed), platform=plan)
-  program = SyncProgram(opts, training.registry.build_algorithm(config, fed.num_clients, 1.0),
+  program = SyncProgram(opts, registry.build_algorithm(config, fed.num_clients, 1.0),
                         model, params, {}, fed, MESH)
   state, _ = program.run_round(program.init_state(), 0)
   return [np.asarray(sharding.to_host(x)) for x in jax.tree_util.tree_leaves(

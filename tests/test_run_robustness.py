@@ -9,6 +9,7 @@ import pytest
 
 from fedjax_lama import config as config_lib
 from fedjax_lama import training
+from fedjax_lama.run import parts as parts_lib, workdir as workdir_lib
 from fedjax_lama.programs.round_program import LrSchedule
 from tests.test_training import _metrics, tiny_config
 
@@ -39,9 +40,9 @@ def test_exponential_schedule_in_epoch_mode_end_to_end(tmp_path):
 def _model_and_fed(c):
   from fedjax_lama import data as fdata, federation  # pylint: disable=g-import-not-at-top
   from fedjax_lama.engine import sharding  # pylint: disable=g-import-not-at-top
-  dataset = training._load_dataset(c, "")  # pylint: disable=protected-access
+  dataset = training.load_dataset(c, "")
   fed = federation.build_federation(training.partition_spec(c), dataset)
-  model, params, model_state = training._build_model(c, dataset)  # pylint: disable=protected-access
+  model, params, model_state = training.build_model(c, dataset)
   del fdata
   return model, params, model_state, fed, sharding.client_mesh()
 
@@ -98,7 +99,7 @@ def test_validation_split_is_held_out_of_training_and_reported(tmp_path):
   assert all("val_accuracy" in r and "test_accuracy" in r for r in rows)
   assert summary["best_val_accuracy"] == max(r["val_accuracy"] for r in rows)
   from fedjax_lama import data as fdata  # pylint: disable=g-import-not-at-top
-  dataset = training._load_dataset(c, "")  # pylint: disable=protected-access
+  dataset = training.load_dataset(c, "")
   trimmed, val = fdata.split_validation(dataset, 0.2, c.seed)
   assert len(val.y) == round(0.2 * len(dataset.train_y))
   assert len(trimmed.train_y) + len(val.y) == len(dataset.train_y)
@@ -181,7 +182,7 @@ def test_extension_that_cannot_be_exact_is_refused_before_data(tmp_path):
   for i, (old, name) in enumerate(cases):
     work = tmp_path / str(i)
     work.mkdir()
-    (work / "config.json").write_text(json.dumps(training._config_dict(old)))  # pylint: disable=protected-access
+    (work / "config.json").write_text(json.dumps(training.config_json(old)))
     before = _tree_files(work)
     longer = copy_config(old, rounds=old.rounds + 2)
     with pytest.raises(config_lib.ConfigError, match=name):
@@ -201,9 +202,9 @@ def copy_config(c, **overrides):
 def test_workdir_on_a_full_filesystem_is_refused_before_data(tmp_path, monkeypatch):
   import collections  # pylint: disable=g-import-not-at-top
   usage = collections.namedtuple("usage", "total used free")
-  monkeypatch.setattr(training.shutil, "disk_usage", lambda path: usage(1 << 30, 1 << 30, 0))
+  monkeypatch.setattr(workdir_lib.shutil, "disk_usage", lambda path: usage(1 << 30, 1 << 30, 0))
   loaded = []
-  monkeypatch.setattr(training, "_prepare", lambda c: loaded.append(c))
+  monkeypatch.setattr(parts_lib, "prepare", lambda c: loaded.append(c))
   with pytest.raises(training.WorkdirError, match=f"{tmp_path / 'w'}.*full"):
     training.train_and_evaluate(tiny_config(), str(tmp_path / "w"))
   assert not loaded and not (tmp_path / "w").exists()
@@ -213,7 +214,7 @@ def test_workdir_on_a_full_filesystem_is_refused_before_data(tmp_path, monkeypat
 def test_workdir_that_is_not_a_directory_is_refused_before_data(tmp_path, monkeypatch, workdir):
   (tmp_path / "afile").write_text("mine\n")
   monkeypatch.chdir(tmp_path)
-  monkeypatch.setattr(training, "_prepare", lambda c: pytest.fail("data loaded"))
+  monkeypatch.setattr(parts_lib, "prepare", lambda c: pytest.fail("data loaded"))
   with pytest.raises(training.WorkdirError, match="empty" if not workdir else "afile"):
     training.train_and_evaluate(tiny_config(), workdir)
   assert (tmp_path / "afile").read_text() == "mine\n"

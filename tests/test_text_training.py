@@ -182,7 +182,7 @@ def test_reddit_padding_targets_are_not_scored(tmp_path):
               per_client_eval="never",
               model_options={"embed_size": 4, "hidden_size": 8},
               dataset_options={"vocab_size": 12})
-  ds = training._load_dataset(c, c.data_dir)  # pylint: disable=protected-access
+  ds = training.load_dataset(c, c.data_dir)
   raw = data.load_dataset("reddit", c.data_dir, options={"vocab_size": 12})
   assert raw.pad_id == 0 and np.any(raw.train_y == 0)
   np.testing.assert_array_equal(ds.train_y, np.where(raw.train_y == 0, -1, raw.train_y))

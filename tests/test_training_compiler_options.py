@@ -55,7 +55,7 @@ def _clock_trainer():
                          ids=["sync_program", "fedlama_window", "vectorized_runs",
                               "clock_trainer"])
 def test_every_training_path_compiles_with_the_options(monkeypatch, train):
-  monkeypatch.setattr(platform, "CPU_TRAINING_COMPILER_OPTIONS", {UNKNOWN: True})
+  monkeypatch.setattr(plan_lib, "CPU_TRAINING_COMPILER_OPTIONS", {UNKNOWN: True})
   with pytest.raises(Exception, match=f"No such compile option: '{UNKNOWN}'"):
     train()
 
@@ -72,7 +72,7 @@ def test_the_options_leave_an_engine_round_bit_for_bit_unchanged(model_name, mon
   w = benchmark.workload(model_name, clients=4, steps=3, batch=8,
                          conv_impl=models.resolve_conv_impl("auto"))
   with_options = benchmark.engine_round(w, "auto", mesh=MESH)()
-  monkeypatch.setattr(platform, "CPU_TRAINING_COMPILER_OPTIONS", {})
+  monkeypatch.setattr(plan_lib, "CPU_TRAINING_COMPILER_OPTIONS", {})
   without = benchmark.engine_round(w, "auto", mesh=MESH)()
   moved = False
   for a, b, start in zip(jax.tree_util.tree_leaves(with_options),

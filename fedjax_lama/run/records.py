@@ -1,0 +1,273 @@
+"""The run's bookkeeping in a workdir: config.json, metrics.jsonl (and TensorBoard events),
+orbax checkpoints, the communication ledger, the host counters, evaluation and the summary.
+
+Everything not in a checkpoint (cohorts, batches, keys) is derived from (seed, round), so a
+run restored from its latest checkpoint ends with exactly the parameters and records of an
+uninterrupted one; an extended run's records equal those of an uninterrupted longer run.
+"""
+import json
+import os
+import time
+from typing import Optional
+
+import jax
+import numpy as np
+
+from fedjax_lama import checkpointing, comm, divergence, errors, metrics, plots, progress
+from fedjax_lama.engine import evaluate as evaluation
+from fedjax_lama.errors import TrainingError
+from fedjax_lama.run import workdir as workdir_lib
+
+
+class DivergenceError(errors.TrainingDiverged):
+  """A training loss, evaluation metric or parameter became non-finite: the run stops.
+  Deterministic: resuming the same config diverges again at the same round."""
+
+
+class Run:
+  """One run's workdir and counters.
+
+  `program` is the run's round program, or a view of one run of a vectorized program: it
+  answers eval_fn, eval_params(state), local_steps_done(r), num_rounds, eval_every,
+  host_state(), load_host_state(d), summary(state, ledger) and plot(workdir, ledger).
+  """
+
+  def __init__(self, records, workdir: str, program, fed, params):
+    self.records_options, self.workdir, self.program, self.fed = records, workdir, program, fed
+    self.primary = jax.process_index() == 0  # multi-host: one writer of the plain files
+    workdir_lib.make(workdir)
+    config_path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
+    if self.primary and not os.path.exists(config_path):
+      metrics.write_json(config_path, records.config_json)
+    self.ledger = comm.Ledger(*comm.layer_table(params))
+    self.writer = metrics.JsonlWriter(os.path.join(workdir, workdir_lib.METRICS_FILE))
+    self.ckpt_dir = os.path.join(workdir, workdir_lib.CHECKPOINTS)
+    self.ckpt = checkpointing.Checkpointer(self.ckpt_dir)
+    self.start_round, self.wall_offset = 0, 0.0
+    self.host = {"best_test_accuracy": None, "loss_sum": 0.0, "loss_count": 0.0}
+    self.records, self.tensorboard = [], None
+
+  def restore(self, state, extended_from: Optional[int] = None):
+    """The state to continue from: the latest checkpoint's, else `state` (a fresh start).
+
+    extended_from: the rounds of the finished run that config.rounds now extends; the
+    final round's extra records are dropped so that the records equal an uninterrupted run's.
+    """
+    latest = self.ckpt.latest_step()
+    if latest is not None:
+      with progress.Phase(f"restoring the checkpoint of round {latest + 1} from {self.workdir}"):
+        state, meta = self.ckpt.restore(latest, state)
+      self.start_round = meta["round"] + 1
+      self.wall_offset = meta["wall_seconds"]
+      self.ledger.load(meta["ledger"])
+      self.host = meta["host"]
+      self.program.load_host_state(meta.get("program", {}))
+      self.records = _records_up_to(self.writer, meta["round"] + 1, self.primary)
+      if extended_from is not None:
+        self._forget_final_evaluation(extended_from)
+        progress.info("extending the run of %d rounds in %s to %d rounds", extended_from,
+                      self.workdir, self.records_options.rounds)
+      progress.info("resuming after round %d of %d", meta["round"] + 1, self.program.num_rounds)
+    else:
+      self.records = _records_up_to(self.writer, -1, self.primary)
+    if self.primary and self.records_options.tensorboard:
+      self.tensorboard = metrics.TensorBoardWriter(
+          os.path.join(self.workdir, "tensorboard"),
+          purge_step=metrics.resume_purge_step(self.records) if latest is not None else None)
+    self.t_start = time.perf_counter()
+    self.train_seconds, self.eval_seconds, self.first_round_seconds = 0.0, None, 0.0
+    return state
+
+  def _forget_final_evaluation(self, old_rounds: int) -> None:
+    """The per-client evaluation of a run's last round (config.per_client_eval="final") is
+    no longer the last one once the run goes on: its record loses those fields."""
+    if self.records_options.per_client_eval != "final" or not self.records:
+      return
+    last = self.records[-1]
+    if last["round"] != old_rounds or not any(k.startswith("client_") for k in last):
+      return
+    self.records[-1] = {k: v for k, v in last.items() if not k.startswith("client_")}
+    if self.primary:  # the records were read back from this file: plain JSON values
+      tmp = self.writer.path + ".tmp"
+      with open(tmp, "w") as f:
+        f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in self.records)
+      os.replace(tmp, self.writer.path)  # atomic, as every rewrite of the records
+
+  def wall(self) -> float:
+    return self.wall_offset + time.perf_counter() - self.t_start
+
+  def _evaluations_after(self, round_idx: int) -> int:
+    """Evaluations still to come after round `round_idx` (the last round always evaluates)."""
+    program = self.program
+    total = program.num_rounds
+    regular = sum(1 for r in range(round_idx + 1, total) if (r + 1) % program.eval_every == 0)
+    return regular + (0 if total % program.eval_every == 0 or round_idx >= total - 1 else 1)
+
+  def before_round(self, round_idx: int) -> None:
+    if round_idx == self.start_round:
+      progress.info("round %d/%d: compiling the round program, then training (the first "
+                    "round of a process includes the one-time compilation)", round_idx + 1,
+                    self.program.num_rounds)
+    self.round_started = time.perf_counter()
+
+  def _diverged(self, where: str, quantities: dict, state) -> None:
+    """Stops the run when a quantity or the global model is not finite (before any checkpoint
+    of this round is written, so every checkpoint on disk is finite)."""
+    def rerun():
+      latest = self.ckpt.latest_step()
+      return divergence.rerun_statement(None if latest is None else f"round {latest + 1}",
+                                        self.ckpt_dir)
+
+    options = self.records_options
+    divergence.check(
+        where, quantities, self.program.eval_params(state), rerun,
+        f"try a smaller config.local_lr (now {options.local_lr}) or config.server_lr "
+        f"(now {options.server_lr_text})", error=DivergenceError)
+
+  def after_round(self, state, round_idx: int, out) -> None:
+    """Accounting, divergence checks, evaluation and checkpoint of a finished round."""
+    self._account(state, round_idx, out)
+    last = round_idx == self.program.num_rounds - 1
+    if (round_idx + 1) % self.program.eval_every == 0 or last:
+      self._evaluate(state, round_idx, out, last)
+    if (round_idx + 1) % self.records_options.checkpoint_every == 0 or last:
+      self.ckpt.save(round_idx, state, {"round": round_idx, "wall_seconds": self.wall(),
+                                        "ledger": self.ledger.dump(), "host": self.host,
+                                        "program": self.program.host_state()})
+
+  def _account(self, state, round_idx: int, out) -> None:
+    """The round's time, its training loss (checked finite) and its traffic."""
+    seconds = time.perf_counter() - self.round_started
+    self.train_seconds += seconds
+    if round_idx == self.start_round:
+      self.first_round_seconds = seconds
+      progress.info("round %d/%d: trained in %.1fs (compilation included)", round_idx + 1,
+                    self.program.num_rounds, seconds)
+    self._diverged(f"round {round_idx + 1}", {"train_loss": out.train_loss}, state)
+    self.ledger.add(out.floats_up_per_layer, out.floats_down_per_layer, out.bytes, out.bits_up,
+                    out.floats_up_other, out.floats_down_other)
+    self.host["loss_sum"] += out.train_loss * out.train_count
+    self.host["loss_count"] += out.train_count
+
+  def _evaluate(self, state, round_idx: int, out, last: bool) -> None:
+    """The round's record: evaluated, checked finite, written, and logged with the ETA."""
+    per_client_eval, total = self.records_options.per_client_eval, self.program.num_rounds
+    per_client = per_client_eval == "every" or (last and per_client_eval == "final")
+    first = self.eval_seconds is None
+    progress.info("round %d/%d: evaluating%s%s", round_idx + 1, total,
+                  " (the first evaluation compiles)" if first else "",
+                  ", with per-client accuracy" if per_client else "")
+    started = time.perf_counter()
+    record = evaluate(self.records_options.eval_batch_size, self.program, state, self.fed,
+                      round_idx, out, self.host, self.ledger, self.wall(), per_client=per_client)
+    self.eval_seconds = time.perf_counter() - started
+    self._diverged(f"round {round_idx + 1}",
+                   {k: record.get(k) for k in ("test_loss", "test_accuracy", "val_loss",
+                                               "val_accuracy")}, state)
+    self.records.append(record)
+    if self.primary:
+      self.writer.write(record)
+      if self.tensorboard is not None:
+        self.tensorboard.write(record)
+    done = round_idx + 1 - self.start_round
+    # The rate of the rounds after the first: the first one's compilation does not recur.
+    trained = (self.train_seconds - self.first_round_seconds, done - 1) if done > 1 else (
+        self.train_seconds, done)
+    evaluations_left = self._evaluations_after(round_idx)
+    eta = progress.eta_seconds(*trained, total - round_idx - 1, self.eval_seconds,
+                               evaluations_left)
+    progress.info("round %d/%d  test_acc %.4f  test_loss %.4f  train_loss %.4f  %.1fs  "
+                  "ETA %.1fs", round_idx + 1, total, record["test_accuracy"],
+                  record["test_loss"], record["train_loss"], record["wall_seconds"], eta)
+
+  def close(self) -> None:
+    self.ckpt.close()
+    if self.tensorboard is not None:
+      self.tensorboard.close()
+
+  def finish(self, state) -> dict:
+    """summary.json and the plots of a completed run."""
+    options = self.records_options
+    summary = _summary(options, self.records, self.ledger, self.program, state, self.wall())
+    if self.primary:
+      path = os.path.join(self.workdir, workdir_lib.SUMMARY_FILE)
+      with progress.Phase(f"writing {path}"):
+        metrics.write_json(path, summary)
+    if self.primary and options.plots:
+      with progress.Phase(f"writing plots to {self.workdir}"):
+        schedule = options.schedule
+        method = options.algorithm + ("" if schedule == "none" else f" + {schedule}")
+        plots.run_plots(self.workdir, self.records, title=f"{method} / {options.dataset}")
+        self.program.plot(self.workdir, self.ledger)
+    return summary
+
+
+def _records_up_to(writer: metrics.JsonlWriter, done: int, primary: bool) -> list:
+  """The records the checkpoint covers (rounds <= done); later ones are dropped from disk."""
+  try:
+    if primary:
+      return writer.truncate_after(done)
+    return [r for r in writer.read() if r["round"] <= done]
+  except ValueError as e:
+    raise TrainingError(f"cannot resume: {e}") from e
+
+
+def evaluate(eval_batch_size, program, state, fed, round_idx, out, host, ledger, wall_seconds,
+             per_client) -> dict:
+  """The record of round `round_idx`: test (and validation) metrics of the global model, the
+  training loss averaged since the last evaluation, the traffic so far."""
+  params, model_state = program.eval_params(state)
+  ds = fed.dataset
+  res = evaluation.evaluate(program.eval_fn, params, model_state, ds.test_x, ds.test_y,
+                            eval_batch_size)
+  best = host["best_test_accuracy"]
+  host["best_test_accuracy"] = res.accuracy if best is None else max(best, res.accuracy)
+  train_loss = host["loss_sum"] / max(host["loss_count"], 1.0)
+  host["loss_sum"], host["loss_count"] = 0.0, 0.0
+  record = {
+      "round": round_idx + 1, "local_steps": program.local_steps_done(round_idx),
+      "test_accuracy": res.accuracy, "test_loss": res.loss, "train_loss": train_loss,
+      "wall_seconds": wall_seconds, **ledger.totals(), **out.extra}
+  if fed.validation is not None:
+    val = evaluation.evaluate(program.eval_fn, params, model_state, fed.validation.x,
+                              fed.validation.y, eval_batch_size)
+    record.update(val_accuracy=val.accuracy, val_loss=val.loss)
+  if per_client:
+    record.update(_per_client(eval_batch_size, program, params, model_state, fed))
+  return record
+
+
+def _per_client(eval_batch_size, program, params, model_state, fed) -> dict:
+  """Global model accuracy per client: on each client's held-out split when there is one
+  (FedAT's 80/20), else on its training data; mean and variance across clients."""
+  ds = fed.dataset
+  split = fed.client_test if fed.client_test is not None else fed.client_train
+  key = "client_test_accuracy" if fed.client_test is not None else "client_train_accuracy"
+  on_test = fed.client_test is not None and fed.client_test_in == "test"
+  x, y = (ds.test_x, ds.test_y) if on_test else (ds.train_x, ds.train_y)
+  res = evaluation.evaluate(program.eval_fn, params, model_state, x, y, eval_batch_size)
+  acc = evaluation.per_client_accuracy(res.correct, split)
+  acc = acc[np.isfinite(acc)]
+  return {f"{key}_mean": float(acc.mean()), f"{key}_var": float(acc.var()),
+          f"{key}_min": float(acc.min())}
+
+
+def _summary(options, records, ledger, program, state, wall_seconds) -> dict:
+  accs = [r["test_accuracy"] for r in records]
+  last = records[-1]
+  summary = {
+      "algorithm": options.algorithm, "dataset": options.dataset, "model": options.model,
+      "final_test_accuracy": accs[-1], "best_test_accuracy": max(accs),
+      "final_test_loss": last["test_loss"], "rounds": program.num_rounds,
+      "local_steps": last["local_steps"], "wall_seconds": wall_seconds,
+      "num_parameters": int(sum(ledger.sizes)), "client_devices": program.mesh.size,
+      **ledger.totals(), "comm_floats_up_per_layer": dict(zip(ledger.names, ledger.up.tolist())),
+      "comm_floats_down_per_layer": dict(zip(ledger.names, ledger.down.tolist())),
+  }
+  if "val_accuracy" in last:
+    val = [r["val_accuracy"] for r in records]
+    summary.update(final_val_accuracy=val[-1], best_val_accuracy=max(val),
+                   final_val_loss=last["val_loss"])
+  summary.update({k: v for k, v in last.items() if k.startswith("client_")})
+  summary.update(program.summary(state, ledger))
+  return summary
