@@ -11,8 +11,8 @@ COMMANDS (from the repository root):
 
 Throughput (docs/performance.md): for every (model, clients, steps) of
 the grid, `benchmarks.benchmark.run` times, side by side in one process and interleaved,
-the engine's round (one jitted call of every client's local scan + server mean, convolution
-plan `models.resolve_conv_impl(--conv_impl)`, client map of `engine.plan.plan`), the
+the engine's round (one jitted call of every client's local scan + server mean, kernel
+set `fedjax_lama.kernels.resolve(--conv_impl)`, client map of `engine.plan.plan`), the
 per-client Python loop of a jitted SGD step (FedJAX's default backend), the centralized
 step (a reference, not a limit: one model, one jitted step over the whole cohort's batch,
 per local step; with lax convolutions and with the engine's plan, the faster counts; --quick
@@ -99,7 +99,7 @@ def _peak_rss_mb() -> float:
 
 def _row_template(name: str):
   """One client's row: zeros shaped like `name`'s parameters (shapes only, nothing trained)."""
-  model = models.get(name, num_classes=10, conv_impl="lax")
+  model = models.get(name, num_classes=10, kernels="lax")
   shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 32, 32, 3)),
                                              train=False))["params"]
   return jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), shapes)

@@ -148,7 +148,10 @@ def _explain_parse_error(argv, exc: BaseException) -> str:
   from fedjax_lama.errors import closest  # pylint: disable=g-import-not-at-top
   spec = _config_spec(argv)
   config = load_config_file(spec)  # raises UsageFailure naming the file
+  from fedjax_lama import config as config_lib  # pylint: disable=g-import-not-at-top
   for path in override_paths(argv):
+    if path in config_lib.RENAMED_FIELDS:
+      return config_lib.renamed_field_message(path)
     node, walked = config, []
     for key in path.split("."):
       keys = list(node.keys()) if hasattr(node, "keys") else []

@@ -41,7 +41,7 @@ from fedjax_lama.engine import plan as plan_lib
 from fedjax_lama.engine import sharding
 from fedjax_lama.errors import TrainingError, WorkdirError
 from fedjax_lama.fedlama.schedule import FedLamaProgram
-from fedjax_lama.programs.round_program import LrSchedule, RunOptions
+from fedjax_lama.programs.round_program import LearningRate, RunOptions
 from fedjax_lama.programs.sync import SyncProgram
 
 # Fields that may change between a run and its resumption without changing results.
@@ -107,7 +107,7 @@ def _read_workdir_config(workdir: str) -> Optional[dict]:
     return None
   try:
     with open(path) as f:
-      return json.load(f)
+      return config_lib.rename_old_fields(json.load(f))
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise config_lib.ConfigError(f"{path} is not valid JSON ({e}); move it away or use a new "
                                  "--workdir") from e
@@ -165,8 +165,8 @@ def check_extension(config, old_rounds: int) -> None:
         f"workdir: {why}; use a new --workdir")
   if registry.runs_on_clock(config):
     refuse("runs on the simulated clock have no rounds")
-  if config.local_lr_schedule == "cosine":
-    refuse("config.local_lr_schedule='cosine' decays over the total number of local steps")
+  if config.local_lr_decay == "cosine":
+    refuse("config.local_lr_decay='cosine' decays over the total number of local steps")
   if registry.select(config).fedlama is not None and config.fedlama.get("total_steps"):
     refuse(f"config.fedlama.total_steps={config.fedlama.total_steps} sets the run's length")
   if old_rounds % config.eval_every:
@@ -267,7 +267,7 @@ def _model_options(config, dataset) -> dict:
           f"dataset's vocabulary{how}, or leave it unset")
   # The layers' plan (convolutions, the MLPs' dense layers), the platform plan's kernel set;
   # logreg and lstm_lm ignore it.
-  options.setdefault("conv_impl", platform_plan(config).kernels)
+  options.setdefault("kernels", platform_plan(config).kernels)
   return options
 
 
@@ -279,7 +279,7 @@ def _build_model(config, dataset):
   try:
     model = models.get(config.model, num_classes=dataset.num_classes, **options)
   except ValueError as e:  # options of another model left in config.model_options, bad values
-    given = {k: v for k, v in options.items() if k != "conv_impl"}
+    given = {k: v for k, v in options.items() if k != "kernels"}
     raise config_lib.ConfigError(
         f"config.model_options={given!r} is not accepted for config.model={config.model!r}: "
         f"{e}. Accepted options of {config.model!r} (defaults): "
@@ -309,7 +309,7 @@ def run_options(config, fed) -> RunOptions:
       seed=config.seed, rounds=config.rounds, local_steps=config.local_steps,
       local_epochs=config.local_epochs, batch_size=config.batch_size, weighting=config.weighting,
       eval_every=config.eval_every,
-      lr=LrSchedule(float(config.local_lr), config.local_lr_schedule,
+      learning_rate=LearningRate(float(config.local_lr), config.local_lr_decay,
                     config.local_lr_warmup_steps, tuple(config.local_lr_decay_steps),
                     float(config.local_lr_decay_factor)),
       sampler=federation.Sampler(config.client_sampling, float(config.active_ratio),
@@ -322,10 +322,10 @@ def run_options(config, fed) -> RunOptions:
 
 
 def platform_plan(config) -> plan_lib.PlatformPlan:
-  """The engine's plan for JAX's default backend, from config.engine.conv_impl and
+  """The engine's plan for JAX's default backend, from config.engine.kernels and
   config.engine.client_map (built here once; the programs only read it)."""
-  return plan_lib.plan(conv_impl=config.engine.conv_impl,
-                           client_map=config.engine.get("client_map", "auto"))
+  return plan_lib.plan(kernels=config.engine.kernels,
+                       client_map=config.engine.get("client_map", "auto"))
 
 
 def _on_host(config) -> bool:

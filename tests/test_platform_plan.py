@@ -1,5 +1,5 @@
 """The run options carry the engine's platform plan down to every round: the training entry
-point builds it once from config.engine (conv_impl, client_map), and each program, the
+point builds it once from config.engine (kernels, client_map), and each program, the
 FedLAMA window and the simulated clock's trainer add the client axis and compile local
 training as that plan says, not as a module global or the environment says."""
 import dataclasses
@@ -42,13 +42,13 @@ def recorded(monkeypatch):
 
 def test_the_plan_is_built_once_from_config_engine():
   plan = training.platform_plan(helpers.tiny_config(**{"engine.client_map": "vmap",
-                                                       "engine.conv_impl": "lax"}))
+                                                       "engine.kernels": "lax"}))
   assert (plan.platform, plan.client_map, plan.kernels) == (jax.default_backend(), "vmap", "lax")
   # The model's layers take the plan's kernel set.
-  config = helpers.tiny_config(model="mnist_cnn", **{"engine.conv_impl": "lax"})
+  config = helpers.tiny_config(model="mnist_cnn", **{"engine.kernels": "lax"})
   dataset = fdata.load_dataset("digits", data_dir="")
   options = training._model_options(config, dataset)  # pylint: disable=protected-access
-  assert options["conv_impl"] == "lax"
+  assert options["kernels"] == "lax"
   default = training.platform_plan(helpers.tiny_config())
   assert default == plan_lib.plan(client_map="auto")
   # Resolved at build time: "auto" is the platform's map, never "auto" itself.

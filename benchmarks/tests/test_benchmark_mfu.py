@@ -29,7 +29,7 @@ def test_flops_per_sample_is_positive_and_one_count_for_every_plan():
   assert 20e6 < lax_count < 32e6
   # The engine's plan computes the same useful work; its own count differs only by
   # elementwise bookkeeping (pads, concatenations count nothing, pooling differently).
-  patches_count = benchmark.training_flops_per_sample("fedat_cnn", 8, conv_impl="patches")
+  patches_count = benchmark.training_flops_per_sample("fedat_cnn", 8, kernels="patches")
   assert abs(patches_count - lax_count) <= 0.02 * lax_count
   # The per-sample count does not depend on the batch the step is compiled for.
   assert benchmark.training_flops_per_sample("fedat_cnn", 4) == pytest.approx(lax_count,
@@ -112,7 +112,7 @@ def test_scan_client_map_equals_vmap(name, clients):
   "vmap" does, to float32 rounding, whatever the group size; and so does each map when every
   client's start is copied C times (state_axes all 0) instead of shared (the round's own
   `fresh_states(..., batched=False)`)."""
-  model = models.get(name, num_classes=10, conv_impl="patches")
+  model = models.get(name, num_classes=10, kernels="patches")
   shape = benchmark.INPUT_SHAPES.get(name, (32, 32, 3))
   steps, batch = 2, 3
   n = clients * steps * batch

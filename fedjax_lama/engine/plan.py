@@ -3,7 +3,7 @@
 `plan(platform)` says, for a backend ("cpu", "gpu", "tpu"), which kernel set the models
 compute with, how local training adds the client axis, the compiler options of the
 functions that run local training, and whether CPU devices may split a cohort. The training
-entry point builds a run's plan once from config.engine (conv_impl, client_map) and the run
+entry point builds a run's plan once from config.engine (kernels, client_map) and the run
 options carry it to every round. Nothing here reads the environment at import: a plan built
 without a client map (`plan()`, what a caller without run options gets) reads
 FEDJAX_LAMA_CLIENT_MAP when it is built (`client_map_from_environment`).
@@ -17,7 +17,7 @@ from typing import Optional
 
 import jax
 
-from fedjax_lama import kernels
+from fedjax_lama import kernels as kernels_lib
 
 # Compiler options for the functions that run local training, on CPU. Without its
 # region-based live-range analysis (off by default in XLA:CPU) copy insertion copies every
@@ -96,7 +96,7 @@ def resolve_client_map(client_map: str, platform: Optional[str] = None) -> str:
   return client_map
 
 
-def plan(platform: Optional[str] = None, conv_impl: str = "auto",
+def plan(platform: Optional[str] = None, kernels: str = "auto",
          client_map: Optional[str] = None) -> PlatformPlan:
   """The plan for `platform` (default JAX's default backend). `client_map` None: the
   environment's (`client_map_from_environment`), else "auto", "vmap" or "scan"."""
@@ -105,7 +105,7 @@ def plan(platform: Optional[str] = None, conv_impl: str = "auto",
   cpu = platform == "cpu"
   return PlatformPlan(
       platform=platform,
-      kernels=kernels.resolve(conv_impl, platform),
+      kernels=kernels_lib.resolve(kernels, platform),
       client_map=resolve_client_map(client_map, platform),
       scan_group_bytes=SCAN_GROUP_BYTES,
       compiler_options=tuple(CPU_TRAINING_COMPILER_OPTIONS.items()) if cpu else (),

@@ -137,9 +137,9 @@ class FedLamaProgram(ProgramBase):
     self.eval_fn = evaluate.make_eval_fn(model, self.has_state)
     loss_fn = local.make_loss_fn(model, self.has_state, opts.label_smoothing)
     # A sub-round is one round of the base algorithm: "exponential" decays per sub-round.
-    self.schedule = opts.lr.build(total, self.unit)
+    self.learning_rate = opts.learning_rate.build(total, self.unit)
     self.plan = platform_plan(opts)
-    self.phase = round_lib.ClientPhase(loss_fn, algorithm, self.schedule, seed=opts.seed,
+    self.phase = round_lib.ClientPhase(loss_fn, algorithm, self.learning_rate, seed=opts.seed,
                                        unroll=opts.unroll, augment=opts.augment,
                                        compressor=self.compressor, client_devices=mesh.size,
                                        plan=self.plan)
