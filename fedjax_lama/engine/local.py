@@ -232,19 +232,17 @@ def context_axes(shared_per_client: bool = False) -> ClientContext:
   return ClientContext(0 if shared_per_client else None, 0, 0, 0)
 
 
-# How the client axis is added (`vmap_clients`; see `platform.CLIENT_MAPS`). A run's plan
-# (`platform.PlatformPlan.client_map`) says which; a caller without one gets
-# FEDJAX_LAMA_CLIENT_MAP, read when its round's functions are built.
+# How the client axis is added (`vmap_clients`; see `plan.CLIENT_MAPS`). A run's plan
+# (`plan.PlatformPlan.client_map`, from config.engine.client_map) says which; a caller
+# without one gets the default backend's ("auto").
 CLIENT_MAPS = plan_lib.CLIENT_MAPS
 SCAN_GROUP_BYTES = plan_lib.SCAN_GROUP_BYTES
 
 
 def resolve_client_map(client_map: Optional[str] = None, platform: Optional[str] = None) -> str:
-  """"vmap" or "scan" for `client_map` (default the environment's) on `platform` (default
-  jax's)."""
-  if client_map is None:
-    client_map = plan_lib.client_map_from_environment()
-  return plan_lib.resolve_client_map(client_map, platform)
+  """"vmap" or "scan" for `client_map` ("auto", "vmap" or "scan"; None: "auto") on
+  `platform` (default jax's)."""
+  return plan_lib.resolve_client_map("auto" if client_map is None else client_map, platform)
 
 
 def _jaxpr_bytes(jaxpr) -> int:

@@ -4,15 +4,13 @@
 compute with, how local training adds the client axis, the compiler options of the
 functions that run local training, and whether CPU devices may split a cohort. The training
 entry point builds a run's plan once from config.engine (kernels, client_map) and the run
-options carry it to every round. Nothing here reads the environment at import: a plan built
-without a client map (`plan()`, what a caller without run options gets) reads
-FEDJAX_LAMA_CLIENT_MAP when it is built (`client_map_from_environment`).
+options carry it to every round; a caller without run options gets `plan()`, the default
+backend's choices. Nothing here reads the environment.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Optional
 
 import jax
@@ -39,7 +37,6 @@ CPU_TRAINING_COMPILER_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": T
 # 1.4x faster than with "vmap", the LeNets and the MNIST CNN 1.7x to 2.6x at 8 x 5. Results
 # equal "vmap" to float32 rounding.
 CLIENT_MAPS = ("auto", "vmap", "scan")
-CLIENT_MAP_ENVIRONMENT = "FEDJAX_LAMA_CLIENT_MAP"
 SCAN_GROUP_BYTES = 64 << 20
 
 # On CPU some models train faster with one JAX device per core and the clients split over
@@ -77,15 +74,6 @@ class PlatformPlan:
     return dict(self.compiler_options) or None
 
 
-def client_map_from_environment() -> str:
-  """FEDJAX_LAMA_CLIENT_MAP, read now (default "auto"); fails naming the accepted values."""
-  client_map = os.environ.get(CLIENT_MAP_ENVIRONMENT, "auto")
-  if client_map not in CLIENT_MAPS:
-    raise ValueError(f"{CLIENT_MAP_ENVIRONMENT}={client_map!r} is not accepted; use one of "
-                     f"{', '.join(CLIENT_MAPS)}")
-  return client_map
-
-
 def resolve_client_map(client_map: str, platform: Optional[str] = None) -> str:
   """"vmap" or "scan" for `client_map` ("auto", "vmap" or "scan") on `platform` (default
   JAX's default backend)."""
@@ -97,11 +85,11 @@ def resolve_client_map(client_map: str, platform: Optional[str] = None) -> str:
 
 
 def plan(platform: Optional[str] = None, kernels: str = "auto",
-         client_map: Optional[str] = None) -> PlatformPlan:
-  """The plan for `platform` (default JAX's default backend). `client_map` None: the
-  environment's (`client_map_from_environment`), else "auto", "vmap" or "scan"."""
+         client_map: str = "auto") -> PlatformPlan:
+  """The plan for `platform` (default JAX's default backend), with the kernel set `kernels`
+  and the client map `client_map` (config.engine.kernels and config.engine.client_map:
+  "auto" is the platform's measured best)."""
   platform = platform or jax.default_backend()
-  client_map = client_map_from_environment() if client_map is None else client_map
   cpu = platform == "cpu"
   return PlatformPlan(
       platform=platform,

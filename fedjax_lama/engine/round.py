@@ -103,7 +103,7 @@ class ClientPhase:
   (compress_round, client id, upload, leaf)). `client_devices`: the devices the client axis
   is split over (the run's mesh size; default every device), `local.vmap_clients`.
   `plan`: the run's platform plan, whose client map and scan group bytes add the client
-  axis (None: FEDJAX_LAMA_CLIENT_MAP, else the default backend's choice); `client_map` says
+  axis (None: the default backend's choice); `client_map` says
   which map was taken ("vmap" or "scan").
   """
 
@@ -195,7 +195,7 @@ def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, lr_schedule: Cal
   values when jit=False (several runs vmapped over a run axis, programs/vectorized.py).
   client_devices: the size of the mesh the client axis is split over (default every device).
   plan: the run's platform plan (client map, scan groups, compiler options; None: the
-  default backend's, the client map from FEDJAX_LAMA_CLIENT_MAP).
+  default backend's).
   """
   if algorithm.local_optimizer_state != "reset":
     raise ValueError(f"local_optimizer_state={algorithm.local_optimizer_state!r} is not "
