@@ -58,6 +58,7 @@ from benchmarks.benchmark_tables import markdown, models_table
 from fedjax_lama import models
 from fedjax_lama.data import sample_clients
 from fedjax_lama.engine import client_store, sharding
+from fedjax_lama.tree import tree_size
 
 FLAGS = flags.FLAGS
 # --batch, --repeats, --conv_impl and --unroll are benchmarks.benchmark's flags.
@@ -131,7 +132,7 @@ def memory_worker(on_host: bool, num_clients: int, row_name: str, cohort: int, r
       x.nbytes for x in jax.tree_util.tree_leaves(row))
   stats = jax.devices()[0].memory_stats() or {}
   return {"placement": "host" if on_host else "device", "clients": num_clients,
-          "row_floats": int(sum(x.size for x in jax.tree_util.tree_leaves(row))),
+          "row_floats": tree_size(row),
           "store_mb": store.nbytes / 2**20, "device_resident_mb": device_bytes / 2**20,
           "rss_before_store_mb": rss_before, "peak_rss_mb": _peak_rss_mb(),
           "create_s": create_s, "round_s_best": min(times), "cohort": cohort,

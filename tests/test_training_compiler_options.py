@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_lama import kernels, models, training
+from fedjax_lama import kernels, training
 from fedjax_lama.engine import local, plan as plan_lib, sharding
 from fedjax_lama.programs.vectorized import VectorizedSyncProgram
 from benchmarks import benchmark
@@ -55,7 +55,7 @@ def _clock_trainer():
                          ids=["sync_program", "fedlama_window", "vectorized_runs",
                               "clock_trainer"])
 def test_every_training_path_compiles_with_the_options(monkeypatch, train):
-  monkeypatch.setattr(platform, "CPU_TRAINING_COMPILER_OPTIONS", {UNKNOWN: True})
+  monkeypatch.setattr(plan_lib, "CPU_TRAINING_COMPILER_OPTIONS", {UNKNOWN: True})
   with pytest.raises(Exception, match=f"No such compile option: '{UNKNOWN}'"):
     train()
 
@@ -70,9 +70,9 @@ def test_the_options_leave_an_engine_round_bit_for_bit_unchanged(model_name, mon
   """A FedAvg round of the engine (the benchmark's workload: 4 clients x 3 steps x 8) gives
   the same parameters, bit for bit, compiled with the options and without."""
   w = benchmark.workload(model_name, clients=4, steps=3, batch=8,
-                         kernels=kernels.resolve("auto"))
+                         conv_impl=kernels.resolve("auto"))
   with_options = benchmark.engine_round(w, "auto", mesh=MESH)()
-  monkeypatch.setattr(platform, "CPU_TRAINING_COMPILER_OPTIONS", {})
+  monkeypatch.setattr(plan_lib, "CPU_TRAINING_COMPILER_OPTIONS", {})
   without = benchmark.engine_round(w, "auto", mesh=MESH)()
   moved = False
   for a, b, start in zip(jax.tree_util.tree_leaves(with_options),

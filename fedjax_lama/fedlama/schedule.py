@@ -40,7 +40,7 @@ from fedjax_lama.fedlama import layer_sync, layer_units as layers, selection as 
 from fedjax_lama.fedlama.options import FedLamaOptions
 from fedjax_lama.programs.round_program import (ProgramBase, RoundOutput, RunOptions, pack,
                                               platform_plan, with_steps)
-from fedjax_lama.tree import broadcast_clients
+from fedjax_lama.tree import broadcast_clients, tree_size
 
 
 class FedLamaState(NamedTuple):
@@ -340,7 +340,7 @@ class FedLamaProgram(ProgramBase):
     fl = self.fl
     if not self.has_state or fl.bn_stats_sync == "never":
       return 0
-    per = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(self.model_state))
+    per = tree_size(self.model_state)
     return 2 * per * n_real * (self.phi if fl.bn_stats_sync == "round" else 1)
 
   def eval_params(self, state):

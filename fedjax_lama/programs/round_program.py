@@ -11,7 +11,6 @@ Programs take typed options (`RunOptions`), never a config: the training entry p
 builds them.
 """
 import dataclasses
-import math
 from typing import Callable, NamedTuple, Optional
 
 import numpy as np
@@ -102,7 +101,7 @@ def steps_per_round(opts: RunOptions, fed, algorithm: Algorithm) -> int:
     return 1
   if opts.local_epochs > 0:
     largest = max(len(ix) for ix in fed.client_train)
-    return opts.local_epochs * max(1, math.ceil(largest / opts.batch_size))
+    return opts.local_epochs * max(1, fdata.steps_per_epoch(largest, opts.batch_size))
   return opts.local_steps
 
 
