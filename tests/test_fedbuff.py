@@ -329,5 +329,6 @@ def test_engine_run_interrupted_then_resumed_equals_uninterrupted(tmp_path):
   params = clock_setup()[2]
   a, b = clock_run.latest_state(whole, params), clock_run.latest_state(split, params)
   assert a["event_log"] == b["event_log"] and a["method_state"]["version"] >= 3
-  for x, y in zip(jax.tree.leaves(a["method_state"]), jax.tree.leaves(b["method_state"]), strict=True):
+  for x, y in zip(jax.tree.leaves(a["method_state"]), jax.tree.leaves(b["method_state"]),
+                  strict=True):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

@@ -52,8 +52,8 @@ def _stack_padded(arrays) -> np.ndarray:
 class VectorizedSyncProgram:
   """R synchronous runs trained together (see the module docstring).
 
-  opts_list[r] are the runs' options: equal but for seed and learning_rate.lr (checked); feds, params
-  and model_states are per run. Each run takes the whole static cohort as one chunk.
+  opts_list[r] are the runs' options: equal but for seed and learning_rate.lr (checked); feds,
+  params and model_states are per run. Each run takes the whole static cohort as one chunk.
   """
 
   def __init__(self, opts_list: Sequence[RunOptions], algorithm: Algorithm, model,
@@ -65,9 +65,11 @@ class VectorizedSyncProgram:
       differ = [k for k in ("rounds", "local_steps", "local_epochs", "batch_size", "weighting",
                             "eval_every", "label_smoothing", "unroll")
                 if getattr(o, k) != getattr(base, k)]
-      if differ or o.learning_rate.decay != base.learning_rate.decay or o.sampler.kind != base.sampler.kind:
-        raise ValueError(f"run {i} differs from run 0 in {differ or 'the learning rate decay or sampling'};"
-                         " vectorized runs may differ only in seed and local learning rate")
+      if (differ or o.learning_rate.decay != base.learning_rate.decay
+          or o.sampler.kind != base.sampler.kind):
+        raise ValueError(f"run {i} differs from run 0 in "
+                         f"{differ or 'the learning rate decay or sampling'}; vectorized runs "
+                         "may differ only in seed and local learning rate")
     self.opts_list, self.algorithm, self.feds, self.mesh = list(opts_list), algorithm, feds, mesh
     self.compressor = compressor if compressor is not None else (
         algorithm.uplink or compression.identity())
