@@ -29,7 +29,7 @@ def test_flops_per_sample_is_positive_and_one_count_for_every_plan():
   assert 20e6 < lax_count < 32e6
   # The engine's plan computes the same useful work; its own count differs only by
   # elementwise bookkeeping (pads, concatenations count nothing, pooling differently).
-  patches_count = benchmark.training_flops_per_sample("fedat_cnn", 8, kernels="patches")
+  patches_count = benchmark.training_flops_per_sample("fedat_cnn", 8, conv_impl="patches")
   assert abs(patches_count - lax_count) <= 0.02 * lax_count
   # The per-sample count does not depend on the batch the step is compiled for.
   assert benchmark.training_flops_per_sample("fedat_cnn", 4) == pytest.approx(lax_count,
