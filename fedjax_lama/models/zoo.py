@@ -2,7 +2,7 @@
 
 `get(name, num_classes, **options)` returns an unbound `flax.linen.Module` whose
 `__call__(x, train=False)` returns logits. Every model accepts the option `kernels`
-("auto", "lax", "patches"; see `fedjax_lama.kernels`) so the engine can pass it uniformly:
+(`fedjax_lama.kernels.KERNELS`) so the engine can pass it uniformly:
 the kernel set its convolutions, dense layers and max pools compute with; logreg and lstm_lm
 ignore it. The counts in the summaries are the papers' (FedLAMA: Lee et al. 2023; FedSpeed:
 Sun et al. 2023; FedAT: Chai et al. 2021; Fed-LAMB: Karimi et al. 2022) and their code's.
