@@ -100,7 +100,7 @@ def _model(name, conv_impl):
   num_classes = NUM_CLASSES.get(name, 10)
   if isinstance(conv_impl, str):  # a plan's name; the measurement-only ones live in benchmarks
     conv_impl = conv_plans.kernels_for(conv_impl)
-  return models.get(name, num_classes=num_classes, conv_impl=conv_impl), num_classes
+  return models.get(name, num_classes=num_classes, kernels=conv_impl), num_classes
 
 
 def time_calls(fn, rounds: int = 1):

@@ -11,8 +11,8 @@ COMMANDS (from the repository root):
 
 Throughput (docs/performance.md): for every (model, clients, steps) of
 the grid, `benchmarks.benchmark.run` times, side by side in one process and interleaved,
-the engine's round (one jitted call of every client's local scan + server mean, convolution
-plan `models.resolve_conv_impl(--conv_impl)`, client map of `engine.plan.plan`), the
+the engine's round (one jitted call of every client's local scan + server mean, kernel
+set `fedjax_lama.kernels.resolve(--conv_impl)`, client map of `engine.plan.plan`), the
 per-client Python loop of a jitted SGD step (FedJAX's default backend), the centralized
 step (a reference, not a limit: one model, one jitted step over the whole cohort's batch,
 per local step; with lax convolutions and with the engine's plan, the faster counts; --quick
@@ -58,6 +58,7 @@ from benchmarks.benchmark_tables import markdown, models_table
 from fedjax_lama import models
 from fedjax_lama.data import sample_clients
 from fedjax_lama.engine import client_store, sharding
+from fedjax_lama.tree import tree_size
 
 FLAGS = flags.FLAGS
 # --batch, --repeats, --conv_impl and --unroll are benchmarks.benchmark's flags.
@@ -99,7 +100,7 @@ def _peak_rss_mb() -> float:
 
 def _row_template(name: str):
   """One client's row: zeros shaped like `name`'s parameters (shapes only, nothing trained)."""
-  model = models.get(name, num_classes=10, conv_impl="lax")
+  model = models.get(name, num_classes=10, kernels="lax")
   shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 32, 32, 3)),
                                              train=False))["params"]
   return jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), shapes)
@@ -131,7 +132,7 @@ def memory_worker(on_host: bool, num_clients: int, row_name: str, cohort: int, r
       x.nbytes for x in jax.tree_util.tree_leaves(row))
   stats = jax.devices()[0].memory_stats() or {}
   return {"placement": "host" if on_host else "device", "clients": num_clients,
-          "row_floats": int(sum(x.size for x in jax.tree_util.tree_leaves(row))),
+          "row_floats": tree_size(row),
           "store_mb": store.nbytes / 2**20, "device_resident_mb": device_bytes / 2**20,
           "rss_before_store_mb": rss_before, "peak_rss_mb": _peak_rss_mb(),
           "create_s": create_s, "round_s_best": min(times), "cohort": cohort,

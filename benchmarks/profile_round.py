@@ -36,7 +36,7 @@ import jax
 # benchmarks.benchmark's flags.
 from benchmarks import benchmark
 from fedjax_lama.cli import cpu_devices
-from fedjax_lama import models
+from fedjax_lama import kernels
 from fedjax_lama.engine import local
 
 FLAGS = flags.FLAGS
@@ -122,7 +122,7 @@ def main(argv):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + TRACEME_FLAG).strip()
   cpu_devices.split_cpu()  # as benchmarks.benchmark: the engine's round on the same devices
 
-  impl = models.resolve_conv_impl(FLAGS.conv_impl)
+  impl = kernels.resolve(FLAGS.conv_impl)
   client_map = local.resolve_client_map(FLAGS.client_map)
   w = benchmark.workload(FLAGS.model, FLAGS.clients, FLAGS.steps, FLAGS.batch, impl)
   one_round = benchmark.engine_round(w, client_map, FLAGS.unroll)

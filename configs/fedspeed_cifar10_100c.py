@@ -31,7 +31,7 @@ def slides_setting(dataset: str, num_clients: int, active_ratio: float, batch_si
   c.local_steps = 0
   c.rounds = 1000
   c.local_lr = 0.1
-  c.local_lr_schedule = "exponential"  # once per round, also in epoch mode
+  c.local_lr_decay = "exponential"  # once per round, also in epoch mode
   c.local_lr_decay_factor = 0.998
   c.weight_decay = 1e-3
   c.weighting = "uniform"

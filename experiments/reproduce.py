@@ -42,7 +42,7 @@ flags.DEFINE_bool("list", False, "List every paper and table id, then exit.")
 # Config fields worth printing as "the exact settings" of a run.
 SETTINGS = ("algorithm", "schedule", "dataset", "model", "partition", "dirichlet_concentration",
             "classes_per_client", "num_clients", "active_ratio", "client_sampling", "batch_size",
-            "local_steps", "local_epochs", "rounds", "local_lr_schedule", "local_lr_decay_factor",
+            "local_steps", "local_epochs", "rounds", "local_lr_decay", "local_lr_decay_factor",
             "local_momentum", "weight_decay", "server_lr", "weighting", "validation_fraction",
             "normalization", "augmentation")
 

@@ -199,7 +199,7 @@ def _fedspeed_small():
 def _fedspeed_smoke():
   from configs import default  # pylint: disable=g-import-not-at-top
   return _with(default.get_config(), rounds=3, eval_every=1, validation_fraction=0.1,
-               plots=False, local_momentum=0.0, local_lr_schedule="exponential",
+               plots=False, local_momentum=0.0, local_lr_decay="exponential",
                local_lr_decay_factor=0.998)
 
 

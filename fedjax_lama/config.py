@@ -9,11 +9,18 @@ hyper-parameters through the registry, which also validates them.
 `check_overrides(config, paths)` is for the fields a user set on the command line: one
 that the chosen algorithm or mode never reads is refused, naming both fields. A config
 file may still set every method's section (a study's config serves several methods).
+
+A field renamed since runs were first written is listed in RENAMED_FIELDS: a workdir's
+config.json that still uses the old name is read back under the new one
+(`rename_old_fields`), while a config file or a command line that uses it stops with one
+line naming the new field (`renamed_field_message`).
 """
+import copy
 import math
 
 import ml_collections
 
+from fedjax_lama import kernels
 from fedjax_lama import registry
 from fedjax_lama.engine.plan import CLIENT_MAPS
 from fedjax_lama.errors import ConfigError, closest
@@ -26,9 +33,43 @@ PARTITIONS = ("iid", "dirichlet", "dirichlet_balanced", "shards", "class_cyclic"
               "femnist_writers")
 SAMPLINGS = ("fixed", "bernoulli")
 WEIGHTINGS = ("examples", "uniform")
-LR_SCHEDULES = ("constant", "cosine", "step", "exponential")
-CONV_IMPLS = ("auto", "lax", "patches")
+LR_DECAYS = ("constant", "cosine", "step", "exponential")
 SCHEDULES = registry.SCHEDULES
+
+# Fields renamed since runs were first written, old dotted path -> current one: the kernel
+# set is called "kernels" everywhere, and "schedule" is FedLAMA's aggregation schedule only
+# (the local learning rate's decay is config.local_lr_decay).
+RENAMED_FIELDS = {
+    "engine.conv_impl": "engine.kernels",
+    "model_options.conv_impl": "model_options.kernels",
+    "local_lr_schedule": "local_lr_decay",
+}
+
+
+def renamed_field_message(old: str) -> str:
+  """The one line for a config file or command line that sets the renamed field `old`."""
+  return (f"config.{old} was renamed config.{RENAMED_FIELDS[old]} (same values); set "
+          f"config.{RENAMED_FIELDS[old]} instead")
+
+
+def rename_old_fields(config: dict) -> dict:
+  """A copy of the plain dict `config` (a workdir's config.json) with every field of
+  RENAMED_FIELDS under its current name; a field already under its current name is kept."""
+  config = copy.deepcopy(config)
+  for old, new in RENAMED_FIELDS.items():
+    *old_parents, old_key = old.split(".")
+    *new_parents, new_key = new.split(".")
+    section = config
+    for key in old_parents:
+      section = section.get(key) if isinstance(section, dict) else None
+    if not isinstance(section, dict) or old_key not in section:
+      continue
+    value = section.pop(old_key)
+    target = config
+    for key in new_parents:
+      target = target.setdefault(key, {})
+    target.setdefault(new_key, value)
+  return config
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -70,7 +111,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.local_epochs = 0  # > 0 trains E epochs per round instead of local_steps
   c.batch_size = 32
   c.local_lr = 0.1
-  c.local_lr_schedule = "constant"
+  c.local_lr_decay = "constant"  # how the local learning rate decays over the run: LR_DECAYS
   c.local_lr_warmup_steps = 0
   c.local_lr_decay_steps = ()  # "step": boundaries in local steps
   c.local_lr_decay_factor = 0.1  # "step": factor per boundary; "exponential": factor per round
@@ -105,9 +146,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.per_client_eval = "final"  # "final" | "every" | "never"
   c.plots = True
   c.tensorboard = False  # also write TensorBoard event files to <workdir>/tensorboard
-  # client_map: how local training adds the client axis, "auto" (the platform's measured
-  # best), "vmap" or "scan" (fedjax_lama.engine.plan.CLIENT_MAPS).
-  c.engine = ml_collections.ConfigDict({"conv_impl": "auto", "unroll": 1, "clients_per_chunk": 0,
+  # kernels: the kernel set the models' layers compute with, "auto" (the platform's
+  # measured best), "lax" or "patches" (fedjax_lama.kernels.KERNELS); client_map: how local
+  # training adds the client axis, "auto" (the platform's measured best), "vmap" or "scan"
+  # (fedjax_lama.engine.plan.CLIENT_MAPS).
+  c.engine = ml_collections.ConfigDict({"kernels": "auto", "unroll": 1, "clients_per_chunk": 0,
                                         "client_state_on_host": False, "client_map": "auto"})
   return c
 
@@ -137,6 +180,8 @@ def _check_known_fields(c, base, path: str = "") -> None:
   """Every field of `c` exists in `base` (base_config()), recursively."""
   for key in c.keys():
     where = f"{path}{key}"
+    if where in RENAMED_FIELDS:
+      raise ConfigError(renamed_field_message(where))
     if key not in base:
       raise ConfigError(f"config.{where} is not a field; {closest(key, base.keys())}")
     if key in _OPTION_DICTS and not path:
@@ -165,6 +210,8 @@ def _check_options(c) -> None:
     _fail("model", c.model, ", ".join(map(repr, models.names())))
   accepted = models.options(c.model)
   for key in sorted((c.get("model_options") or {}).keys()):
+    if f"model_options.{key}" in RENAMED_FIELDS:
+      raise ConfigError(renamed_field_message(f"model_options.{key}"))
     if key not in accepted:
       raise ConfigError(f"config.model_options.{key} is not an option of config.model="
                         f"{c.model!r}; {closest(key, accepted)} (remove the others, e.g. "
@@ -187,10 +234,10 @@ def validate(c: ml_collections.ConfigDict, num_classes: int | None = None) -> No
   _one_of(c, "partition", PARTITIONS)
   _one_of(c, "client_sampling", SAMPLINGS)
   _one_of(c, "weighting", WEIGHTINGS)
-  _one_of(c, "local_lr_schedule", LR_SCHEDULES)
+  _one_of(c, "local_lr_decay", LR_DECAYS)
   _one_of(c, "per_client_eval", ("final", "every", "never"))
-  if c.engine.conv_impl not in CONV_IMPLS:
-    _fail("engine.conv_impl", c.engine.conv_impl, ", ".join(map(repr, CONV_IMPLS)))
+  if c.engine.kernels not in kernels.KERNELS:
+    _fail("engine.kernels", c.engine.kernels, ", ".join(map(repr, kernels.KERNELS)))
   client_map = c.engine.get("client_map", "auto")
   if client_map not in CLIENT_MAPS:
     _fail("engine.client_map", client_map, ", ".join(map(repr, CLIENT_MAPS)))
@@ -247,7 +294,7 @@ MODE_FIELDS = {
     # Synchronous rounds: the registry's algorithms, round by round.
     "synchronous rounds": (
         "rounds", "local_steps", "eval_every", "per_client_eval", "tensorboard", "schedule",
-        "weighting", "server_lr", "weight_decay", "local_lr_schedule", "local_lr_warmup_steps",
+        "weighting", "server_lr", "weight_decay", "local_lr_decay", "local_lr_warmup_steps",
         "local_lr_decay_steps", "local_lr_decay_factor", "validation_fraction", "compressor",
         "engine.clients_per_chunk", "engine.client_state_on_host"),
     # A cohort drawn as a fraction of the clients (synchronous rounds, and FedAvg / FedProx

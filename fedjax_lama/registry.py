@@ -242,7 +242,7 @@ def _clock_shared_fields(config) -> None:
   refuse(isinstance(config.local_epochs, int) and config.local_epochs >= 1, "local_epochs",
          "an integer >= 1 (E local epochs per job)")
   refuse(config.weighting == "examples", "weighting", "'examples' (n_k-weighted means)")
-  refuse(config.local_lr_schedule == "constant", "local_lr_schedule", "'constant'")
+  refuse(config.local_lr_decay == "constant", "local_lr_decay", "'constant'")
   refuse(config.local_lr_warmup_steps == 0, "local_lr_warmup_steps", "0")
   refuse(config.server_lr in (None, 1.0), "server_lr",
          "None or 1.0 (the simulation's server rules)")

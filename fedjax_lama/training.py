@@ -19,9 +19,9 @@ partition_spec = spec_lib.partition_spec
 
 
 def platform_plan(config):
-  """The engine's plan for JAX's default backend, from config.engine.conv_impl and
+  """The engine's plan for JAX's default backend, from config.engine.kernels and
   config.engine.client_map (as `fedjax_lama.run.spec.build_spec` builds it)."""
-  return plan_lib.plan(conv_impl=config.engine.conv_impl,
+  return plan_lib.plan(kernels=config.engine.kernels,
                        client_map=config.engine.get("client_map", "auto"))
 
 

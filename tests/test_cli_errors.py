@@ -37,6 +37,9 @@ def _config_files(tmp: pathlib.Path) -> dict:
       "unknown_dataset_option": _write(tmp / "unknown_dataset_option.py", (
           "from configs.default import get_config as _base\n"
           "def get_config():\n  c = _base()\n  c.dataset_options.foo = 1\n  return c\n")),
+      "renamed_field": _write(tmp / "renamed_field.py", (
+          "from configs.default import get_config as _base\n"
+          "def get_config():\n  c = _base()\n  c.local_lr_schedule = 'cosine'\n  return c\n")),
       "missing": str(tmp / "missing.py"),
   }
 
@@ -59,6 +62,8 @@ CASES = [
     ("workdir_empty", ["--workdir="], ["workdir is empty"]),
     ("fedasync_with_fedlama_phi", ["--config.algorithm=fedasync", "--config.fedlama.phi=4"],
      ["config.fedlama.phi", "config.algorithm='fedasync'"]),
+    ("renamed_field", ["--config.engine.conv_impl=lax"],
+     ["config.engine.conv_impl was renamed config.engine.kernels"]),
 ]
 SLOW_CASES = [
     ("unknown_dataset_option", ["--config.dataset_options.foo=1"],
@@ -66,6 +71,8 @@ SLOW_CASES = [
     ("config_file_import_error", ["--config={import_error}"],
      ["{import_error}", "ModuleNotFoundError"]),
     ("config_file_unknown_field", ["--config={unknown_field}"], ["config.learning_rate"]),
+    ("config_file_renamed_field", ["--config={renamed_field}"],
+     ["config.local_lr_schedule was renamed config.local_lr_decay"]),
     ("config_file_unknown_nested_field", ["--config={unknown_nested}"],
      ["config.engine.unrol", "unroll"]),
     ("config_file_unknown_dataset_option", ["--config={unknown_dataset_option}"],

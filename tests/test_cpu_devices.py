@@ -19,7 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_lama import models
+from fedjax_lama import config as config_lib
+from fedjax_lama import models, training
+from fedjax_lama.errors import ConfigError
 from fedjax_lama.engine import local, plan as plan_lib, sharding
 from tests.conftest import shared_data_dir_or_skip
 
@@ -239,11 +241,20 @@ def test_the_platform_plan_routes_each_backend(backend, kernel_set, client_map, 
   assert plan_lib.plan(backend, "lax", "vmap").kernels == "lax"
 
 
-def test_the_client_map_is_read_from_the_environment_when_asked_not_at_import(monkeypatch):
+def test_the_client_map_comes_from_the_config_field_alone(monkeypatch):
+  # The former FEDJAX_LAMA_CLIENT_MAP variable is ignored: config.engine.client_map decides.
   monkeypatch.setenv("FEDJAX_LAMA_CLIENT_MAP", "vmap")
-  assert plan_lib.plan("cpu").client_map == "vmap"
-  assert local.resolve_client_map(platform="cpu") == "vmap"
+  assert plan_lib.plan("cpu").client_map == "scan"
+  assert local.resolve_client_map(platform="cpu") == "scan"
+  assert training.platform_plan(config_lib.base_config()).client_map == (
+      local.resolve_client_map())
+  config = config_lib.base_config()
+  config.engine.client_map = "vmap"
+  assert training.platform_plan(config).client_map == "vmap"
+  assert plan_lib.plan("cpu", client_map="vmap").client_map == "vmap"
   assert local.resolve_client_map("scan", platform="cpu") == "scan"  # a caller's choice wins
-  monkeypatch.setenv("FEDJAX_LAMA_CLIENT_MAP", "loop")
-  with pytest.raises(ValueError, match="FEDJAX_LAMA_CLIENT_MAP='loop'"):
-    plan_lib.plan("cpu")
+  with pytest.raises(ValueError, match="client_map='loop'"):
+    plan_lib.plan("cpu", client_map="loop")
+  config.engine.client_map = "loop"
+  with pytest.raises(ConfigError, match=r"engine\.client_map.*'loop'"):
+    config_lib.validate(config)

@@ -10,6 +10,7 @@ import dataclasses
 import math
 from fractions import Fraction as F
 
+import jax
 import numpy as np
 import pytest
 
@@ -18,7 +19,7 @@ from fedjax_lama.simulation import (ComputeModel, FedAsync, FedAsyncConfig, FedA
 from fedjax_lama.simulation import streams
 from fedjax_lama.simulation.interfaces import TrainResult
 from fedjax_lama.simulation.latency import job_steps
-from fedjax_lama.simulation.pytree import tree_leaves, trees_equal
+from fedjax_lama.simulation.pytree import trees_equal
 from fedjax_lama.simulation.testing import RoundingCodec, ShiftTrainer, make_simulator
 
 NO_DELAY = ((0.0, 0.0),)
@@ -290,7 +291,7 @@ def test_interrupted_then_resumed_equals_uninterrupted():
   assert trees_equal(sim.method.global_model(), reference.method.global_model())
   a, b = reference.method.state_dict(), sim.method.state_dict()
   assert a.keys() == b.keys() and a["in_flight"] == b["in_flight"] and a["draws"] == b["draws"]
-  for x, y in zip(tree_leaves(a), tree_leaves(b), strict=True):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
@@ -328,5 +329,6 @@ def test_engine_run_interrupted_then_resumed_equals_uninterrupted(tmp_path):
   params = clock_setup()[2]
   a, b = clock_run.latest_state(whole, params), clock_run.latest_state(split, params)
   assert a["event_log"] == b["event_log"] and a["method_state"]["version"] >= 3
-  for x, y in zip(tree_leaves(a["method_state"]), tree_leaves(b["method_state"]), strict=True):
+  for x, y in zip(jax.tree.leaves(a["method_state"]), jax.tree.leaves(b["method_state"]),
+                  strict=True):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

@@ -321,7 +321,7 @@ def test_end_to_end_run_sends_one_model_each_way(tmp_path, mode):
   c.fedspeed.server_average = mode
   c.update_from_flattened_dict({"rounds": 2, "local_steps": 3, "num_clients": 8,
                                 "active_ratio": 0.5, "eval_every": 1, "checkpoint_every": 2,
-                                "plots": False, "local_lr_schedule": "exponential",
+                                "plots": False, "local_lr_decay": "exponential",
                                 "local_lr_decay_factor": 0.998})
   summary = training.train_and_evaluate(c, str(tmp_path))
   assert np.isfinite(summary["final_test_accuracy"])

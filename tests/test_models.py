@@ -16,6 +16,7 @@ import numpy as np
 import optax
 import pytest
 
+from fedjax_lama import kernels as kernels_lib
 from fedjax_lama import models
 from fedjax_lama.models import init
 from fedjax_lama.models import resnet
@@ -165,12 +166,12 @@ def test_leaf_names_and_kernel_ranks(name):
 
 
 @pytest.mark.parametrize("name", CONV_MODELS)
-def test_conv_impls_share_the_parameter_tree(name):
+def test_kernel_sets_share_the_parameter_tree(name):
   shapes = {}
-  impls = (models.CONV_IMPLS if name in ("fedat_cnn", "resnet20")
+  impls = (kernels_lib.KERNELS if name in ("fedat_cnn", "resnet20")
            else ("lax", "patches"))
   for impl in impls:
-    model = models.get(name, 10, conv_impl=impl)
+    model = models.get(name, 10, kernels=impl)
     variables = _abstract_init(model, _sample(name, batch=1))
     shapes[impl] = jax.tree_util.tree_map(lambda l: (l.shape, l.dtype),
                                           variables)
@@ -203,7 +204,7 @@ def _loss_and_grads(model, variables, x, train):
     pytest.param("leaf_cnn", 62, (2, 62), marks=pytest.mark.slow),
     pytest.param("resnet9", 10, (2, 10), marks=pytest.mark.slow)])
 def test_output_shapes_and_deterministic_apply(name, num_classes, out):
-  model = models.get(name, num_classes, conv_impl="patches")
+  model = models.get(name, num_classes, kernels="patches")
   x = _sample(name)
   variables = _numpy_variables(model, x)
   apply = jax.jit(model.apply)
@@ -368,8 +369,8 @@ def test_unknown_or_bad_options_are_named():
     models.get("wrn28_10", 100, variant="wide")
   with pytest.raises(ValueError, match="variant.*'dawnbench'"):
     models.get("resnet9", 10, variant="resnet9")
-  with pytest.raises(ValueError, match="conv_impl='cudnn'"):
-    models.get("fedat_cnn", 10, conv_impl="cudnn")
+  with pytest.raises(ValueError, match="kernels='cudnn'"):
+    models.get("fedat_cnn", 10, kernels="cudnn")
   with pytest.raises(ValueError, match="init_style='he'"):
     models.get("cifar_cnn", 10, init_style="he")
   with pytest.raises(ValueError, match="num_classes"):
@@ -378,18 +379,18 @@ def test_unknown_or_bad_options_are_named():
     models.get("mnist_mlp", 10, dropout=1.5)
 
 
-def test_every_model_accepts_conv_impl():
+def test_every_model_accepts_kernels():
   for name in models.names():
-    assert "conv_impl" in models.options(name)
-    models.get(name, 10, conv_impl="auto")
+    assert "kernels" in models.options(name)
+    models.get(name, 10, kernels="auto")
 
 
-def test_resolve_conv_impl():
-  assert models.resolve_conv_impl("auto", "cpu") == "patches"
-  assert models.resolve_conv_impl("auto", "gpu") == "patches"
-  assert models.resolve_conv_impl("auto", "tpu") == "lax"
-  assert models.resolve_conv_impl("auto") == (
+def test_resolve_kernels():
+  assert kernels_lib.resolve("auto", "cpu") == "patches"
+  assert kernels_lib.resolve("auto", "gpu") == "patches"
+  assert kernels_lib.resolve("auto", "tpu") == "lax"
+  assert kernels_lib.resolve("auto") == (
       "lax" if jax.default_backend() == "tpu" else "patches")
-  assert models.resolve_conv_impl("lax") == "lax"
+  assert kernels_lib.resolve("lax") == "lax"
   with pytest.raises(ValueError, match="'auto'"):
-    models.resolve_conv_impl("fast")
+    kernels_lib.resolve("fast")

@@ -1,5 +1,5 @@
 """The run options carry the engine's platform plan down to every round: the training entry
-point builds it once from config.engine (conv_impl, client_map), and each program, the
+point builds it once from config.engine (kernels, client_map), and each program, the
 FedLAMA window and the simulated clock's trainer add the client axis and compile local
 training as that plan says, not as a module global or the environment says."""
 import dataclasses
@@ -43,13 +43,13 @@ def recorded(monkeypatch):
 
 def test_the_plan_is_built_once_from_config_engine():
   plan = training.platform_plan(helpers.tiny_config(**{"engine.client_map": "vmap",
-                                                       "engine.conv_impl": "lax"}))
+                                                       "engine.kernels": "lax"}))
   assert (plan.platform, plan.client_map, plan.kernels) == (jax.default_backend(), "vmap", "lax")
   # The model's layers take the plan's kernel set.
-  config = helpers.tiny_config(model="mnist_cnn", **{"engine.conv_impl": "lax"})
+  config = helpers.tiny_config(model="mnist_cnn", **{"engine.kernels": "lax"})
   dataset = fdata.load_dataset("digits", data_dir="")
   options = training.model_options(config, dataset)
-  assert options["conv_impl"] == "lax"
+  assert options["kernels"] == "lax"
   default = training.platform_plan(helpers.tiny_config())
   assert default == plan_lib.plan(client_map="auto")
   # Resolved at build time: "auto" is the platform's map, never "auto" itself.
@@ -64,9 +64,8 @@ def test_config_rejects_an_unknown_client_map_naming_the_field():
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedlama"])
 @pytest.mark.parametrize("client_map", ["vmap", "scan"])
-def test_config_client_map_reaches_the_round(recorded, monkeypatch, algorithm, client_map):
-  # The environment says otherwise: the config's choice, carried by the run options, wins.
-  monkeypatch.setenv(plan_lib.CLIENT_MAP_ENVIRONMENT, "scan" if client_map == "vmap" else "vmap")
+def test_config_client_map_reaches_the_round(recorded, algorithm, client_map):
+  # The config's choice, carried by the run options, reaches every round.
   program = helpers.build(helpers.tiny_config(algorithm=algorithm,
                                               **{"engine.client_map": client_map}), MESH)
   assert recorded["client_map"] and set(recorded["client_map"]) == {client_map}

@@ -10,31 +10,31 @@ import pytest
 from fedjax_lama import config as config_lib
 from fedjax_lama import training
 from fedjax_lama.run import parts as parts_lib, workdir as workdir_lib
-from fedjax_lama.programs.round_program import LrSchedule
+from fedjax_lama.programs.round_program import LearningRate
 from tests.test_training import _metrics, tiny_config
 
 
 @pytest.mark.parametrize("steps_per_round", [3, 7])
-def test_exponential_schedule_decays_once_per_round(steps_per_round):
+def test_exponential_decay_once_per_round(steps_per_round):
   """Round r (steps [r S, (r + 1) S)) runs at lr * factor^r whatever S is, also in epoch
   mode, where S is E epochs of the largest client, not config.local_steps."""
-  schedule = LrSchedule(0.1, "exponential", decay_factor=0.5).build(100, steps_per_round)
+  learning_rate = LearningRate(0.1, "exponential", decay_factor=0.5).build(100, steps_per_round)
   for r in range(4):
     for s in range(steps_per_round):
-      assert float(schedule(r * steps_per_round + s)) == pytest.approx(0.1 * 0.5 ** r)
+      assert float(learning_rate(r * steps_per_round + s)) == pytest.approx(0.1 * 0.5 ** r)
 
 
-def test_exponential_schedule_in_epoch_mode_end_to_end(tmp_path):
+def test_exponential_decay_in_epoch_mode_end_to_end(tmp_path):
   """Epoch mode with local_steps left at 10 and rounds of a different length: the rate of
   each round follows the round index (the old code decayed every config.local_steps)."""
-  c = tiny_config(local_epochs=1, local_steps=10, local_lr_schedule="exponential",
+  c = tiny_config(local_epochs=1, local_steps=10, local_lr_decay="exponential",
                   local_lr_decay_factor=0.5, rounds=3)
   program = training.build_program(c, *_model_and_fed(c))
   assert program.num_steps != 10
-  schedule = c.local_lr * 0.5 ** np.arange(3)
-  rates = [float(program.opts.lr.build(3 * program.num_steps, program.num_steps)(
+  expected = c.local_lr * 0.5 ** np.arange(3)
+  rates = [float(program.opts.learning_rate.build(3 * program.num_steps, program.num_steps)(
       r * program.num_steps)) for r in range(3)]
-  np.testing.assert_allclose(rates, schedule, rtol=1e-6)
+  np.testing.assert_allclose(rates, expected, rtol=1e-6)
 
 
 def _model_and_fed(c):
@@ -175,10 +175,10 @@ def test_extended_run_equals_an_uninterrupted_run_and_flipped_bytes_are_caught(t
 
 def test_extension_that_cannot_be_exact_is_refused_before_data(tmp_path):
   """What depends on the total number of rounds makes an extension differ from a longer
-  run: a final evaluation off the evaluation cadence, a cosine schedule. Only config.json
+  run: a final evaluation off the evaluation cadence, a cosine decay of the learning rate. Only config.json
   is needed to refuse, so nothing is loaded or written."""
   cases = [(tiny_config(rounds=3, eval_every=2), "config.eval_every"),
-           (tiny_config(rounds=4, local_lr_schedule="cosine"), "cosine")]
+           (tiny_config(rounds=4, local_lr_decay="cosine"), "cosine")]
   for i, (old, name) in enumerate(cases):
     work = tmp_path / str(i)
     work.mkdir()

@@ -20,6 +20,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from fedjax_lama import config as config_lib
@@ -30,7 +31,6 @@ from fedjax_lama.engine import sharding
 from fedjax_lama.engine.algorithm import displacement
 from fedjax_lama.programs import round_program as programs_common
 from fedjax_lama.programs.sync import SyncProgram
-from fedjax_lama.tree import tree_zeros_like
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 COHORTS = (7, 8, 9, 33)
@@ -87,7 +87,7 @@ def row_algorithm():
     return jax.tree_util.tree_map(lambda g, c: g + 0.1 * c, grads, ctx.row["c"])
 
   def row_init(params):
-    return {"c": tree_zeros_like(params), "n": jnp.zeros((), jnp.float32)}
+    return {"c": optax.tree.zeros_like(params), "n": jnp.zeros((), jnp.float32)}
 
   def finish(final, ctx, info):
     del info

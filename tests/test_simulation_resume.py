@@ -7,12 +7,13 @@ uninterrupted run: event log, message log, tick records and final models.
 import copy
 import dataclasses
 
+import jax
 import numpy as np
 import pytest
 
 from fedjax_lama.simulation import (ASOFed, ComputeModel, FedAsync, FedAT, FedATConfig, FedAvg,
                                     FedProx, NetworkModel, SystemConfig, TiFL, TiFLConfig)
-from fedjax_lama.simulation.pytree import tree_leaves, trees_equal
+from fedjax_lama.simulation.pytree import trees_equal
 from fedjax_lama.simulation.testing import RoundingCodec, make_simulator
 
 CONFIG = SystemConfig(
@@ -82,9 +83,9 @@ def test_interrupted_then_resumed_equals_uninterrupted(name):
   assert trees_equal(sim.method.global_model(), reference.method.global_model())
   ref_state, state = reference.method.state_dict(), sim.method.state_dict()
   assert ref_state.keys() == state.keys()
-  ref_leaves = tree_leaves(ref_state)
-  assert len(ref_leaves) == len(tree_leaves(state))
-  for a, b in zip(ref_leaves, tree_leaves(state)):
+  ref_leaves = jax.tree.leaves(ref_state)
+  assert len(ref_leaves) == len(jax.tree.leaves(state))
+  for a, b in zip(ref_leaves, jax.tree.leaves(state)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_lama import models, training
+from fedjax_lama import kernels, training
 from fedjax_lama.engine import local, plan as plan_lib, sharding
 from fedjax_lama.programs.vectorized import VectorizedSyncProgram
 from benchmarks import benchmark
@@ -70,7 +70,7 @@ def test_the_options_leave_an_engine_round_bit_for_bit_unchanged(model_name, mon
   """A FedAvg round of the engine (the benchmark's workload: 4 clients x 3 steps x 8) gives
   the same parameters, bit for bit, compiled with the options and without."""
   w = benchmark.workload(model_name, clients=4, steps=3, batch=8,
-                         conv_impl=models.resolve_conv_impl("auto"))
+                         conv_impl=kernels.resolve("auto"))
   with_options = benchmark.engine_round(w, "auto", mesh=MESH)()
   monkeypatch.setattr(plan_lib, "CPU_TRAINING_COMPILER_OPTIONS", {})
   without = benchmark.engine_round(w, "auto", mesh=MESH)()

@@ -95,7 +95,7 @@ def _plans(name: str, clients: int, steps: int, batch: int, lr: float,
   yc = y.swapaxes(0, 1).reshape(steps, clients * batch)
 
   def setup(impl):
-    model = models.get(name, 10, conv_impl=conv_plans.kernels_for(impl))
+    model = models.get(name, 10, kernels=conv_plans.kernels_for(impl))
     variables = model.init(jax.random.PRNGKey(seed), x[0, 0])
     state = (variables["params"], variables.get("batch_stats", {}))
     return state, _make_step(model, lr)

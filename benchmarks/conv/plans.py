@@ -1,7 +1,7 @@
 """Convolution plans kept only to be measured against the library's "lax" and "patches".
 
 `kernels_for(name)` gives a `fedjax_lama.kernels.Kernels` for every name in `PLANS`, to pass
-as `models.get(..., conv_impl=...)`:
+as `models.get(..., kernels=...)`:
 
 * "lax", "patches": the library's sets (`fedjax_lama.kernels.get`).
 * "im2col": `im2col_conv` for every layer (to measure the patches plan's picks against).

@@ -112,7 +112,7 @@ def test_scan_client_map_equals_vmap(name, clients):
   "vmap" does, to float32 rounding, whatever the group size; and so does each map when every
   client's start is copied C times (state_axes all 0) instead of shared (the round's own
   `fresh_states(..., batched=False)`)."""
-  model = models.get(name, num_classes=10, conv_impl="patches")
+  model = models.get(name, num_classes=10, kernels="patches")
   shape = benchmark.INPUT_SHAPES.get(name, (32, 32, 3))
   steps, batch = 2, 3
   n = clients * steps * batch

@@ -70,7 +70,7 @@ def test_patches_cpu_on_cpu_is_the_patches_plan(name, monkeypatch):
   monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
   programs = []
   for impl in ("patches", "patches_cpu"):
-    model = models.get(name, 10, conv_impl=plans.kernels_for(impl))
+    model = models.get(name, 10, kernels=plans.kernels_for(impl))
     x = _sample(name)
     params = model.init(jax.random.PRNGKey(0), x)
     programs.append(str(jax.make_jaxpr(jax.grad(

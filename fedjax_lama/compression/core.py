@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from fedjax_lama import rng
+from fedjax_lama.tree import tree_size
 
 PyTree = Any
 
@@ -35,7 +36,7 @@ class Compressor(NamedTuple):
 
 
 def float32_bits(like: PyTree) -> int:
-  return 32 * sum(int(np.prod(np.shape(x))) for x in jax.tree_util.tree_leaves(like))
+  return 32 * tree_size(like)
 
 
 def identity() -> Compressor:

@@ -53,6 +53,8 @@ from typing import Any, NamedTuple, Optional, Union
 import jax
 import numpy as np
 
+from fedjax_lama.tree import tree_size
+
 PyTree = Any
 MODES = ("flat", "pairs")
 
@@ -460,7 +462,7 @@ def roundtrip_tree(tree: PyTree, precision: Optional[int]) -> tuple[PyTree, int]
   if precision is None:
     hats = [leaf.astype(np.float32).astype(leaf.dtype) for leaf in leaves]
     return (jax.tree_util.tree_unflatten(treedef, hats),
-            _RAW_BYTES_PER_PARAMETER * sum(leaf.size for leaf in leaves))
+            _RAW_BYTES_PER_PARAMETER * tree_size(leaves))
   precision = _check_precision(precision)
   hats, num_bytes = [], 0
   for leaf in leaves:
@@ -483,7 +485,7 @@ def tree_message_bytes(tree: PyTree, precision: Optional[int]) -> int:
   """
   leaves = _leaves(tree)
   if precision is None:
-    return _RAW_BYTES_PER_PARAMETER * sum(leaf.size for leaf in leaves)
+    return _RAW_BYTES_PER_PARAMETER * tree_size(leaves)
   precision = _check_precision(precision)
   num_bytes = 0
   for leaf in leaves:

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_lama.compression.core import Compressor
+from fedjax_lama.tree import leaf_sizes
 
 BLOCKS = ("leaf", "global")
 
@@ -97,7 +98,7 @@ def qsgd(levels: int = 16, block: str = "leaf") -> Compressor:
         treedef, [dequantize(p, dtype) for p, (_, dtype) in zip(body, meta)])
 
   def bits(like):
-    sizes = [int(np.prod(np.shape(x))) for x in jax.tree_util.tree_leaves(like)]
+    sizes = leaf_sizes(like).tolist()
     if block == "global":
       return qsgd_block_bits(sum(sizes), s)
     return sum(qsgd_block_bits(n, s) for n in sizes)

@@ -112,10 +112,12 @@ def _permutations(rng: np.random.Generator, n: int, count: int) -> np.ndarray:
 
 def steps_per_epoch(num_examples: int, batch_size: int,
                     drop_remainder: bool = False) -> int:
-  """Batches in one local epoch: ceil(n / B), or floor(n / B) if dropping."""
+  """Batches in one local epoch: ceil(n / B) (a short last batch is kept), or floor(n / B)
+  if dropping. The one count of it: the engine's packing, the simulated clock's latency and
+  job packing, and the programs' static step axis all use it."""
   if drop_remainder:
-    return num_examples // batch_size
-  return -(-num_examples // batch_size)
+    return int(num_examples) // int(batch_size)
+  return -(-int(num_examples) // int(batch_size))
 
 
 def _steps_rows(n: int, steps: int, batch_size: int,

@@ -153,7 +153,7 @@ def make_loss_fn(model, has_model_state: bool, label_smoothing: float = 0.0,
 
 
 def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
-                      lr_schedule: Callable[[jax.Array], jax.Array], *,
+                      learning_rate: Callable[[jax.Array], jax.Array], *,
                       augment: Optional[Callable[[jax.Array, jax.Array], jax.Array]] = None,
                       unroll: int | bool = 1):
   """Builds `client_train(state, ctx, data_x, data_y, indices, example_mask, step_mask,
@@ -165,7 +165,7 @@ def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
   `algorithm.local_sgd` run on the unit problem (`unit_step`), which gives the client's
   effective step (StepStats.effective_step, per client, padded steps skipped, each step's
   own learning rate). step_offset is the global local-step count
-  of the first step (for the LR schedule); step s uses the key
+  of the first step (for the learning rate); step s uses the key
   fold_in(key, key_offset + s), so a span of steps split into several calls draws the
   same keys as one call over the whole span.
 
@@ -200,7 +200,7 @@ def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
       if correct is not None:
         grads = correct(grads, carry.params, ctx)
       direction, new_opt = local_tx.update(grads, opt_state, carry.params)
-      lr = lr_schedule(step_offset + s)
+      lr = learning_rate(step_offset + s)
       new_params = jax.tree.map(lambda p, u: p - lr * u, carry.params, direction)
       new = LocalState(new_params, new_model_state, new_opt)
       real = smask > 0
@@ -232,19 +232,17 @@ def context_axes(shared_per_client: bool = False) -> ClientContext:
   return ClientContext(0 if shared_per_client else None, 0, 0, 0)
 
 
-# How the client axis is added (`vmap_clients`; see `platform.CLIENT_MAPS`). A run's plan
-# (`platform.PlatformPlan.client_map`) says which; a caller without one gets
-# FEDJAX_LAMA_CLIENT_MAP, read when its round's functions are built.
+# How the client axis is added (`vmap_clients`; see `plan.CLIENT_MAPS`). A run's plan
+# (`plan.PlatformPlan.client_map`, from config.engine.client_map) says which; a caller
+# without one gets the default backend's ("auto").
 CLIENT_MAPS = plan_lib.CLIENT_MAPS
 SCAN_GROUP_BYTES = plan_lib.SCAN_GROUP_BYTES
 
 
 def resolve_client_map(client_map: Optional[str] = None, platform: Optional[str] = None) -> str:
-  """"vmap" or "scan" for `client_map` (default the environment's) on `platform` (default
-  jax's)."""
-  if client_map is None:
-    client_map = plan_lib.client_map_from_environment()
-  return plan_lib.resolve_client_map(client_map, platform)
+  """"vmap" or "scan" for `client_map` ("auto", "vmap" or "scan"; None: "auto") on
+  `platform` (default jax's)."""
+  return plan_lib.resolve_client_map("auto" if client_map is None else client_map, platform)
 
 
 def _jaxpr_bytes(jaxpr) -> int:

@@ -3,21 +3,19 @@
 `plan(platform)` says, for a backend ("cpu", "gpu", "tpu"), which kernel set the models
 compute with, how local training adds the client axis, the compiler options of the
 functions that run local training, and whether CPU devices may split a cohort. The training
-entry point builds a run's plan once from config.engine (conv_impl, client_map) and the run
-options carry it to every round. Nothing here reads the environment at import: a plan built
-without a client map (`plan()`, what a caller without run options gets) reads
-FEDJAX_LAMA_CLIENT_MAP when it is built (`client_map_from_environment`).
+entry point builds a run's plan once from config.engine (kernels, client_map) and the run
+options carry it to every round; a caller without run options gets `plan()`, the default
+backend's choices. Nothing here reads the environment.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Optional
 
 import jax
 
-from fedjax_lama import kernels
+from fedjax_lama import kernels as kernels_lib
 
 # Compiler options for the functions that run local training, on CPU. Without its
 # region-based live-range analysis (off by default in XLA:CPU) copy insertion copies every
@@ -39,7 +37,6 @@ CPU_TRAINING_COMPILER_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": T
 # 1.4x faster than with "vmap", the LeNets and the MNIST CNN 1.7x to 2.6x at 8 x 5. Results
 # equal "vmap" to float32 rounding.
 CLIENT_MAPS = ("auto", "vmap", "scan")
-CLIENT_MAP_ENVIRONMENT = "FEDJAX_LAMA_CLIENT_MAP"
 SCAN_GROUP_BYTES = 64 << 20
 
 # On CPU some models train faster with one JAX device per core and the clients split over
@@ -77,15 +74,6 @@ class PlatformPlan:
     return dict(self.compiler_options) or None
 
 
-def client_map_from_environment() -> str:
-  """FEDJAX_LAMA_CLIENT_MAP, read now (default "auto"); fails naming the accepted values."""
-  client_map = os.environ.get(CLIENT_MAP_ENVIRONMENT, "auto")
-  if client_map not in CLIENT_MAPS:
-    raise ValueError(f"{CLIENT_MAP_ENVIRONMENT}={client_map!r} is not accepted; use one of "
-                     f"{', '.join(CLIENT_MAPS)}")
-  return client_map
-
-
 def resolve_client_map(client_map: str, platform: Optional[str] = None) -> str:
   """"vmap" or "scan" for `client_map` ("auto", "vmap" or "scan") on `platform` (default
   JAX's default backend)."""
@@ -96,16 +84,16 @@ def resolve_client_map(client_map: str, platform: Optional[str] = None) -> str:
   return client_map
 
 
-def plan(platform: Optional[str] = None, conv_impl: str = "auto",
-         client_map: Optional[str] = None) -> PlatformPlan:
-  """The plan for `platform` (default JAX's default backend). `client_map` None: the
-  environment's (`client_map_from_environment`), else "auto", "vmap" or "scan"."""
+def plan(platform: Optional[str] = None, kernels: str = "auto",
+         client_map: str = "auto") -> PlatformPlan:
+  """The plan for `platform` (default JAX's default backend), with the kernel set `kernels`
+  and the client map `client_map` (config.engine.kernels and config.engine.client_map:
+  "auto" is the platform's measured best)."""
   platform = platform or jax.default_backend()
-  client_map = client_map_from_environment() if client_map is None else client_map
   cpu = platform == "cpu"
   return PlatformPlan(
       platform=platform,
-      kernels=kernels.resolve(conv_impl, platform),
+      kernels=kernels_lib.resolve(kernels, platform),
       client_map=resolve_client_map(client_map, platform),
       scan_group_bytes=SCAN_GROUP_BYTES,
       compiler_options=tuple(CPU_TRAINING_COMPILER_OPTIONS.items()) if cpu else (),

@@ -103,21 +103,21 @@ class ClientPhase:
   (compress_round, client id, upload, leaf)). `client_devices`: the devices the client axis
   is split over (the run's mesh size; default every device), `local.vmap_clients`.
   `plan`: the run's platform plan, whose client map and scan group bytes add the client
-  axis (None: FEDJAX_LAMA_CLIENT_MAP, else the default backend's choice); `client_map` says
+  axis (None: the default backend's choice); `client_map` says
   which map was taken ("vmap" or "scan").
   """
 
-  def __init__(self, loss_fn: local.LossFn, algorithm: Algorithm, lr_schedule: Callable, *,
+  def __init__(self, loss_fn: local.LossFn, algorithm: Algorithm, learning_rate: Callable, *,
                seed: int, unroll=1, augment: Optional[Callable] = None,
                compressor: Optional[compression.Compressor] = None,
                shared_per_client: bool = False, state_axes: Optional[LocalState] = None,
                client_devices: Optional[int] = None, plan: Optional[PlatformPlan] = None):
-    self.algorithm, self.lr_schedule = algorithm, lr_schedule
+    self.algorithm, self.learning_rate = algorithm, learning_rate
     # The algorithm's declared uplink compressor unless the caller chose one.
     self.compressor = compressor if compressor is not None else algorithm.uplink
     self.client_map = local.resolve_client_map(plan.client_map if plan is not None else None)
     self._train = local.vmap_clients(
-        local.make_client_train(loss_fn, algorithm, lr_schedule, augment=augment, unroll=unroll),
+        local.make_client_train(loss_fn, algorithm, learning_rate, augment=augment, unroll=unroll),
         shared_per_client, client_map=self.client_map, state_axes=state_axes,
         devices=client_devices,
         scan_group_bytes=plan.scan_group_bytes if plan is not None else None)
@@ -134,7 +134,7 @@ class ClientPhase:
                        reduce_group=reduce_group, extras=extras)
 
   def info(self, stats: local.StepStats, cohort: "Cohort", step_offset) -> ClientInfo:
-    lr0 = jnp.broadcast_to(jnp.asarray(self.lr_schedule(step_offset), jnp.result_type(float)),
+    lr0 = jnp.broadcast_to(jnp.asarray(self.learning_rate(step_offset), jnp.result_type(float)),
                            cohort.client_ids.shape)
     return ClientInfo(stats.steps, stats.effective_step, lr0, cohort.num_examples,
                       cohort.client_ids)
@@ -182,7 +182,7 @@ def mean_model_state(sums: ChunkSums) -> PyTree:
   return jax.tree.map(lambda s: s / denom, sums.model_state)
 
 
-def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, lr_schedule: Callable, *,
+def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, learning_rate: Callable, *,
                    seed: int, weighting: str, local_steps: int, population: int, unroll=1,
                    augment: Optional[Callable] = None,
                    compressor: Optional[compression.Compressor] = None, jit: bool = True,
@@ -190,18 +190,18 @@ def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, lr_schedule: Cal
   """Returns (train_chunk, server_update), both jitted, for a synchronous round.
 
   local_steps: the static step axis of a round (the global step count of round r's first
-  step is r * local_steps, for the learning-rate schedule). population: N, for the
-  algorithms' 1/N global means. seed may be traced and the schedule may close over traced
+  step is r * local_steps, for the learning rate). population: N, for the
+  algorithms' 1/N global means. seed may be traced and the learning rate may close over traced
   values when jit=False (several runs vmapped over a run axis, programs/vectorized.py).
   client_devices: the size of the mesh the client axis is split over (default every device).
   plan: the run's platform plan (client map, scan groups, compiler options; None: the
-  default backend's, the client map from FEDJAX_LAMA_CLIENT_MAP).
+  default backend's).
   """
   if algorithm.local_optimizer_state != "reset":
     raise ValueError(f"local_optimizer_state={algorithm.local_optimizer_state!r} is not "
                      "accepted by synchronous rounds (every client starts afresh); accepted: "
                      "'reset' ('carry' runs under the FedLAMA schedule)")
-  phase = ClientPhase(loss_fn, algorithm, lr_schedule, seed=seed, unroll=unroll,
+  phase = ClientPhase(loss_fn, algorithm, learning_rate, seed=seed, unroll=unroll,
                       augment=augment, compressor=compressor,
                       state_axes=fresh_state_axes(algorithm), client_devices=client_devices,
                       plan=plan)

@@ -71,7 +71,7 @@ def client_devices(params: PyTree, step_bytes: int, cohort: Optional[int] = None
   (the clients of one call), since a padded client would cost the shared cores real work.
   """
   devices = list(devices) if devices is not None else jax.devices()
-  if not plan_lib.plan(devices[0].platform, client_map="auto").cpu_device_rule:
+  if not plan_lib.plan(devices[0].platform).cpu_device_rule:
     return devices
   split = plan_lib.splits_cpu_cohort(tree_size(params), step_bytes)
   per_process = min(map(len, _by_process(devices))) if split else 1

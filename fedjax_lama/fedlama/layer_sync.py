@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_lama import tree as tree_lib
 from fedjax_lama.engine import reduce
 
 PyTree = Any  # A params pytree; "stacked" means leaves carry a client axis.
@@ -96,9 +97,8 @@ def _check_leaf_to_layer(leaf_to_layer: Any, num_leaves: int,
 
 def _layer_sizes(leaves: list, l2l: np.ndarray, num_layers: int) -> np.ndarray:
   """s_l: scalars per layer of one client (leading axis excluded)."""
-  leaf_sizes = [int(np.prod(np.shape(x)[1:], dtype=np.int64)) for x in leaves]
   sizes = np.zeros(num_layers, dtype=np.int64)
-  np.add.at(sizes, l2l, np.asarray(leaf_sizes, dtype=np.int64))
+  np.add.at(sizes, l2l, tree_lib.leaf_sizes(leaves, batch_axes=1))
   return sizes
 
 

@@ -17,6 +17,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from fedjax_lama.tree import leaf_paths, leaf_sizes
+
 GRANULARITIES = ("tensor", "module")
 KERNEL_LEAF_NAME = "kernel"
 
@@ -48,20 +50,6 @@ class LayerSpec:
     return int(self.leaf_to_layer.shape[0])
 
 
-def _key_name(key: Any) -> str:
-  """One path element as text (dict key, attribute, or sequence index)."""
-  for attr in ("key", "name", "idx"):
-    if hasattr(key, attr):
-      return str(getattr(key, attr))
-  return str(key)
-
-
-def leaf_paths(params: Any) -> list:
-  """The path of every leaf, as a tuple of strings, in tree_util leaf order."""
-  flat, _ = jax.tree_util.tree_flatten_with_path(params)
-  return [tuple(_key_name(k) for k in path) for path, _ in flat]
-
-
 def _readonly(array: np.ndarray) -> np.ndarray:
   array.setflags(write=False)
   return array
@@ -74,8 +62,6 @@ def layer_spec(params: Any, granularity: str = "tensor") -> LayerSpec:
         f"fedlama.layer_granularity must be one of {list(GRANULARITIES)}, "
         f"got {granularity!r}")
   paths = leaf_paths(params)
-  leaf_sizes = [int(np.prod(np.shape(leaf), dtype=np.int64))
-                for leaf in jax.tree_util.tree_leaves(params)]
   if granularity == "tensor":
     unit_keys = paths
   else:
@@ -86,7 +72,7 @@ def layer_spec(params: Any, granularity: str = "tensor") -> LayerSpec:
   leaf_to_layer = np.array([index[k] for k in unit_keys], dtype=np.int32)
   num = len(index)
   sizes = np.zeros(num, dtype=np.int64)
-  np.add.at(sizes, leaf_to_layer, np.asarray(leaf_sizes, dtype=np.int64))
+  np.add.at(sizes, leaf_to_layer, leaf_sizes(params))
   is_kernel = np.zeros(num, dtype=np.bool_)
   for path, unit in zip(paths, leaf_to_layer):
     is_kernel[unit] |= bool(path) and path[-1] == KERNEL_LEAF_NAME

@@ -40,7 +40,7 @@ from fedjax_lama.fedlama import layer_sync, layer_units as layers, selection as 
 from fedjax_lama.fedlama.options import FedLamaOptions
 from fedjax_lama.programs.round_program import (ProgramBase, RoundOutput, RunOptions, pack,
                                               platform_plan, with_steps)
-from fedjax_lama.tree import broadcast_clients
+from fedjax_lama.tree import broadcast_clients, tree_size
 
 
 class FedLamaState(NamedTuple):
@@ -137,9 +137,9 @@ class FedLamaProgram(ProgramBase):
     self.eval_fn = evaluate.make_eval_fn(model, self.has_state)
     loss_fn = local.make_loss_fn(model, self.has_state, opts.label_smoothing)
     # A sub-round is one round of the base algorithm: "exponential" decays per sub-round.
-    self.schedule = opts.lr.build(total, self.unit)
+    self.learning_rate = opts.learning_rate.build(total, self.unit)
     self.plan = platform_plan(opts)
-    self.phase = round_lib.ClientPhase(loss_fn, algorithm, self.schedule, seed=opts.seed,
+    self.phase = round_lib.ClientPhase(loss_fn, algorithm, self.learning_rate, seed=opts.seed,
                                        unroll=opts.unroll, augment=opts.augment,
                                        compressor=self.compressor, client_devices=mesh.size,
                                        plan=self.plan)
@@ -340,7 +340,7 @@ class FedLamaProgram(ProgramBase):
     fl = self.fl
     if not self.has_state or fl.bn_stats_sync == "never":
       return 0
-    per = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(self.model_state))
+    per = tree_size(self.model_state)
     return 2 * per * n_real * (self.phi if fl.bn_stats_sync == "round" else 1)
 
   def eval_params(self, state):

@@ -1,18 +1,19 @@
-"""The engine's performance plans for convolution, dense products and max pooling.
+"""The models' kernel sets: how convolution, dense products and max pooling are computed.
 
 A kernel set computes what `flax.linen`'s layers compute, from the same parameters; the model
-zoo takes one as injected operations (`models.get(..., conv_impl=...)`). Two sets:
+zoo takes one as injected operations (`models.get(..., kernels=...)`), and the config chooses
+it as config.engine.kernels (KERNELS, "auto" by default). Two sets:
 
-* "lax": `lax.conv_general_dilated`, `jnp.dot`, `reduce_window`; the plan on TPU.
-* "patches": the plan on CPU and GPU (`conv.patches_conv` and its per-layer picks,
+* "lax": `lax.conv_general_dilated`, `jnp.dot`, `reduce_window`; the set on TPU.
+* "patches": the set on CPU and GPU (`conv.patches_conv` and its per-layer picks,
   `dot.patches_dense`, `pool.patches_max_pool`). XLA:CPU runs convolutions inside a rolled
   scan (local training) 15-20x slower than in straight-line code, and `vmap` over per-client
   kernels turns a convolution into a grouped one that is slow on CPU and GPU alike; the
-  patches plan is slices and matmuls. Its CPU-only picks (Winograd layers, im2col's written-out
+  patches set is slices and matmuls. Its CPU-only picks (Winograd layers, im2col's written-out
   stride-1 gradient, the small dense kernels' gradient) follow `platform`.
 
-`resolve` is the one place that routes "auto" by platform. Plans kept only to be measured
-live in benchmarks/conv/, which builds its own `Kernels`.
+`resolve` is the one place that routes "auto" by platform. Kernel sets kept only to be
+measured live in benchmarks/conv/, which builds its own `Kernels`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from fedjax_lama.kernels import conv
 from fedjax_lama.kernels import dot
 from fedjax_lama.kernels import pool
 
+# The accepted values of config.engine.kernels and of the models' `kernels` option.
 KERNELS = ("auto", "lax", "patches")
 
 
@@ -47,7 +49,7 @@ def resolve(name: str, platform: str | None = None) -> str:
   """"lax" or "patches" for `name` ("auto", "lax" or "patches") on `platform` (default
   `jax.default_backend()`): "auto" is "lax" on TPU (not measured there), "patches" elsewhere."""
   if name not in KERNELS:
-    raise ValueError(f"conv_impl={name!r} is not accepted; use one of "
+    raise ValueError(f"kernels={name!r} is not accepted; use one of "
                      f"{', '.join(repr(k) for k in KERNELS)}")
   if name == "auto":
     return "lax" if (platform or jax.default_backend()) == "tpu" else "patches"
@@ -57,7 +59,7 @@ def resolve(name: str, platform: str | None = None) -> str:
 @functools.lru_cache(maxsize=None)
 def get(name: str, platform: str | None = None) -> Kernels:
   """The kernel set `resolve(name, platform)`; one object per (name, platform), so models
-  built twice compare equal. With `platform` None the patches plan's CPU-only picks follow
+  built twice compare equal. With `platform` None the patches set's CPU-only picks follow
   JAX's default backend when traced."""
   resolved = resolve(name, platform)
   if resolved == "lax":

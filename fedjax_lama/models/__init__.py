@@ -1,19 +1,16 @@
 """Model zoo: flax.linen modules by name, with the kernel set their layers compute with.
 
 Usage:
-  model = models.get("resnet20", num_classes=10, conv_impl="auto")
+  model = models.get("resnet20", num_classes=10, kernels="auto")
   variables = model.init(jax.random.PRNGKey(0), x)        # x: NHWC float32
   logits, updates = model.apply(variables, x, train=True,
                                 mutable=["batch_stats"],
                                 rngs={"dropout": key})
 """
 
-from fedjax_lama.kernels import KERNELS as CONV_IMPLS
-from fedjax_lama.kernels import resolve as resolve_conv_impl
 from fedjax_lama.models.init import INIT_STYLES
 from fedjax_lama.models.zoo import get
 from fedjax_lama.models.zoo import names
 from fedjax_lama.models.zoo import options
 
-__all__ = ["CONV_IMPLS", "INIT_STYLES", "get", "names", "options",
-           "resolve_conv_impl"]
+__all__ = ["INIT_STYLES", "get", "names", "options"]

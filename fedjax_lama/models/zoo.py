@@ -1,8 +1,8 @@
 """The flat name -> model table: the zoo's models with their options and paper counts.
 
 `get(name, num_classes, **options)` returns an unbound `flax.linen.Module` whose
-`__call__(x, train=False)` returns logits. Every model accepts the option `conv_impl`
-("auto", "lax", "patches"; see `fedjax_lama.kernels`) so the engine can pass it uniformly:
+`__call__(x, train=False)` returns logits. Every model accepts the option `kernels`
+(`fedjax_lama.kernels.KERNELS`) so the engine can pass it uniformly:
 the kernel set its convolutions, dense layers and max pools compute with; logreg and lstm_lm
 ignore it. The counts in the summaries are the papers' (FedLAMA: Lee et al. 2023; FedSpeed:
 Sun et al. 2023; FedAT: Chai et al. 2021; Fed-LAMB: Karimi et al. 2022) and their code's.
@@ -151,8 +151,8 @@ def names() -> list[str]:
 
 
 def options(name: str) -> dict[str, Any]:
-  """The options `name` accepts, with their defaults (conv_impl included)."""
-  return {**_entry(name).defaults, "conv_impl": "auto"}
+  """The options `name` accepts, with their defaults (kernels included)."""
+  return {**_entry(name).defaults, "kernels": "auto"}
 
 
 def _entry(name: str) -> _Entry:
@@ -168,7 +168,7 @@ def get(name: str, num_classes: int, **opts: Any) -> nn.Module:
   Args:
     name: one of `names()`.
     num_classes: size of the logit axis (for lstm_lm the output vocabulary).
-    **opts: model options, see `options(name)`. `conv_impl` ("auto" by default) names
+    **opts: model options, see `options(name)`. `kernels` ("auto" by default) names
       a kernel set (`kernels.get`); a `kernels.Kernels` is taken as it is (the benchmarks'
       measurement-only plans).
 
@@ -190,14 +190,14 @@ def get(name: str, num_classes: int, **opts: Any) -> nn.Module:
         f"model {name!r}: unknown option(s) {', '.join(unknown)}; accepted: "
         f"{', '.join(sorted(options(name)))}")
   merged = {**entry.defaults, **opts}
-  chosen = merged.pop("conv_impl", "auto")
+  chosen = merged.pop("kernels", "auto")
   ops = _layers(chosen if isinstance(chosen, kernels.Kernels) else kernels.get(chosen))
   if "init_style" in merged:
     init.initializers(merged["init_style"], 1)  # Validates the name.
   if "dropout" in merged and not 0.0 <= merged["dropout"] < 1.0:
     raise ValueError(
         f"model {name!r}: dropout must be in [0, 1); got {merged['dropout']!r}")
-  if entry.conv:  # The others accept conv_impl and ignore it.
+  if entry.conv:  # The others accept kernels and ignore it.
     merged.update(ops)
   return entry.build(num_classes, **merged)
 

@@ -1,4 +1,4 @@
-"""What every round program shares: typed run options, packing, the LR schedule, outputs.
+"""What every round program shares: typed run options, packing, the learning rate, outputs.
 
 A round program owns the jitted functions of one algorithm and exposes the small
 interface the training loop drives:
@@ -11,7 +11,6 @@ Programs take typed options (`RunOptions`), never a config: the training entry p
 builds them.
 """
 import dataclasses
-import math
 from typing import Callable, NamedTuple, Optional
 
 import numpy as np
@@ -38,22 +37,26 @@ class RoundOutput(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class LrSchedule:
-  """The local learning rate as a function of the global local-step count."""
+class LearningRate:
+  """The local learning rate as a function of the global local-step count.
+
+  lr: the rate after warm-up; decay: how it decays over the run (config.local_lr_decay).
+  """
   lr: float
-  kind: str = "constant"            # constant | cosine | step | exponential
+  decay: str = "constant"           # constant | cosine | step | exponential
   warmup_steps: int = 0
   decay_steps: tuple = ()           # "step": boundaries in local steps
   decay_factor: float = 0.1         # "step": per boundary; "exponential": per ROUND
 
   def build(self, total_steps: int, steps_per_round: int) -> Callable:
     """steps_per_round: the static step axis of one round (a sub-round under FedLAMA), so
-    that "exponential" decays once per round also in epoch mode (FL-Simulator's 0.998)."""
-    if self.kind == "constant":
+    that "exponential" decays once per round also in epoch mode (FL-Simulator's 0.998).
+    Returns an optax schedule: step -> rate."""
+    if self.decay == "constant":
       schedule = optax.constant_schedule(self.lr)
-    elif self.kind == "cosine":
+    elif self.decay == "cosine":
       schedule = optax.cosine_decay_schedule(self.lr, max(1, total_steps))
-    elif self.kind == "step":
+    elif self.decay == "step":
       schedule = optax.piecewise_constant_schedule(
           self.lr, {int(b): float(self.decay_factor) for b in self.decay_steps})
     else:
@@ -75,7 +78,7 @@ class RunOptions:
   batch_size: int
   weighting: str
   eval_every: int
-  lr: LrSchedule
+  learning_rate: LearningRate
   sampler: federation.Sampler
   label_smoothing: float = 0.0
   unroll: int = 1
@@ -98,7 +101,7 @@ def steps_per_round(opts: RunOptions, fed, algorithm: Algorithm) -> int:
     return 1
   if opts.local_epochs > 0:
     largest = max(len(ix) for ix in fed.client_train)
-    return opts.local_epochs * max(1, math.ceil(largest / opts.batch_size))
+    return opts.local_epochs * max(1, fdata.steps_per_epoch(largest, opts.batch_size))
   return opts.local_steps
 
 

@@ -60,9 +60,9 @@ class SyncProgram(ProgramBase):
     self.num_rounds = opts.rounds
     self.eval_every = opts.eval_every
     loss_fn = local.make_loss_fn(model, has_state, opts.label_smoothing)
-    schedule = opts.lr.build(opts.rounds * self.num_steps, self.num_steps)
+    learning_rate = opts.learning_rate.build(opts.rounds * self.num_steps, self.num_steps)
     train_chunk, server_update = round_lib.make_round_fns(
-        loss_fn, algorithm, schedule, seed=opts.seed, weighting=opts.weighting,
+        loss_fn, algorithm, learning_rate, seed=opts.seed, weighting=opts.weighting,
         local_steps=self.num_steps, population=fed.num_clients, unroll=opts.unroll,
         compressor=self.compressor, augment=opts.augment, client_devices=mesh.size, jit=False,
         plan=self.plan)

@@ -8,8 +8,9 @@ federation (the partition follows its seed), cohort, batches, keys, initial mode
 server state and per-client rows. Every run computes exactly what its sequential run does
 (to float rounding: XLA may batch the arithmetic differently), and writes the same files.
 
-The learning rate enters as a traced scale of a schedule built with rate 1 (every schedule of
-programs/round_program.py is linear in its base rate), the seed as a traced key root.
+The learning rate enters as a traced scale of the run's learning rate built with rate 1
+(every decay of programs/round_program.py's `LearningRate` is linear in its base rate), the
+seed as a traced key root.
 """
 import dataclasses
 from typing import Optional, Sequence
@@ -51,8 +52,8 @@ def _stack_padded(arrays) -> np.ndarray:
 class VectorizedSyncProgram:
   """R synchronous runs trained together (see the module docstring).
 
-  opts_list[r] are the runs' options: equal but for seed and lr.lr (checked); feds, params
-  and model_states are per run. Each run takes the whole static cohort as one chunk.
+  opts_list[r] are the runs' options: equal but for seed and learning_rate.lr (checked); feds,
+  params and model_states are per run. Each run takes the whole static cohort as one chunk.
   """
 
   def __init__(self, opts_list: Sequence[RunOptions], algorithm: Algorithm, model,
@@ -64,9 +65,11 @@ class VectorizedSyncProgram:
       differ = [k for k in ("rounds", "local_steps", "local_epochs", "batch_size", "weighting",
                             "eval_every", "label_smoothing", "unroll")
                 if getattr(o, k) != getattr(base, k)]
-      if differ or o.lr.kind != base.lr.kind or o.sampler.kind != base.sampler.kind:
-        raise ValueError(f"run {i} differs from run 0 in {differ or 'the schedule or sampling'};"
-                         " vectorized runs may differ only in seed and local learning rate")
+      if (differ or o.learning_rate.decay != base.learning_rate.decay
+          or o.sampler.kind != base.sampler.kind):
+        raise ValueError(f"run {i} differs from run 0 in "
+                         f"{differ or 'the learning rate decay or sampling'}; vectorized runs "
+                         "may differ only in seed and local learning rate")
     self.opts_list, self.algorithm, self.feds, self.mesh = list(opts_list), algorithm, feds, mesh
     self.compressor = compressor if compressor is not None else (
         algorithm.uplink or compression.identity())
@@ -75,8 +78,8 @@ class VectorizedSyncProgram:
     self.chunk_size = max(o.sampler.max_cohort for o in opts_list)
     has_state = bool(jax.tree_util.tree_leaves(model_state_list[0]))
     loss_fn = local.make_loss_fn(model, has_state, base.label_smoothing)
-    schedule = dataclasses.replace(base.lr, lr=1.0).build(base.rounds * self.num_steps,
-                                                          self.num_steps)
+    learning_rate = dataclasses.replace(base.learning_rate, lr=1.0).build(
+        base.rounds * self.num_steps, self.num_steps)
     self.eval_fn = evaluate.make_eval_fn(model, has_state)
     self.params_list, self.model_state_list = list(params_list), list(model_state_list)
     num_clients = feds[0].num_clients
@@ -92,7 +95,7 @@ class VectorizedSyncProgram:
 
     def one_run(server, store, data_x, data_y, cohort, round_idx, seed, lr):
       train_chunk, server_update = round_lib.make_round_fns(
-          loss_fn, algorithm, lambda step: schedule(step) * lr, seed=seed, weighting=weighting,
+          loss_fn, algorithm, lambda step: learning_rate(step) * lr, seed=seed, weighting=weighting,
           local_steps=steps, population=num_clients, unroll=unroll, augment=augment,
           compressor=self.compressor, jit=False,
           client_devices=self.mesh.size, plan=plan)
@@ -109,7 +112,7 @@ class VectorizedSyncProgram:
         jax.vmap(one_run, in_axes=(0, 0, data_axis, data_axis, 0, None, 0, 0)),
         plan=plan, donate_argnums=(0, 1))
     self.seeds = jnp.asarray([o.seed for o in opts_list], jnp.int32)
-    self.lrs = jnp.asarray([o.lr.lr for o in opts_list], jnp.float32)
+    self.lrs = jnp.asarray([o.learning_rate.lr for o in opts_list], jnp.float32)
     server = algorithm.init_server(params_list[0], model_state_list[0])
     row = algorithm.row_init(params_list[0]) if algorithm.row_init is not None else {}
     self.traffic = round_lib.traffic(algorithm, server, row)

@@ -152,7 +152,7 @@ def model_options(model_spec, dataset, kernels: str) -> dict:
           f"{model_spec.name!r} on config.dataset={model_spec.dataset!r}; accepted: {vocab}, the "
           f"dataset's vocabulary{how}, or leave it unset")
   # The layers' plan (convolutions, the MLPs' dense layers); logreg and lstm_lm ignore it.
-  options.setdefault("conv_impl", kernels)
+  options.setdefault("kernels", kernels)
   return options
 
 
@@ -166,7 +166,7 @@ def build_model(model_spec, dataset, kernels: str):
   try:
     model = models.get(name, num_classes=dataset.num_classes, **options)
   except ValueError as e:  # options of another model left in config.model_options, bad values
-    given = {k: v for k, v in options.items() if k != "conv_impl"}
+    given = {k: v for k, v in options.items() if k != "kernels"}
     raise ConfigError(
         f"config.model_options={given!r} is not accepted for config.model={name!r}: "
         f"{e}. Accepted options of {name!r} (defaults): "

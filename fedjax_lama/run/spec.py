@@ -19,7 +19,7 @@ from fedjax_lama import config as config_lib
 from fedjax_lama import federation, registry
 from fedjax_lama.engine import plan as plan_lib
 from fedjax_lama.fedlama import options as fedlama_options
-from fedjax_lama.programs.round_program import LrSchedule, RunOptions
+from fedjax_lama.programs.round_program import LearningRate, RunOptions
 from fedjax_lama.simulation import run_options as clock_lib
 
 MODES = ("synchronous", "fedlama", "clock")
@@ -75,7 +75,7 @@ class RecordOptions:
   schedule: str
   local_lr: float
   server_lr_text: str          # config.server_lr as the user reads it
-  local_lr_schedule: str       # what an extension of the run must not depend on
+  local_lr_decay: str       # what an extension of the run must not depend on
   fedlama_total_steps: Optional[int]
   config_json: dict            # config.json of the workdir
   base_json: dict              # base_config()'s: fields added later that keep their default
@@ -117,7 +117,7 @@ def build_spec(config: ml_collections.ConfigDict) -> RunSpec:
   selection = None if clock else registry.select(config)
   clock_options = registry.clock_options(config) if clock else None
   mode = "clock" if clock else "fedlama" if selection.fedlama is not None else "synchronous"
-  plan = plan_lib.plan(conv_impl=config.engine.conv_impl,  # built once; the programs read it
+  plan = plan_lib.plan(kernels=config.engine.kernels,  # built once; the programs read it
                        client_map=config.engine.get("client_map", "auto"))
   return RunSpec(
       mode=mode, data=data_spec(config), federation=partition_spec(config),
@@ -164,9 +164,9 @@ def run_options(config, plan: plan_lib.PlatformPlan) -> RunOptions:
       seed=config.seed, rounds=config.rounds, local_steps=config.local_steps,
       local_epochs=config.local_epochs, batch_size=config.batch_size, weighting=config.weighting,
       eval_every=config.eval_every,
-      lr=LrSchedule(float(config.local_lr), config.local_lr_schedule,
-                    config.local_lr_warmup_steps, tuple(config.local_lr_decay_steps),
-                    float(config.local_lr_decay_factor)),
+      learning_rate=LearningRate(float(config.local_lr), config.local_lr_decay,
+                                 config.local_lr_warmup_steps, tuple(config.local_lr_decay_steps),
+                                 float(config.local_lr_decay_factor)),
       sampler=federation.Sampler(config.client_sampling, float(config.active_ratio),
                                  config.num_clients, config.seed),
       label_smoothing=config.label_smoothing, unroll=config.engine.unroll,
@@ -184,6 +184,6 @@ def record_options(config) -> RecordOptions:
       local_lr=config.local_lr,
       server_lr_text=("the algorithm's default" if config.server_lr is None
                       else str(config.server_lr)),
-      local_lr_schedule=config.local_lr_schedule,
+      local_lr_decay=config.local_lr_decay,
       fedlama_total_steps=fedlama.get("total_steps") if fedlama is not None else None,
       config_json=config_json(config), base_json=config_json(config_lib.base_config()))

@@ -14,6 +14,7 @@ import shutil
 import tempfile
 from typing import Optional
 
+from fedjax_lama import config as config_lib
 from fedjax_lama.errors import ConfigError, WorkdirError
 
 # Fields that may change between a run and its resumption without changing results.
@@ -84,7 +85,7 @@ def _read_config(workdir: str) -> Optional[dict]:
     return None
   try:
     with open(path) as f:
-      return json.load(f)
+      return config_lib.rename_old_fields(json.load(f))
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise ConfigError(f"{path} is not valid JSON ({e}); move it away or use a new "
                       "--workdir") from e
@@ -142,8 +143,8 @@ def check_extension(records, mode: str, old_rounds: int) -> None:
         f"workdir: {why}; use a new --workdir")
   if mode == "clock":
     refuse("runs on the simulated clock have no rounds")
-  if records.local_lr_schedule == "cosine":
-    refuse("config.local_lr_schedule='cosine' decays over the total number of local steps")
+  if records.local_lr_decay == "cosine":
+    refuse("config.local_lr_decay='cosine' decays over the total number of local steps")
   if mode == "fedlama" and records.fedlama_total_steps:
     refuse(f"config.fedlama.total_steps={records.fedlama_total_steps} sets the run's length")
   if old_rounds % records.eval_every:

@@ -15,7 +15,7 @@ Typical use:
 
 Modules (imports are one-way, top to bottom):
   interfaces  Trainer / Evaluator / Codec / ModelAlgebra protocols, TrainJob, TrainResult
-  pytree      numpy pytrees, NumpyAlgebra
+  pytree      trees_equal, NumpyAlgebra (weighted sums of numpy pytrees)
   codecs      RawCodec, PolylineCodec (adapter to fedjax_lama.compression.polyline)
   streams     named random streams (simulation/streams.py)
   config      SystemConfig, ComputeModel, NetworkModel and the method configs

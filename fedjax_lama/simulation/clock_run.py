@@ -41,6 +41,7 @@ from fedjax_lama.simulation.events import MODEL, UP
 from fedjax_lama.simulation.loop import Simulator, tick_times
 from fedjax_lama.simulation.methods import METHODS
 from fedjax_lama.simulation.run_options import ClockOptions
+from fedjax_lama.tree import tree_size
 
 _FORMAT = 1
 PROBE_UPLOAD_VALUES = 2  # TiFL's accuracy probe uploads two int32 counts (Chai et al., TiFL, HPDC'20)
@@ -338,7 +339,7 @@ def run(options: ClockOptions, fed, model, params, workdir: str, *, config_json:
     TrainingDiverged: a tick's loss, accuracy or global model is not finite.
   """
   sim = build_simulator(options, fed, model, params, mesh=mesh, augment=augment)
-  num_parameters = int(sum(np.size(x) for x in jax.tree_util.tree_leaves(params)))
+  num_parameters = tree_size(params)
   primary = jax.process_index() == 0
   os.makedirs(workdir, exist_ok=True)
   config_path = os.path.join(workdir, "config.json")

@@ -15,21 +15,23 @@ Byte accounting:
 import importlib
 from typing import Optional
 
+import jax
 import numpy as np
 
-from fedjax_lama.simulation.pytree import PyTree, num_parameters, tree_leaves, tree_map
+from fedjax_lama.simulation.pytree import PyTree
+from fedjax_lama.tree import tree_size
 
 BYTES_PER_FLOAT32 = 4
 
 
 def raw_num_bytes(tree: PyTree) -> int:
   """Size of an uncompressed message: 4 bytes per parameter."""
-  return BYTES_PER_FLOAT32 * num_parameters(tree)
+  return BYTES_PER_FLOAT32 * tree_size(tree)
 
 
 def shape_metadata_bytes(tree: PyTree) -> int:
   """Shape metadata of a compressed message: rank + dims as uint32, per leaf."""
-  return int(sum(4 * (1 + np.ndim(leaf)) for leaf in tree_leaves(tree)))
+  return int(sum(4 * (1 + np.ndim(leaf)) for leaf in jax.tree.leaves(tree)))
 
 
 class RawCodec:
@@ -89,5 +91,5 @@ class PolylineCodec:
       decoded = np.asarray(self._decode(text, precision, mode=self.mode))
       return decoded.reshape(leaf.shape).astype(leaf.dtype)
 
-    decoded_tree = tree_map(one_leaf, tree)
+    decoded_tree = jax.tree.map(one_leaf, tree)
     return decoded_tree, total[0] + shape_metadata_bytes(tree)

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_lama.data.packing import steps_per_epoch
 from fedjax_lama.engine.round import Cohort
 from fedjax_lama.simulation.streams import Stream
 
@@ -59,11 +60,6 @@ def epoch_order(seed: int, client, job_index, epoch, num_examples, n_max: int) -
   return jnp.argsort(keys, stable=True).astype(jnp.int32)
 
 
-def steps_per_epoch(n_max: int, batch_size: int) -> int:
-  """S_max = ceil(N_max / B): the static step count of one epoch."""
-  return -(-int(n_max) // int(batch_size))
-
-
 def pack_jobs(row_table: jax.Array, client_sizes: jax.Array, seed: int, client_ids: jax.Array,
               job_indices: jax.Array, job_epochs: jax.Array, job_mask: jax.Array, *,
               batch_size: int, max_epochs: int) -> Cohort:
@@ -83,7 +79,7 @@ def pack_jobs(row_table: jax.Array, client_sizes: jax.Array, seed: int, client_i
     are its first E_kj * S_max slots' steps b < S_k of each epoch.
   """
   n_max = row_table.shape[1]
-  per_epoch = steps_per_epoch(n_max, batch_size)
+  per_epoch = steps_per_epoch(n_max, batch_size)  # S_max = ceil(N_max / B)
   width = per_epoch * batch_size
   sizes = client_sizes[client_ids]                              # [C]
   epochs = jnp.arange(max_epochs)

@@ -12,6 +12,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from fedjax_lama.data.packing import steps_per_epoch
 from fedjax_lama.simulation import streams
 from fedjax_lama.simulation.system_config import ComputeModel, NetworkModel, SystemConfig
 from fedjax_lama.simulation.streams import Stream
@@ -19,13 +20,8 @@ from fedjax_lama.simulation.streams import Stream
 Draw = Callable[[], float]
 
 
-def steps_per_epoch(num_examples: int, batch_size: int) -> int:
-  """S_k = ceil(n_k / B): a short last batch is kept."""
-  return -(-int(num_examples) // int(batch_size))
-
-
 def job_steps(num_examples: int, batch_size: int, num_epochs: int) -> int:
-  """Valid local steps of a job: E * S_k."""
+  """Valid local steps of a job: E * S_k, S_k = ceil(n_k / B) (a short last batch is kept)."""
   return int(num_epochs) * steps_per_epoch(num_examples, batch_size)
 
 

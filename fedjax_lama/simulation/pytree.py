@@ -1,54 +1,20 @@
-"""Numpy pytrees for the host-side simulator, and the default model algebra.
+"""Bitwise equality of model pytrees, and the simulator's default model algebra.
 
-The simulator  is pure numpy + Python, so it cannot use
-`jax.tree_util`. These helpers handle the containers models are made of here:
-dicts (leaves in sorted-key order, as `jax.tree_util` flattens them), lists,
-tuples and NamedTuples; `None` is an empty subtree. Everything else is a leaf.
+The simulator's models are pytrees of numpy arrays (dicts, lists, tuples and NamedTuples;
+`None` is an empty subtree); they are walked with `jax.tree.map` and `jax.tree.leaves`, which
+leave numpy leaves as they are, and counted with `fedjax_lama.tree.tree_size`.
 """
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
+import jax
 import numpy as np
 
 PyTree = Any
 
 
-def _is_namedtuple(x) -> bool:
-  return isinstance(x, tuple) and hasattr(x, "_fields")
-
-
-def tree_leaves(tree: PyTree) -> list:
-  """Leaves in canonical order (dict keys sorted)."""
-  if tree is None:
-    return []
-  if isinstance(tree, dict):
-    return [leaf for key in sorted(tree) for leaf in tree_leaves(tree[key])]
-  if isinstance(tree, (list, tuple)):
-    return [leaf for child in tree for leaf in tree_leaves(child)]
-  return [tree]
-
-
-def tree_map(fn: Callable, tree: PyTree, *rest: PyTree) -> PyTree:
-  """Applies `fn` to corresponding leaves of trees of the same structure."""
-  if tree is None:
-    return None
-  if isinstance(tree, dict):
-    return type(tree)((key, tree_map(fn, tree[key], *[r[key] for r in rest]))
-                      for key in sorted(tree))
-  if _is_namedtuple(tree):
-    return type(tree)(*[tree_map(fn, c, *[r[i] for r in rest]) for i, c in enumerate(tree)])
-  if isinstance(tree, (list, tuple)):
-    return type(tree)(tree_map(fn, c, *[r[i] for r in rest]) for i, c in enumerate(tree))
-  return fn(tree, *rest)
-
-
-def num_parameters(tree: PyTree) -> int:
-  """Number of scalars in a pytree."""
-  return int(sum(np.size(leaf) for leaf in tree_leaves(tree)))
-
-
 def trees_equal(a: PyTree, b: PyTree) -> bool:
   """Bitwise equality of two trees (same structure, shapes, dtypes and bytes)."""
-  la, lb = tree_leaves(a), tree_leaves(b)
+  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
   if len(la) != len(lb):
     return False
   for x, y in zip(la, lb):
@@ -81,4 +47,4 @@ class NumpyAlgebra:
         acc = acc + np.asarray(leaf, np.float64) * w
       return acc.astype(dtype, copy=False)
 
-    return tree_map(combine, trees[0], *trees[1:])
+    return jax.tree.map(combine, trees[0], *trees[1:])

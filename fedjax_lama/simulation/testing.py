@@ -7,13 +7,14 @@ and byte counts of a configuration (Chai et al., SC'21, Sec. 6) without training
 """
 from typing import Optional, Sequence
 
+import jax
 import numpy as np
 
 from fedjax_lama.simulation.codecs import raw_num_bytes, shape_metadata_bytes
 from fedjax_lama.simulation.interfaces import PyTree, TrainJob, TrainResult
 from fedjax_lama.simulation.latency import job_steps
 from fedjax_lama.simulation.loop import Simulator
-from fedjax_lama.simulation.pytree import tree_leaves, tree_map
+from fedjax_lama.tree import tree_size
 
 
 class ShiftTrainer:
@@ -41,7 +42,7 @@ class ShiftTrainer:
     for job in jobs:
       self.trained.append((job.client_id, job.index))
       shift = self.shift(job)
-      model = tree_map(lambda x: (np.asarray(x) + np.asarray(shift, np.asarray(x).dtype)),
+      model = jax.tree.map(lambda x: (np.asarray(x) + np.asarray(shift, np.asarray(x).dtype)),
                        job.start_model)
       steps = job_steps(self.num_examples[job.client_id], self.batch_size, job.num_epochs)
       results.append(TrainResult(model, steps))
@@ -61,7 +62,7 @@ class SineEvaluator:
 
   def evaluate(self, model: PyTree) -> tuple[np.ndarray, np.ndarray]:
     self.calls += 1
-    total = float(sum(np.sum(np.asarray(leaf, np.float64)) for leaf in tree_leaves(model)))
+    total = float(sum(np.sum(np.asarray(leaf, np.float64)) for leaf in jax.tree.leaves(model)))
     frac = (np.sin(total * (np.arange(len(self.test_counts)) + 1)) + 1.0) / 2.0
     return np.floor(frac * self.test_counts).astype(np.int64), self.test_counts.copy()
 
@@ -83,8 +84,8 @@ class RoundingCodec:
       x = np.asarray(x)
       return (np.round(x.astype(np.float64) * scale) / scale).astype(x.dtype)
 
-    num_values = sum(np.size(leaf) for leaf in tree_leaves(tree))
-    return tree_map(one_leaf, tree), 2 * num_values + shape_metadata_bytes(tree)
+    num_values = tree_size(tree)
+    return jax.tree.map(one_leaf, tree), 2 * num_values + shape_metadata_bytes(tree)
 
 
 def small_model() -> dict:

@@ -29,12 +29,12 @@ from tests.test_models import _sample
     ("mnist_mlp", True)])
 def test_patches_matches_lax_outputs_and_gradients(name, with_grads):
   x = _sample(name, batch=3)
-  ref_model = models.get(name, 10, conv_impl="lax")
+  ref_model = models.get(name, 10, kernels="lax")
   variables = _numpy_variables(ref_model, x)
   train = "batch_stats" in variables  # Batch statistics in the forward pass.
   (ref_loss, ref_logits), ref_grads = _loss_and_grads(ref_model, variables, x,
                                                       train)
-  model = models.get(name, 10, conv_impl="patches")
+  model = models.get(name, 10, kernels="patches")
   (loss, logits), grads = _loss_and_grads(model, variables, x, train)
   np.testing.assert_allclose(logits, ref_logits, rtol=1e-4, atol=1e-4)
   np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
@@ -59,7 +59,7 @@ def test_vmapped_scan_with_patches_equals_per_step_loop_with_lax():
       return jax.tree_util.tree_map(lambda a, b: a - lr * b, p, g), None
     return step
 
-  lax_model = models.get("fedat_cnn", 10, conv_impl="lax")
+  lax_model = models.get("fedat_cnn", 10, kernels="lax")
   params = _numpy_variables(lax_model, x[0, 0])
   step = jax.jit(lambda p, xb, yb: sgd(lax_model)(p, (xb, yb))[0])
   expected = []
@@ -71,7 +71,7 @@ def test_vmapped_scan_with_patches_equals_per_step_loop_with_lax():
   expected = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *expected)
 
   local = lambda p, xs, ys: lax.scan(
-      sgd(models.get("fedat_cnn", 10, conv_impl="patches")), p, (xs, ys))[0]
+      sgd(models.get("fedat_cnn", 10, kernels="patches")), p, (xs, ys))[0]
   got = jax.jit(jax.vmap(local, in_axes=(None, 0, 0)))(params, x, y)
   for g, e in zip(jax.tree_util.tree_leaves(got),
                   jax.tree_util.tree_leaves(expected)):

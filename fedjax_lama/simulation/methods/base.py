@@ -43,7 +43,8 @@ class Arrival(NamedTuple):
 
 
 class Method:
-  """Base class of the methods; subclasses override the hooks they need."""
+  """Base class of the methods, the server-side drivers of runs on the simulated clock (what a
+  program is to synchronous rounds); subclasses override the hooks they need."""
 
   name = "method"
   citation = ""
