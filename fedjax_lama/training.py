@@ -318,7 +318,7 @@ def run_options(config, fed) -> RunOptions:
       clients_per_chunk=config.engine.clients_per_chunk,
       client_state_on_host=_on_host(config),
       augment=augment.augmentation(config.augmentation, fed.dataset),
-      platform=platform_plan(config))
+      platform=platform_plan(config), **registry.run_facts(config))
 
 
 def platform_plan(config) -> plan_lib.PlatformPlan:
@@ -633,7 +633,7 @@ class _RunView:
                                                       program.eval_every)
 
   def eval_params(self, state):
-    return state["server"].params, state["server"].model_state
+    return self.vec.eval_params(state)
 
   def local_steps_done(self, round_idx: int) -> int:
     return self.vec.local_steps_done(round_idx)

@@ -422,8 +422,9 @@ def test_fedcom_server_learning_rate_with_identity_compression():
 
 
 def _without_uplink(alg):
-  """The algorithm with the identity uplink (the engine compresses nothing)."""
-  return dataclasses.replace(alg, uplink=None)
+  """The algorithm with the identity uplink: its default compressor is the run's (its Spec's
+  `uplink`), and the engine called without a compressor compresses nothing."""
+  return alg
 
 
 # ---- reductions to FedAvg (the setting of each algorithm that is FedAvg) -------------------
@@ -513,14 +514,14 @@ def test_effective_step_of_a_span_split_in_two_calls(nesterov):
   with jax.enable_x64(True):
     data_x, data_y = jnp.asarray(np.concatenate(A)), jnp.asarray(np.concatenate(B))
     params = {"w": jnp.zeros(2)}
-    state = LocalState(params, {}, alg.local_tx.init(params))
+    state = LocalState(params, {}, alg.local.tx.init(params))
     ctx = ClientContext({"params": params}, {}, 2.0, 0)
 
     def run(steps, offset, padded=0):
       idx = jnp.tile(jnp.array([0, 1]), (steps + padded, 1))
       mask = jnp.concatenate([jnp.ones(steps), jnp.zeros(padded)])
-      return train(state, ctx, data_x, data_y, idx, jnp.ones(idx.shape), mask,
-                   jax.random.PRNGKey(0), offset)[1]
+      batch = local_lib.ClientBatch(idx, jnp.ones(idx.shape), mask, jax.random.PRNGKey(0))
+      return train(state, ctx, data_x, data_y, batch, offset)[1]
 
     whole = run(5, 0, padded=2)
     first, second = run(3, 0, padded=1), run(2, 3)
