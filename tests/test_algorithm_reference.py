@@ -413,6 +413,57 @@ def test_fedsgd_is_one_full_batch_gradient_step():
   np.testing.assert_allclose(server.params["w"], x, atol=ATOL)
 
 
+def ref_fedexp(x, eps, steps=(K, K), participants=(0, 1)):
+  """Jhunjhunwala, Wang, Joshi, ICLR 2023, Algorithm 1, in the paper's sign convention:
+  Delta_i = x - y_i, Delta = (1/M) sum_i Delta_i (uniform),
+  eta_g = max(1, sum_i ||Delta_i||^2 / (2 M (||Delta||^2 + eps))), x <- x - eta_g Delta."""
+  updates = [x - local(i, x, lambda y: 0.0, steps[i]) for i in participants]
+  m = len(participants)
+  mean = sum(updates) / m
+  eta_g = max(1.0, sum(u @ u for u in updates) / (2 * m * (mean @ mean + eps)))
+  return x - eta_g * mean, eta_g
+
+
+@pytest.mark.parametrize("eps,steps,participants", [
+    (1e-3, (K, 1), ((0, 1),) * 3),       # unequal steps: the updates disagree, eta_g > 1
+    (1e-3, (K, K), ((0, 1), (1,), (0, 1))),  # one client alone: eta_g = max(1, 1/2 ...) = 1
+    (10.0, (K, 1), ((0, 1),) * 3),       # a large eps keeps eta_g at 1: FedAvg, uniform
+])
+def test_fedexp_matches_its_algorithm_1(eps, steps, participants):
+  """Three rounds against the reference; the mean is uniform whatever the weighting (here
+  by examples, 1 : 3), eta_g is kept for the round's report, and with
+  eval_average_last_two the report evaluates (x_t + x_{t-1}) / 2."""
+  xs, etas = [np.zeros(2)], []
+  for r in range(3):
+    x, eta_g = ref_fedexp(xs[-1], eps, steps, participants[r])
+    xs.append(x)
+    etas.append(eta_g)
+  if eps == 1e-3 and steps == (K, 1) and len(participants[0]) == 2:
+    assert max(etas) > 1.0  # the case extrapolates (round 3 here)
+  if eps == 10.0:
+    assert etas == [1.0, 1.0, 1.0]
+  alg = build("fedexp", eps=eps, eval_average_last_two=True)
+  for r in range(1, 4):
+    server, _ = engine(alg, r, steps=steps, weighting="examples", participants=participants,
+                       num_examples=(1.0, 3.0))
+    np.testing.assert_allclose(server.params["w"], xs[r], atol=ATOL)
+    eval_params, scalars = alg.report(server)
+    np.testing.assert_allclose(scalars["fedexp_eta_g"], etas[r - 1], rtol=1e-6)
+    np.testing.assert_allclose(eval_params["w"], (xs[r] + xs[r - 1]) / 2, atol=ATOL)
+  plain = build("fedexp", eps=eps)
+  eval_params, _ = plain.report(engine(plain, 2, steps=steps, participants=participants)[0])
+  np.testing.assert_allclose(eval_params["w"], xs[2], atol=ATOL)
+
+
+def test_fedexp_refuses_a_server_rate_and_the_layerwise_schedule():
+  from fedjax_lama.errors import HparamError  # pylint: disable=g-import-not-at-top
+  with pytest.raises(HparamError, match=r"server_lr=0\.5.*None \(FedExP sets its own"):
+    build("fedexp", Common(server_lr=0.5))
+  with pytest.raises(HparamError, match=r"eps=0.*a number > 0"):
+    build("fedexp", eps=0)
+  assert "per layer" in build("fedexp").layerwise
+
+
 def test_fedcom_server_learning_rate_with_identity_compression():
   x = np.zeros(2)
   for _ in range(2):
