@@ -57,7 +57,7 @@ class Spec:
 
   uplink: hp -> the uplink compressor the run uses unless config.compressor names one
     (FedPAQ's QSGD); None: the identity.
-  one_step: hp -> None (the run's local steps or epochs) or an ONE_STEP_KINDS preset
+  one_step: hp -> None (the run's local steps or epochs) or a ONE_STEP_KINDS preset
     (FedSGD's one step per round), carried into the run options.
   variant: hp -> the name the run is reported under when it is not `name` (FedAdam in
     Flower's convention is "fedadam_flower"); None: `name`.
