@@ -57,7 +57,7 @@ class FedLamaState(NamedTuple):
 
 
 def check_composable(algorithm: Algorithm, server: ServerState, row, traffic,
-                     name: str = "the algorithm") -> None:
+                     algorithm_name: str = "the algorithm") -> None:
   """Refuses algorithms whose state or messages are not per leaf (ConfigError)."""
   params = server.params
   params_def = jax.tree_util.tree_structure(params)
@@ -75,7 +75,7 @@ def check_composable(algorithm: Algorithm, server: ServerState, row, traffic,
       problems.append(f"its download {name!r} is not shaped like the model")
   if problems:
     raise ConfigError(f"config.schedule='fedlama' cannot run config.algorithm="
-                      f"{name!r}: {'; '.join(problems)}")
+                      f"{algorithm_name!r}: {'; '.join(problems)}")
 
 
 class FedLamaProgram(ProgramBase):
