@@ -46,3 +46,31 @@ def test_programs_evaluate_the_reported_params():
   plain_state, plain_outs = helpers.run(plain)
   assert plain.eval_params(plain_state)[0] is plain_state["server"].params
   assert set(plain_outs[-1].extra) == {"clients"}
+
+
+def test_vectorized_runs_report_each_runs_scalars_and_params():
+  """The vectorized program reports per run what each run's own program reports."""
+  from fedjax_lama.programs.vectorized import VectorizedSyncProgram  # pylint: disable=g-import-not-at-top
+  from tests import test_vectorized as vectorized  # pylint: disable=g-import-not-at-top
+  configs = [vectorized._config("fedexp", s, lr) for s, lr in vectorized.RUNS[:2]]  # pylint: disable=protected-access
+  for c in configs:
+    c.fedexp.eval_average_last_two = True
+  pieces = [vectorized._pieces(c) for c in configs]  # pylint: disable=protected-access
+  sequential = []
+  for c, p in zip(configs, pieces):
+    program = helpers.build(c, MESH, fed=p[2])
+    state, outs = helpers.run(program)
+    sequential.append(([o.extra["fedexp_eta_g"] for o in outs], program.eval_params(state)[0]))
+  opts = [training.run_options(c, p[2]) for c, p in zip(configs, pieces)]
+  algo = training.build_program(configs[0], *pieces[0][:2], {}, pieces[0][2], MESH).algorithm
+  vec = VectorizedSyncProgram(opts, algo, pieces[0][0], [p[1] for p in pieces], [{}] * 2,
+                              [p[2] for p in pieces], MESH)
+  state, etas = vec.init_state(), []
+  for r in range(vec.num_rounds):
+    state, outs = vec.run_round(state, r)
+    etas.append([o.extra["fedexp_eta_g"] for o in outs])
+  for i, (eta_seq, params_seq) in enumerate(sequential):
+    np.testing.assert_allclose([e[i] for e in etas], eta_seq, rtol=2e-5)
+    evaluated, _ = vec.eval_params(vec.run_state(state, i))
+    for a, b in zip(jax.tree.leaves(evaluated), jax.tree.leaves(params_seq)):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-6)
