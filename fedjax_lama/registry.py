@@ -119,8 +119,7 @@ def common_options(config, num_clients: int = 1, mean_client_examples: float = 1
                          weight_decay=float(config.weight_decay),
                          server_lr=None if server_lr is None else float(server_lr),
                          num_clients=int(num_clients),
-                         mean_client_examples=float(mean_client_examples),
-                         local_optimizer_state=config.get("local_optimizer_state", "reset"))
+                         mean_client_examples=float(mean_client_examples))
   except common.HparamError as e:
     raise ConfigError(f"config.{e}") from e
 
@@ -139,7 +138,7 @@ def build_algorithm(config, num_clients: int = 1, mean_client_examples: float = 
     algorithm = spec.make(hparams, opts)
   except common.HparamError as e:  # a shared field the module cannot combine with
     raise ConfigError(f"config.{e} (with config.algorithm={spec.name!r})") from e
-  if opts.local_optimizer_state == "carry" and selection.schedule == "none":
+  if config.get("local_optimizer_state", "reset") == "carry" and selection.schedule == "none":
     raise ConfigError(
         "config.local_optimizer_state='carry' is not accepted with config.schedule='none' "
         "(synchronous rounds start every client's local optimizer afresh); accepted: 'reset', "
@@ -152,18 +151,37 @@ def build_algorithm(config, num_clients: int = 1, mean_client_examples: float = 
   return algorithm
 
 
-def uplink_compressor(config, algorithm: Algorithm) -> compression.Compressor:
-  """config.compressor.name: "auto" is the algorithm's declared default (identity if none)."""
+def uplink_compressor(config, algorithm: Optional[Algorithm] = None) -> compression.Compressor:
+  """config.compressor.name: "auto" is the algorithm's Spec default (`Spec.uplink`; the
+  identity if none). `algorithm` is not read (the default is a registry fact)."""
+  del algorithm
   cfg = config.compressor
   if cfg.name not in COMPRESSOR_NAMES:
     raise ConfigError(f"config.compressor.name={cfg.name!r} is not accepted; accepted: "
                       f"{', '.join(map(repr, COMPRESSOR_NAMES))}")
   if cfg.name == "auto":
-    return algorithm.uplink if algorithm.uplink is not None else compression.identity()
+    spec = SPECS.get(select(config).base)
+    if spec is None or spec.uplink is None:
+      return compression.identity()
+    return spec.uplink(_typed(spec.hparams, config, spec.name))
   try:
     return compression.COMPRESSORS[cfg.name](cfg.levels, cfg.block)
   except ValueError as e:
     raise ConfigError(f"config.compressor: {e}") from e
+
+
+def run_facts(config) -> dict:
+  """The run options an algorithm's Spec and the shared config fields decide (RunOptions
+  fields): FedSGD's one step per round (`Spec.one_step`), the local optimizer state across
+  rounds, and the name the algorithm is reported under (`Spec.run_name`)."""
+  selection = select(config)
+  facts = {"local_optimizer_state": config.get("local_optimizer_state", "reset")}
+  spec = SPECS.get(selection.base)
+  if spec is None:  # a method of the simulated clock: no synchronous round program
+    return {**facts, "algorithm_name": selection.base}
+  hparams = _typed(spec.hparams, config, spec.name)
+  return {**facts, "one_step": spec.one_step_kind(hparams),
+          "algorithm_name": spec.run_name(hparams)}
 
 
 def validate(config) -> None:

@@ -62,6 +62,7 @@ TRAFFIC = {
     "fedpaq": (1, 0, 1), "fedcom": (1, 0, 1), "fedspeed": (1, 0, 1), "fedlamb": (2, 0, 2),
     "fedams": (2, 0, 2),
     "fedsam": (1, 0, 1), "mofedsam": (1, 0, 2), "fedsmoo": (2, 0, 2), "fedgamma": (2, 0, 2),
+    "fedexp": (1, 1, 1),
 }
 QUANTIZED = {"fedpaq", "fedcom"}
 

@@ -413,6 +413,57 @@ def test_fedsgd_is_one_full_batch_gradient_step():
   np.testing.assert_allclose(server.params["w"], x, atol=ATOL)
 
 
+def ref_fedexp(x, eps, steps=(K, K), participants=(0, 1)):
+  """Jhunjhunwala, Wang, Joshi, ICLR 2023, Algorithm 1, in the paper's sign convention:
+  Delta_i = x - y_i, Delta = (1/M) sum_i Delta_i (uniform),
+  eta_g = max(1, sum_i ||Delta_i||^2 / (2 M (||Delta||^2 + eps))), x <- x - eta_g Delta."""
+  updates = [x - local(i, x, lambda y: 0.0, steps[i]) for i in participants]
+  m = len(participants)
+  mean = sum(updates) / m
+  eta_g = max(1.0, sum(u @ u for u in updates) / (2 * m * (mean @ mean + eps)))
+  return x - eta_g * mean, eta_g
+
+
+@pytest.mark.parametrize("eps,steps,participants", [
+    (1e-3, (K, 1), ((0, 1),) * 3),       # unequal steps: the updates disagree, eta_g > 1
+    (1e-3, (K, K), ((0, 1), (1,), (0, 1))),  # one client alone: eta_g = max(1, 1/2 ...) = 1
+    (10.0, (K, 1), ((0, 1),) * 3),       # a large eps keeps eta_g at 1: FedAvg, uniform
+])
+def test_fedexp_matches_its_algorithm_1(eps, steps, participants):
+  """Three rounds against the reference; the mean is uniform whatever the weighting (here
+  by examples, 1 : 3), eta_g is kept for the round's report, and with
+  eval_average_last_two the report evaluates (x_t + x_{t-1}) / 2."""
+  xs, etas = [np.zeros(2)], []
+  for r in range(3):
+    x, eta_g = ref_fedexp(xs[-1], eps, steps, participants[r])
+    xs.append(x)
+    etas.append(eta_g)
+  if eps == 1e-3 and steps == (K, 1) and len(participants[0]) == 2:
+    assert max(etas) > 1.0  # the case extrapolates (round 3 here)
+  if eps == 10.0:
+    assert etas == [1.0, 1.0, 1.0]
+  alg = build("fedexp", eps=eps, eval_average_last_two=True)
+  for r in range(1, 4):
+    server, _ = engine(alg, r, steps=steps, weighting="examples", participants=participants,
+                       num_examples=(1.0, 3.0))
+    np.testing.assert_allclose(server.params["w"], xs[r], atol=ATOL)
+    eval_params, scalars = alg.report(server)
+    np.testing.assert_allclose(scalars["fedexp_eta_g"], etas[r - 1], rtol=1e-6)
+    np.testing.assert_allclose(eval_params["w"], (xs[r] + xs[r - 1]) / 2, atol=ATOL)
+  plain = build("fedexp", eps=eps)
+  eval_params, _ = plain.report(engine(plain, 2, steps=steps, participants=participants)[0])
+  np.testing.assert_allclose(eval_params["w"], xs[2], atol=ATOL)
+
+
+def test_fedexp_refuses_a_server_rate_and_the_layerwise_schedule():
+  from fedjax_lama.errors import HparamError  # pylint: disable=g-import-not-at-top
+  with pytest.raises(HparamError, match=r"server_lr=0\.5.*None \(FedExP sets its own"):
+    build("fedexp", Common(server_lr=0.5))
+  with pytest.raises(HparamError, match=r"eps=0.*a number > 0"):
+    build("fedexp", eps=0)
+  assert "per layer" in build("fedexp").layerwise
+
+
 def test_fedcom_server_learning_rate_with_identity_compression():
   x = np.zeros(2)
   for _ in range(2):
@@ -422,8 +473,9 @@ def test_fedcom_server_learning_rate_with_identity_compression():
 
 
 def _without_uplink(alg):
-  """The algorithm with the identity uplink (the engine compresses nothing)."""
-  return dataclasses.replace(alg, uplink=None)
+  """The algorithm with the identity uplink: its default compressor is the run's (its Spec's
+  `uplink`), and the engine called without a compressor compresses nothing."""
+  return alg
 
 
 # ---- reductions to FedAvg (the setting of each algorithm that is FedAvg) -------------------
@@ -513,14 +565,14 @@ def test_effective_step_of_a_span_split_in_two_calls(nesterov):
   with jax.enable_x64(True):
     data_x, data_y = jnp.asarray(np.concatenate(A)), jnp.asarray(np.concatenate(B))
     params = {"w": jnp.zeros(2)}
-    state = LocalState(params, {}, alg.local_tx.init(params))
+    state = LocalState(params, {}, alg.local.tx.init(params))
     ctx = ClientContext({"params": params}, {}, 2.0, 0)
 
     def run(steps, offset, padded=0):
       idx = jnp.tile(jnp.array([0, 1]), (steps + padded, 1))
       mask = jnp.concatenate([jnp.ones(steps), jnp.zeros(padded)])
-      return train(state, ctx, data_x, data_y, idx, jnp.ones(idx.shape), mask,
-                   jax.random.PRNGKey(0), offset)[1]
+      batch = local_lib.ClientBatch(idx, jnp.ones(idx.shape), mask, jax.random.PRNGKey(0))
+      return train(state, ctx, data_x, data_y, batch, offset)[1]
 
     whole = run(5, 0, padded=2)
     first, second = run(3, 0, padded=1), run(2, 3)

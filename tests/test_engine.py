@@ -70,12 +70,12 @@ def test_vmapped_clients_equal_python_loop(momentum):
   # The same thing, one client at a time, one jitted step at a time.
   def step(p, opt, xb, yb):
     g = jax.grad(lambda q: loss_fn(q, {}, xb, yb, jnp.ones(B), None)[0])(p)
-    d, opt = alg.local_tx.update(g, opt, p)
+    d, opt = alg.local.tx.update(g, opt, p)
     return jax.tree_util.tree_map(lambda a, u: a - 0.1 * u, p, d), opt
   step = jax.jit(step)
   finals = []
   for c in range(C):
-    p, opt = params, alg.local_tx.init(params)
+    p, opt = params, alg.local.tx.init(params)
     for s in range(S):
       p, opt = step(p, opt, data_x[idx[c, s]], data_y[idx[c, s]])
     finals.append(p)
@@ -129,15 +129,17 @@ def test_padded_step_is_an_exact_noop():
   step_mask = np.ones((C, S + 2)); step_mask[:, S:] = 0
   client_train = local.make_client_train(loss_fn, alg, optax.constant_schedule(0.1))
   key = jax.random.PRNGKey(0)
-  st = local.LocalState(params, {}, alg.local_tx.init(params))
+  st = local.LocalState(params, {}, alg.local.tx.init(params))
   ctx = ClientContext({"params": params}, {}, 10.0, 0)
-  a, _ = client_train(st, ctx, data_x, data_y, jnp.asarray(idx[0]), jnp.ones((S, B)),
-                      jnp.ones(S), key, 0)
+  a, _ = client_train(st, ctx, data_x, data_y,
+                      local.ClientBatch(jnp.asarray(idx[0]), jnp.ones((S, B)), jnp.ones(S), key),
+                      0)
   # Padded steps interleaved at the front and the end leave everything bit-for-bit the same
   # (momentum included) -- keys are derived from the step position, so place them at the end.
   b, _ = client_train(st, ctx, data_x, data_y,
-                      jnp.asarray(np.concatenate([idx[0], extra[0]])), jnp.ones((S + 2, B)),
-                      jnp.asarray(step_mask[0]), key, 0)
+                      local.ClientBatch(jnp.asarray(np.concatenate([idx[0], extra[0]])),
+                                        jnp.ones((S + 2, B)), jnp.asarray(step_mask[0]), key),
+                      0)
   _assert_tree_equal(a, b)
 
 

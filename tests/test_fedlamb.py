@@ -137,7 +137,7 @@ def test_fedlamb_first_step_equals_optax_lamb(lam):
 def local_step(alg, params, grads, v_hat, lr=LR):
   """One local step from a fresh round state: (step subtracted from params, new opt state)."""
   ctx = ClientContext({"params": params, "v_hat": v_hat}, {}, jnp.ones(()), jnp.zeros((), int))
-  direction, state = alg.local_tx.update(grads, alg.init_local(ctx), params)
+  direction, state = alg.local.tx.update(grads, alg.local.init_state(ctx), params)
   return jax.tree_util.tree_map(lambda d: lr * d, direction), state
 
 
@@ -336,9 +336,9 @@ def test_server_source_uses_own_v_in_round_one_then_the_frozen_v_hat():
                                        params), rtol=1e-13)
     frozen = jax.tree_util.tree_map(lambda p: np.full(p.shape, 4.0), params)
     ctx = ClientContext({"params": params, "v_hat": frozen}, {}, jnp.ones(()), jnp.zeros((), int))
-    state = alg.init_local(ctx)
+    state = alg.local.init_state(ctx)
     for t in range(1, 4):  # m_hat = g whatever t; the denominator stays sqrt(4) + eps
-      d, state = alg.local_tx.update(g, state, params)
+      d, state = alg.local.tx.update(g, state, params)
       close(d, jax.tree_util.tree_map(lambda p: np.full(p.shape, 0.1 / (2 + 1e-8)), params),
             rtol=1e-13)
     # the server's first maximum starts from v_init, not from the sentinel

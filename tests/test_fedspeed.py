@@ -176,9 +176,10 @@ def worked_step(alg, row=G_HAT):
   ctx = ClientContext({"params": {"w": jnp.asarray(X_SRV, jnp.float32)}},
                       {"w": jnp.asarray(row, jnp.float32)} if alg.row_init else {},
                       jnp.float32(2), jnp.int32(0))
-  state = LocalState(params, {}, alg.local_tx.init(params))
+  state = LocalState(params, {}, alg.local.tx.init(params))
   final, _ = train(state, ctx, jnp.asarray(A63, jnp.float32), jnp.asarray(B63, jnp.float32),
-                   jnp.array([[0, 1]]), jnp.ones((1, 2)), jnp.ones(1), jax.random.PRNGKey(0), 0)
+                   local.ClientBatch(jnp.array([[0, 1]]), jnp.ones((1, 2)), jnp.ones(1),
+                                     jax.random.PRNGKey(0)), 0)
   uploads, new_row = alg.finish(final, ctx, ClientInfo(1.0, 0.1, 0.1, 2.0, 0))
   return np.asarray(final.params["w"]), uploads, new_row
 
@@ -206,7 +207,8 @@ def test_perturbation_norm_is_one_norm_over_all_leaves():
     return 0.5 * jnp.mean(r * r), None
 
   params = {"u": jnp.array([0.3]), "v": jnp.array([0.1])}
-  _, g = build(rho=0.1, alpha=0.75).grad(jax.value_and_grad(loss, has_aux=True), params)
+  _, g, _ = build(rho=0.1, alpha=0.75).grad(jax.value_and_grad(loss, has_aux=True), params,
+                                            None, ())
   np.testing.assert_allclose([g["u"][0], g["v"][0]], [-0.4665175210, -0.5951135084],
                              rtol=RTOL, atol=ATOL)
 
@@ -279,10 +281,10 @@ def test_second_gradient_only_when_it_is_used(hparams, passes):
   train = local.make_client_train(loss, alg, optax.constant_schedule(0.1))
   params = {"w": jnp.zeros(2)}
   ctx = ClientContext({"params": params}, alg.row_init(params), jnp.float32(2), jnp.int32(0))
-  jax.eval_shape(train, LocalState(params, {}, alg.local_tx.init(params)), ctx,
+  jax.eval_shape(train, LocalState(params, {}, alg.local.tx.init(params)), ctx,
                  jnp.asarray(A63, jnp.float32), jnp.asarray(B63, jnp.float32),
-                 jnp.zeros((3, 2), jnp.int32), jnp.ones((3, 2)), jnp.ones(3),
-                 jax.random.PRNGKey(0), 0)
+                 local.ClientBatch(jnp.zeros((3, 2), jnp.int32), jnp.ones((3, 2)), jnp.ones(3),
+                                   jax.random.PRNGKey(0)), 0)
   assert len(traced) == passes
 
 

@@ -33,7 +33,7 @@ def test_every_renamed_field_names_a_current_field():
 
 
 def test_rename_old_fields_moves_old_names_and_keeps_the_rest():
-  current = training._config_dict(config_lib.base_config())  # pylint: disable=protected-access
+  current = training.config_json(config_lib.base_config())
   old = _old_style(current)
   old["engine"]["conv_impl"], old["local_lr_schedule"] = "lax", "step"
   before = json.dumps(old, sort_keys=True)
@@ -53,7 +53,7 @@ def test_rename_old_fields_renames_a_model_option():
 
 def test_a_workdir_written_under_old_names_resumes(tmp_path):
   config = config_lib.base_config()
-  old = _old_style(training._config_dict(config))  # pylint: disable=protected-access
+  old = _old_style(training.config_json(config))
   (tmp_path / "config.json").write_text(json.dumps(old))
   assert training.check_workdir(str(tmp_path), config) is None  # same run: resumes
   config.engine.kernels = "lax"  # the old run computed with "auto"

@@ -104,8 +104,8 @@ def test_flower_fedadam_first_rate_is_bias_corrected():
 
 
 def test_names_and_refusals():
-  assert algorithms.build("fedadam").name == "fedadam"
-  assert algorithms.build("fedyogi", convention="flower").name == "fedyogi_flower"
+  assert algorithms.run_name("fedadam") == "fedadam"
+  assert algorithms.run_name("fedyogi", convention="flower") == "fedyogi_flower"
   with pytest.raises(HparamError, match=r"convention='reddi'.*'paper', 'flower'"):
     algorithms.build("fedadam", convention="reddi")
   with pytest.raises(HparamError, match=r"convention='flower'.*variant='optax'"):
@@ -119,7 +119,7 @@ def test_flower_convention_resumes_exactly_and_compiles_once(tmp_path):
   config = contract.config_for("fedadam", active_ratio=0.25, rounds=3)
   config.fedadam.convention = "flower"
   run = contract._run_resumed(config, tmp_path)  # pylint: disable=protected-access
-  assert run["program"].algorithm.name == "fedadam_flower"
+  assert run["program"].opts.algorithm_name == "fedadam_flower"
   assert contract._bits(run["resumed"]) == contract._bits(run["straight"])  # pylint: disable=protected-access
   assert run["compiles"] == []
   count = run["resumed"][0].opt_state[1].count

@@ -28,7 +28,7 @@ from fedjax_lama import data as fdata
 from fedjax_lama import federation, training
 from fedjax_lama.algorithms import common
 from fedjax_lama.engine import sharding
-from fedjax_lama.engine.algorithm import displacement
+from fedjax_lama.engine.algorithm import Algorithm, displacement
 from fedjax_lama.programs import round_program as programs_common
 from fedjax_lama.programs.sync import SyncProgram
 
@@ -95,8 +95,9 @@ def row_algorithm():
     c = jax.tree_util.tree_map(lambda c, d: 0.5 * c - d, ctx.row["c"], delta)
     return {"delta": delta}, {"c": c, "n": ctx.row["n"] + 1}
 
-  return common.fedavg_like("rowtest", common.Common(local_momentum=0.5), correct=correct,
-                            row_init=row_init, finish=finish)
+  shared = common.Common(local_momentum=0.5)
+  return Algorithm(local=common.local_optimizer(shared), server_tx=common.server_sgd(shared),
+                   correct=correct, row_init=row_init, finish=finish)
 
 
 def build(config, mesh, fed=None, with_rows=False):

@@ -11,14 +11,14 @@ from typing import Optional
 
 from fedjax_lama.algorithms import (fedadmm, fedavg, fedcm, feddyn, fedlamb, fednova, fedpaq,
                                     fedprox, fedsgd, fedspeed, scaffold, server_opt)
-from fedjax_lama.algorithms import fedgamma, fedsam, fedsmoo, mofedsam
+from fedjax_lama.algorithms import fedexp, fedgamma, fedsam, fedsmoo, mofedsam
 from fedjax_lama.algorithms.common import Common
 from fedjax_lama.algorithms.common import local_optimizer
 from fedjax_lama.algorithms.common import Spec
 from fedjax_lama.engine.algorithm import Algorithm
 
 _MODULES = (fedavg, fedprox, scaffold, fednova, server_opt, feddyn, fedcm, fedadmm, fedsgd,
-            fedpaq, fedspeed, fedlamb, fedsam, mofedsam, fedsmoo, fedgamma)
+            fedpaq, fedspeed, fedlamb, fedsam, mofedsam, fedsmoo, fedgamma, fedexp)
 SPECS = {spec.name: spec for module in _MODULES for spec in module.SPECS}
 
 
@@ -29,23 +29,35 @@ def names() -> list[str]:
 def build(name: str, common: Optional[Common] = None, **hparams) -> Algorithm:
   """An algorithm by name with keyword hyper-parameters, for use outside the CLI:
   `build("scaffold", Common(local_momentum=0.9), option="II")`."""
+  spec, hp = _spec_and_hparams(name, hparams)
+  common = common or Common()
+  if not isinstance(common, Common):
+    raise ValueError(f"common must be a fedjax_lama.algorithms.Common, got {type(common).__name__}")
+  _check_common(common)
+  return spec.make(hp, common)
+
+
+def run_name(name: str, **hparams) -> str:
+  """The name a run of `name` with these hyper-parameters is reported under (Spec.run_name):
+  `run_name("fedadam", convention="flower") == "fedadam_flower"`."""
+  spec, hp = _spec_and_hparams(name, hparams)
+  return spec.run_name(hp)
+
+
+def _spec_and_hparams(name: str, hparams: dict):
   if name == "fedlama":
     raise ValueError("name='fedlama' is an aggregation schedule over a layer-wise algorithm, "
                      "not an algorithm: build its base here (e.g. 'fedavg') and run it with "
                      "config.schedule='fedlama' (fedjax_lama.fedlama)")
   if name not in SPECS:
     raise ValueError(f"name={name!r} is not an algorithm; accepted: {', '.join(sorted(SPECS))}")
-  common = common or Common()
-  if not isinstance(common, Common):
-    raise ValueError(f"common must be a fedjax_lama.algorithms.Common, got {type(common).__name__}")
-  _check_common(common)
   spec = SPECS[name]
   fields = {f.name for f in dataclasses.fields(spec.hparams)}
   unknown = sorted(set(hparams) - fields)
   if unknown:
     raise ValueError(f"{unknown[0]}={hparams[unknown[0]]!r} is not a hyper-parameter of "
                      f"{name!r}; accepted: {', '.join(sorted(fields)) or 'none'}")
-  return spec.make(spec.hparams(**hparams), common)
+  return spec, spec.hparams(**hparams)
 
 
 def _check_common(common: Common) -> None:

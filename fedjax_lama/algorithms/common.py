@@ -2,8 +2,9 @@
 
 A module registers its algorithms as `Spec(name, Hparams, build)`: `Hparams` is a
 frozen dataclass of its hyper-parameters (the keys of config.<name>) that validates
-itself; `build(hp, common) -> Algorithm` closes over them. No module reads a
-ConfigDict: fedjax_lama.registry does.
+itself; `build(hp, common) -> Algorithm` closes over them. What the run takes from an
+algorithm beside its record (a default uplink compressor, FedSGD's one step per round, a
+variant's name) is on its `Spec`. No module reads a ConfigDict: fedjax_lama.registry does.
 """
 import dataclasses
 import math
@@ -13,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_lama.engine.algorithm import LOCAL_OPTIMIZER_STATES, Algorithm, LocalSGD
+from fedjax_lama.engine.algorithm import Algorithm, LocalOptimizer, local_sgd
 from fedjax_lama.errors import HparamError, require, require_nonnegative, require_one_of  # pylint: disable=unused-import
 
 
@@ -28,7 +29,6 @@ class Common:
   server_lr: Optional[float] = None
   num_clients: int = 1                 # N of the federation (1/N global means)
   mean_client_examples: float = 1.0    # FedDyn's data-scaled alpha
-  local_optimizer_state: str = "reset"  # engine.algorithm.LOCAL_OPTIMIZER_STATES
 
   def __post_init__(self):
     require(isinstance(self.local_momentum, (int, float)) and 0.0 <= self.local_momentum < 1.0,
@@ -38,7 +38,6 @@ class Common:
         isinstance(self.server_lr, (int, float)) and not isinstance(self.server_lr, bool)
         and math.isfinite(self.server_lr) and self.server_lr > 0), "server_lr", self.server_lr,
             "None (the algorithm's default) or a finite number > 0")
-    require_one_of("local_optimizer_state", self.local_optimizer_state, LOCAL_OPTIMIZER_STATES)
 
 
 def server_rate(common: Common, default: float = 1.0) -> float:
@@ -46,18 +45,45 @@ def server_rate(common: Common, default: float = 1.0) -> float:
   return default if common.server_lr is None else float(common.server_lr)
 
 
+# Local work presets (Spec.one_step): one local step per round, over a batch of
+# config.batch_size ("minibatch") or over the client's whole data ("full_batch").
+ONE_STEP_KINDS = ("minibatch", "full_batch")
+
+
 @dataclasses.dataclass(frozen=True)
 class Spec:
-  """One registered algorithm: its config name, hyper-parameters and builder."""
+  """One registered algorithm: its config name, hyper-parameters and builder, and what the
+  run takes from it beside the record.
+
+  uplink: hp -> the uplink compressor the run uses unless config.compressor names one
+    (FedPAQ's QSGD); None: the identity.
+  one_step: hp -> None (the run's local steps or epochs) or a ONE_STEP_KINDS preset
+    (FedSGD's one step per round), carried into the run options.
+  variant: hp -> the name the run is reported under when it is not `name` (FedAdam in
+    Flower's convention is "fedadam_flower"); None: `name`.
+  """
   name: str
   hparams: type
   build: Callable[[Any, Common], Algorithm]
   summary: str = ""
+  uplink: Optional[Callable[[Any], Any]] = None
+  one_step: Optional[Callable[[Any], Optional[str]]] = None
+  variant: Optional[Callable[[Any], str]] = None
 
   def make(self, hp: Any, common: Common) -> Algorithm:
-    """build(hp, common) with the options every algorithm shares applied."""
-    return dataclasses.replace(self.build(hp, common),
-                               local_optimizer_state=common.local_optimizer_state)
+    """build(hp, common): the algorithm's record."""
+    return self.build(hp, common)
+
+  def run_name(self, hp: Any) -> str:
+    """The name the run is reported under (`variant`, else the registry name)."""
+    return self.name if self.variant is None else self.variant(hp)
+
+  def one_step_kind(self, hp: Any) -> Optional[str]:
+    kind = None if self.one_step is None else self.one_step(hp)
+    if kind is not None and kind not in ONE_STEP_KINDS:
+      raise ValueError(f"Spec({self.name!r}).one_step gave {kind!r}; accepted: None, "
+                       f"{', '.join(map(repr, ONE_STEP_KINDS))}")
+    return kind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,42 +91,15 @@ class NoHparams:
   """Algorithms without keys of their own."""
 
 
-def local_optimizer(common: Common, weight_decay_mask: Optional[Any] = None
-                    ) -> optax.GradientTransformation:
-  """Local SGD direction (decayed weights + momentum trace); the engine scales by -lr.
-
-  The learning rate is applied outside the transform so that a schedule indexed by
-  the global local-step count can be evaluated inside the scan without rebuilding
-  the optimiser state.
-  """
-  parts = []
-  if common.weight_decay:
-    parts.append(optax.add_decayed_weights(common.weight_decay, mask=weight_decay_mask))
-  if common.local_momentum:
-    parts.append(optax.trace(decay=common.local_momentum, nesterov=common.nesterov))
-  return optax.chain(*parts) if parts else optax.identity()
-
-
-def local_sgd_rule(common: Common, pull: float = 0.0) -> LocalSGD:
-  """`local_optimizer(common)` as the linear rule of the effective step (ClientInfo)."""
-  return LocalSGD(float(common.local_momentum), bool(common.nesterov), float(pull))
+def local_optimizer(common: Common, pull: float = 0.0) -> LocalOptimizer:
+  """Local SGD from the shared options (config.local_momentum, nesterov, weight_decay): the
+  optax transform and its linear rule, built together (engine.algorithm.local_sgd)."""
+  return local_sgd(common.local_momentum, common.nesterov, common.weight_decay, pull=pull)
 
 
 def server_sgd(common: Common) -> optax.GradientTransformation:
   """optax.sgd(server_lr) on G = -mean(delta): with lr 1 exactly FedAvg's x + mean(delta)."""
   return optax.sgd(server_rate(common))
-
-
-def fedavg_like(name: str, common: Common, **fields) -> Algorithm:
-  """FedAvg's local SGD and server step, with some fields replaced."""
-  fields.setdefault("local_tx", local_optimizer(common))
-  fields.setdefault("local_sgd", local_sgd_rule(common))
-  fields.setdefault("server_tx", server_sgd(common))
-  return Algorithm(name, **fields)
-
-
-def tree_map(fn, *trees):
-  return jax.tree.map(fn, *trees)
 
 
 def safe_positive(x: jax.Array) -> jax.Array:

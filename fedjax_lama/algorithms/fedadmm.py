@@ -15,10 +15,12 @@ participation with equal weights, and only then.
 """
 import dataclasses
 
-from fedjax_lama.algorithms.common import (Common, Spec, fedavg_like, require_nonnegative,
-                                           tree_map)
+import jax
+import optax
+
+from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require_nonnegative,
+                                           server_sgd)
 from fedjax_lama.engine.algorithm import SUM, Algorithm, ServerState, upload
-from fedjax_lama.tree import tree_zeros_like
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,26 +35,27 @@ def build(hp: Hparams, common: Common) -> Algorithm:
   rho = hp.rho
 
   def correct(grads, params, ctx):
-    return tree_map(lambda g, z, p, x: g + z + rho * (p - x), grads, ctx.row["z"], params,
-                    ctx.shared["params"])
+    return jax.tree.map(lambda g, z, p, x: g + z + rho * (p - x), grads, ctx.row["z"], params,
+                        ctx.shared["params"])
 
   def finish(final, ctx, info):
     del info
     x = ctx.shared["params"]
-    z = tree_map(lambda z, y, xx: z + rho * (y - xx), ctx.row["z"], final.params, x)
-    augmented = tree_map(lambda y, zz: y + zz / rho, final.params, z) if rho else final.params
-    delta = tree_map(lambda new, old: new - old, augmented, ctx.row["x_hat"])
+    z = jax.tree.map(lambda z, y, xx: z + rho * (y - xx), ctx.row["z"], final.params, x)
+    augmented = jax.tree.map(lambda y, zz: y + zz / rho, final.params, z) if rho else final.params
+    delta = jax.tree.map(lambda new, old: new - old, augmented, ctx.row["x_hat"])
     return {"delta_x_hat": delta}, {"z": z, "x_hat": augmented}
 
   def server_update(server: ServerState, agg) -> ServerState:
-    params = tree_map(lambda x, s: x + s / agg.population, server.params, agg["delta_x_hat"])
+    params = jax.tree.map(lambda x, s: x + s / agg.population, server.params,
+                          agg["delta_x_hat"])
     return server._replace(params=params)
 
-  return fedavg_like(
-      "fedadmm", common, correct=correct, finish=finish,
-      row_init=lambda params: {"z": tree_zeros_like(params), "x_hat": params},
-      reductions={"delta_x_hat": upload("delta_x_hat", SUM)}, server_update=server_update,
-      model_upload=None)
+  return Algorithm(
+      local=local_optimizer(common), server_tx=server_sgd(common), correct=correct,
+      finish=finish,
+      row_init=lambda params: {"z": optax.tree.zeros_like(params), "x_hat": params},
+      reductions={"delta_x_hat": upload("delta_x_hat", SUM)}, server_update=server_update)
 
 
 SPECS = (Spec("fedadmm", Hparams, build, "primal-dual, per-client z_i and x_hat_i"),)

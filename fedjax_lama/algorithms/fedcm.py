@@ -14,11 +14,13 @@ mix rounds. alpha = 1 (not 0) with server_lr 1 is FedAvg exactly.
 """
 import dataclasses
 
-from fedjax_lama.algorithms.common import (Common, Spec, fedavg_like, require, safe_positive,
-                                           tree_map)
+import jax
+import optax
+
+from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require, safe_positive,
+                                           server_sgd)
 from fedjax_lama.engine.algorithm import (Algorithm, Reduction, ServerState, apply_server_tx,
                                           leafwise, upload)
-from fedjax_lama.tree import tree_zeros_like
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,26 +33,27 @@ class Hparams:
 
 def build(hp: Hparams, common: Common) -> Algorithm:
   alpha = hp.alpha
-  server_tx = fedavg_like("fedcm", common).server_tx
+  server_tx = server_sgd(common)
 
   def correct(grads, params, ctx):
     del params
-    return tree_map(lambda g, d: alpha * g + (1 - alpha) * d, grads, ctx.shared["D"])
+    return jax.tree.map(lambda g, d: alpha * g + (1 - alpha) * d, grads, ctx.shared["D"])
 
   def direction(uploads, info):  # in gradient units; the server knows each client's steps and lr
     delta = uploads["delta"]
-    return tree_map(lambda d, s: -d / safe_positive(s), delta,
-                    leafwise(info.effective_step, delta))
+    return jax.tree.map(lambda d, s: -d / safe_positive(s), delta,
+                        leafwise(info.effective_step, delta))
 
   def server_update(server: ServerState, agg) -> ServerState:
     server = apply_server_tx(server_tx, server, agg["delta"])
     return server._replace(extra={"D": agg["D"]})
 
-  return fedavg_like(
-      "fedcm", common, server_tx=server_tx, correct=correct if alpha != 1 else None,
+  return Algorithm(
+      local=local_optimizer(common), server_tx=server_tx,
+      correct=correct if alpha != 1 else None,
       reductions={"delta": upload("delta"), "D": Reduction(direction)},
-      server_init=lambda params: {"D": tree_zeros_like(params)}, server_update=server_update,
-      downloads=("params", "D"))
+      server_init=lambda params: {"D": optax.tree.zeros_like(params)},
+      server_update=server_update, downloads=("params", "D"))
 
 
 SPECS = (Spec("fedcm", Hparams, build, "client-level momentum D (2d down)"),)

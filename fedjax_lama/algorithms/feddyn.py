@@ -15,13 +15,14 @@ code's alpha_coef_adpt).
 """
 import dataclasses
 
+import jax
 import jax.numpy as jnp
+import optax
 
-from fedjax_lama.algorithms.common import (Common, Spec, fedavg_like, require_nonnegative,
-                                           require_one_of, tree_map)
+from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require_nonnegative,
+                                           require_one_of, server_sgd)
 from fedjax_lama.engine.algorithm import (SUM, Algorithm, Reduction, ServerState,
                                           apply_server_tx, displacement, upload)
-from fedjax_lama.tree import tree_zeros_like
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,9 +36,9 @@ class Hparams:
 
 
 def build(hp: Hparams, common: Common) -> Algorithm:
+  server_tx = server_sgd(common)
   if not hp.alpha:
-    return fedavg_like("feddyn", common)
-  server_tx = fedavg_like("feddyn", common).server_tx
+    return Algorithm(local=local_optimizer(common), server_tx=server_tx)
 
   def client_alpha(num_examples):
     if hp.alpha_scaling == "data":
@@ -46,30 +47,31 @@ def build(hp: Hparams, common: Common) -> Algorithm:
 
   def correct(grads, params, ctx):
     a = client_alpha(ctx.num_examples)
-    return tree_map(lambda g, lam, p, x: g - lam + a * (p - x), grads, ctx.row, params,
-                    ctx.shared["params"])
+    return jax.tree.map(lambda g, lam, p, x: g - lam + a * (p - x), grads, ctx.row, params,
+                        ctx.shared["params"])
 
   def finish(final, ctx, info):
     del info
     delta = displacement(final, ctx)
     a = client_alpha(ctx.num_examples)
-    return {"delta": delta}, tree_map(lambda lam, d: lam - a * d, ctx.row, delta)
+    return {"delta": delta}, jax.tree.map(lambda lam, d: lam - a * d, ctx.row, delta)
 
   def scaled_delta(uploads, info):  # the server knows n_i, hence alpha_i
     a = client_alpha(info.num_examples)
-    return tree_map(lambda d: a * d, uploads["delta"])
+    return jax.tree.map(lambda d: a * d, uploads["delta"])
 
   def server_update(server: ServerState, agg) -> ServerState:
-    h = tree_map(lambda h, s: h - s / agg.population, server.extra["h"], agg["alpha_delta"])
+    h = jax.tree.map(lambda h, s: h - s / agg.population, server.extra["h"], agg["alpha_delta"])
     server = apply_server_tx(server_tx, server, agg["delta"])
-    params = tree_map(lambda x, hh: x - hh / hp.alpha, server.params, h)
+    params = jax.tree.map(lambda x, hh: x - hh / hp.alpha, server.params, h)
     return server._replace(params=params, extra={"h": h})
 
-  return fedavg_like(
-      "feddyn", common, server_tx=server_tx, correct=correct, row_init=tree_zeros_like,
-      finish=finish,
+  return Algorithm(
+      local=local_optimizer(common), server_tx=server_tx, correct=correct,
+      row_init=optax.tree.zeros_like, finish=finish,
       reductions={"delta": upload("delta"), "alpha_delta": Reduction(scaled_delta, SUM)},
-      server_init=lambda params: {"h": tree_zeros_like(params)}, server_update=server_update)
+      server_init=lambda params: {"h": optax.tree.zeros_like(params)},
+      server_update=server_update)
 
 
 SPECS = (Spec("feddyn", Hparams, build, "dynamic regularization, server h (d each way)"),)

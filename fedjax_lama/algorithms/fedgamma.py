@@ -30,8 +30,10 @@ with either reading.
 """
 import dataclasses
 
+import jax
+
 from fedjax_lama.algorithms import scaffold
-from fedjax_lama.algorithms.common import Common, Spec, require_one_of, tree_map
+from fedjax_lama.algorithms.common import Common, Spec, require_one_of
 from fedjax_lama.algorithms.fedsam import (check_sam_options, sam_gradient, sam_oracle,
                                            with_reference_clip)
 from fedjax_lama.engine.algorithm import Algorithm
@@ -59,18 +61,16 @@ def build(hp: Hparams, common: Common) -> Algorithm:
   if hp.clip_mode == "reference":
     correct = with_reference_clip(correct, hp.clip_norm)
   if hp.rho == 0 or hp.perturbation == "local":
-    return dataclasses.replace(base, name="fedgamma", correct=correct,
-                               grad=sam_oracle(hp.rho, hp.perturb_eps))
+    return dataclasses.replace(base, correct=correct, grad=sam_oracle(hp.rho, hp.perturb_eps))
 
   def corrected_ascent(value_and_grad, params, ctx, opt_state):
     c_i, c = ctx.row, ctx.shared["c"]
     loss_aux, _, g_sam, _ = sam_gradient(
         value_and_grad, params, hp.rho, hp.perturb_eps,
-        direction=lambda g: tree_map(lambda a, ci, cc: a - ci + cc, g, c_i, c))
+        direction=lambda g: jax.tree.map(lambda a, ci, cc: a - ci + cc, g, c_i, c))
     return loss_aux, g_sam, opt_state
 
-  return dataclasses.replace(base, name="fedgamma", correct=correct,
-                             context_grad=corrected_ascent)
+  return dataclasses.replace(base, correct=correct, grad=corrected_ascent)
 
 
 SPECS = (Spec("fedgamma", Hparams, build,

@@ -36,13 +36,14 @@ v_hat_source="server", m_bias_correction=False, m_round_init="carry", v_round_in
 import dataclasses
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 import optax
 
 from fedjax_lama.algorithms.common import (Common, Spec, require, require_nonnegative,
-                                           require_one_of, server_rate, tree_map)
-from fedjax_lama.engine.algorithm import Algorithm, ServerState, apply_server_tx, displacement
-from fedjax_lama.tree import tree_zeros_like
+                                           require_one_of, server_rate)
+from fedjax_lama.engine.algorithm import (Algorithm, LocalOptimizer, ServerState, apply_server_tx,
+                                          displacement)
 
 NO_SERVER_MAX = -1.0  # v_hat_source="server": the server's v_hat before its first aggregation
 
@@ -120,7 +121,7 @@ def scale_by_layer_trust_ratio(phi, zero_norm: str = "unit_ratio") -> optax.Grad
       regular = (target > 0) & (length > 0)
       return u * jnp.where(regular, target / jnp.where(regular, length, 1.0), fallback)
 
-    return tree_map(scale, updates, params), state
+    return jax.tree.map(scale, updates, params), state
 
   return optax.GradientTransformation(optax.init_empty_state, update)
 
@@ -136,7 +137,7 @@ def scale_by_server_v_hat(hp: AmsHparams, **amsgrad) -> optax.GradientTransforma
   inner = optax.scale_by_amsgrad(**amsgrad)
 
   def init(params):
-    return ServerVHatState(inner.init(params), tree_zeros_like(params))
+    return ServerVHatState(inner.init(params), optax.tree.zeros_like(params))
 
   def update(grads, state, params=None):
     _, moments = inner.update(grads, state.moments, params)
@@ -145,8 +146,8 @@ def scale_by_server_v_hat(hp: AmsHparams, **amsgrad) -> optax.GradientTransforma
              else moments.mu)
     v_own = (optax.tree.bias_correction(moments.nu, hp.beta2, t) if hp.v_bias_correction
              else moments.nu)
-    denom = tree_map(lambda s, own: jnp.where(s < 0, own, s), state.v_hat, v_own)
-    p = tree_map(lambda m, v: m / (jnp.sqrt(v + hp.eps_root) + hp.eps), m_hat, denom)
+    denom = jax.tree.map(lambda s, own: jnp.where(s < 0, own, s), state.v_hat, v_own)
+    p = jax.tree.map(lambda m, v: m / (jnp.sqrt(v + hp.eps_root) + hp.eps), m_hat, denom)
     return p, state._replace(moments=moments)
 
   return optax.GradientTransformation(init, update)
@@ -164,7 +165,7 @@ def build_local_tx(hp: AmsHparams, common: Common) -> optax.GradientTransformati
   if isinstance(hp, LambHparams):
     if hp.lam:  # lambda enters only u = p + lam theta, never m or v
       mask = None if hp.lam_mask == "all" else (
-          lambda params: tree_map(lambda p: p.ndim > 1, params))
+          lambda params: jax.tree.map(lambda p: p.ndim > 1, params))
       parts.append(optax.add_decayed_weights(hp.lam, mask=mask))
     phi = (lambda a: a) if hp.phi == "identity" else (
         lambda a: jnp.clip(a, hp.phi_min, hp.phi_max))
@@ -182,7 +183,7 @@ def build(hp: AmsHparams, common: Common) -> Algorithm:
   carry_m, carry_v = hp.m_round_init == "carry", hp.v_round_init == "carry"
 
   def known(v_hat):  # the sentinel of "server" mode read as v_init (the paper's v_hat_0)
-    return tree_map(lambda v: jnp.where(v < 0, hp.v_init, v), v_hat) if server_mode else v_hat
+    return jax.tree.map(lambda v: jnp.where(v < 0, hp.v_init, v), v_hat) if server_mode else v_hat
 
   def local_init(ctx):
     v_hat = ctx.shared["v_hat"]
@@ -195,9 +196,9 @@ def build(hp: AmsHparams, common: Common) -> Algorithm:
     return optax.tree_utils.tree_set(local_tx.init(ctx.shared["params"]), **fields)
 
   def row_init(params):
-    row = {"m": tree_zeros_like(params)} if carry_m else {}
+    row = {"m": optax.tree.zeros_like(params)} if carry_m else {}
     if carry_v:
-      row["v"] = tree_map(lambda p: jnp.full_like(p, hp.v_init), params)
+      row["v"] = jax.tree.map(lambda p: jnp.full_like(p, hp.v_init), params)
     return row
 
   def finish(final, ctx, info):
@@ -212,19 +213,18 @@ def build(hp: AmsHparams, common: Common) -> Algorithm:
 
   def server_init(params):
     start = NO_SERVER_MAX if server_mode else hp.v_init
-    return {"v_hat": tree_map(lambda p: jnp.full_like(p, start), params)}
+    return {"v_hat": jax.tree.map(lambda p: jnp.full_like(p, start), params)}
 
   def server_update(server: ServerState, agg) -> ServerState:
     server = apply_server_tx(server_tx, server, agg["delta"])
-    v_hat = tree_map(jnp.maximum, known(server.extra["v_hat"]), agg["v"])
+    v_hat = jax.tree.map(jnp.maximum, known(server.extra["v_hat"]), agg["v"])
     return server._replace(extra={**server.extra, "v_hat": v_hat})
 
   return Algorithm(
-      name, local_tx=local_tx, server_tx=server_tx, local_init=local_init,
+      # AMSGrad's step is adaptive: no linear rule, so no effective step.
+      local=LocalOptimizer(local_tx, rule=None, init=local_init), server_tx=server_tx,
       row_init=row_init if carry_m or carry_v else None, finish=finish,
-      server_init=server_init, server_update=server_update, downloads=("params", "v_hat"),
-      model_upload="delta", layerwise=True,
-      local_sgd=None)  # AMSGrad's step is adaptive: no effective step
+      server_init=server_init, server_update=server_update, downloads=("params", "v_hat"))
 
 
 SPECS = (

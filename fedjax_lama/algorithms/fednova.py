@@ -21,10 +21,13 @@ FedAvg (up to rounding).
 """
 import dataclasses
 
-from fedjax_lama.algorithms.common import (Common, Spec, fedavg_like, local_sgd_rule, require,
-                                           require_nonnegative, safe_positive, tree_map)
+import jax
+
+from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require_nonnegative,
+                                           safe_positive, server_sgd)
 from fedjax_lama.algorithms.fedprox import proximal
-from fedjax_lama.engine.algorithm import Algorithm, Reduction, ServerState, apply_server_tx, displacement
+from fedjax_lama.engine.algorithm import (Algorithm, Reduction, ServerState, apply_server_tx,
+                                          displacement)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,16 +45,17 @@ def build(hp: Hparams, common: Common) -> Algorithm:
 
   def normalized(uploads, info):
     del info
-    return tree_map(lambda d: d / safe_positive(uploads["a"]), uploads["delta"])
+    return jax.tree.map(lambda d: d / safe_positive(uploads["a"]), uploads["delta"])
 
   def server_update(server: ServerState, agg) -> ServerState:
-    step = tree_map(lambda d: agg["tau_eff"] * d, agg["delta"])
+    step = jax.tree.map(lambda d: agg["tau_eff"] * d, agg["delta"])
     return apply_server_tx(server_tx, server, step)
 
-  server_tx = fedavg_like("fednova", common).server_tx
-  return fedavg_like(
-      "fednova", common, correct=proximal(hp.mu) if hp.mu else None, finish=finish,
-      local_sgd=local_sgd_rule(common, pull=hp.mu),
+  server_tx = server_sgd(common)
+  return Algorithm(
+      # The proximal pull mu is part of the optimizer's linear rule (the paper's general rule).
+      local=local_optimizer(common, pull=hp.mu),
+      correct=proximal(hp.mu) if hp.mu else None, finish=finish,
       reductions={"delta": Reduction(normalized),
                   "tau_eff": Reduction(lambda uploads, info: uploads["a"])},
       server_tx=server_tx, server_update=server_update,

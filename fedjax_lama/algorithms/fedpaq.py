@@ -6,17 +6,19 @@ Quantization", AISTATS 2020.
 FedCOM: F. Haddadpour, M. M. Kamani, A. Mokhtari, M. Mahdavi, "Federated Learning with
 Compression: Unified Analysis and Sharp Guarantees", AISTATS 2021.
 
-Local training and the server step are FedAvg's; each client uploads Q_s(delta_i), the
-QSGD quantizer of fedjax_lama.compression with `levels` s per block ("compression level
-16" = 16 levels, 6 bits per coordinate). The algorithm only declares its default uplink
-compressor: the engine compresses the declared uploads and the ledger counts their bits.
+Local training and the server step are FedAvg's (the record is fedavg's); each client
+uploads Q_s(delta_i), the QSGD quantizer of fedjax_lama.compression with `levels` s per
+block ("compression level 16" = 16 levels, 6 bits per coordinate). The module only declares
+its default uplink compressor on its Spec (config.compressor.name="auto" takes it): the
+engine compresses the declared uploads and the ledger counts their bits.
 FedCOM is the same with a server learning rate (config.server_lr); server_lr = 1 is FedPAQ.
 With the identity compressor both are FedAvg exactly.
 """
 import dataclasses
 
 from fedjax_lama import compression
-from fedjax_lama.algorithms.common import Common, Spec, fedavg_like, require, require_one_of
+from fedjax_lama.algorithms import fedavg
+from fedjax_lama.algorithms.common import Common, NoHparams, Spec, require, require_one_of
 from fedjax_lama.engine.algorithm import Algorithm
 
 
@@ -32,14 +34,16 @@ class Hparams:
     require_one_of("block", self.block, compression.BLOCKS)
 
 
-def quantized(name: str):
-  def build(hp: Hparams, common: Common) -> Algorithm:
-    return fedavg_like(name, common, uplink=compression.qsgd(hp.levels, hp.block))
+def build(hp: Hparams, common: Common) -> Algorithm:
+  del hp  # the levels and blocks are the uplink's (`uplink`)
+  return fedavg.build(NoHparams(), common)
 
-  return build
+
+def uplink(hp: Hparams) -> compression.Compressor:
+  return compression.qsgd(hp.levels, hp.block)
 
 
 SPECS = (
-    Spec("fedpaq", Hparams, quantized("fedpaq"), "FedAvg + QSGD uploads"),
-    Spec("fedcom", Hparams, quantized("fedcom"), "FedPAQ with a server learning rate"),
+    Spec("fedpaq", Hparams, build, "FedAvg + QSGD uploads", uplink=uplink),
+    Spec("fedcom", Hparams, build, "FedPAQ with a server learning rate", uplink=uplink),
 )

@@ -9,7 +9,10 @@ layer's last synchronised value). mu = 0 adds no term: FedAvg bit for bit.
 """
 import dataclasses
 
-from fedjax_lama.algorithms.common import Common, Spec, fedavg_like, require_nonnegative, tree_map
+import jax
+
+from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require_nonnegative,
+                                           server_sgd)
 from fedjax_lama.engine.algorithm import Algorithm
 
 
@@ -25,13 +28,14 @@ def proximal(mu: float):
   """The correction g + mu (y - anchor), anchor = the downloaded model."""
 
   def correct(grads, params, ctx):
-    return tree_map(lambda g, p, a: g + mu * (p - a), grads, params, ctx.shared["params"])
+    return jax.tree.map(lambda g, p, a: g + mu * (p - a), grads, params, ctx.shared["params"])
 
   return correct
 
 
 def build(hp: Hparams, common: Common) -> Algorithm:
-  return fedavg_like("fedprox", common, correct=proximal(hp.mu) if hp.mu else None)
+  return Algorithm(local=local_optimizer(common), server_tx=server_sgd(common),
+                   correct=proximal(hp.mu) if hp.mu else None)
 
 
 SPECS = (Spec("fedprox", Hparams, build, "FedAvg + proximal pull mu/2 ||y - x||^2"),)

@@ -33,10 +33,10 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
-from fedjax_lama.algorithms.common import (Common, Spec, fedavg_like, require, require_one_of,
-                                           tree_map)
+from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require,
+                                           require_one_of, server_sgd)
 from fedjax_lama.algorithms.fedspeed import global_norm
-from fedjax_lama.engine.algorithm import Algorithm
+from fedjax_lama.engine.algorithm import Algorithm, single_gradient
 
 CLIP_MODES = ("none", "reference")
 
@@ -60,7 +60,7 @@ def ascent(direction, rho: float, eps: float):
   """e = rho d / (||d|| + eps), one norm over all leaves; a constant for the second gradient
   (SAM differentiates the loss AT y + e, not through e)."""
   scale = rho / (global_norm(direction) + eps)
-  return jax.lax.stop_gradient(tree_map(lambda d: (scale * d).astype(d.dtype), direction))
+  return jax.lax.stop_gradient(jax.tree.map(lambda d: (scale * d).astype(d.dtype), direction))
 
 
 def sam_gradient(value_and_grad, params, rho: float, eps: float,
@@ -72,24 +72,24 @@ def sam_gradient(value_and_grad, params, rho: float, eps: float,
   """
   (loss, aux), g = value_and_grad(params)
   e = ascent(g if direction is None else direction(g), rho, eps)
-  _, g_sam = value_and_grad(tree_map(jnp.add, params, e))  # same batch, same key
+  _, g_sam = value_and_grad(jax.tree.map(jnp.add, params, e))  # same batch, same key
   return (loss, aux), g, g_sam, e
 
 
 def clip_by_global_norm(tree, max_norm: float):
   """PyTorch's clip_grad_norm_: scale by min(1, max_norm / (||tree|| + 1e-6))."""
   factor = jnp.minimum(1.0, max_norm / (global_norm(tree) + 1e-6))
-  return tree_map(lambda u: (u * factor).astype(u.dtype), tree)
+  return jax.tree.map(lambda u: (u * factor).astype(u.dtype), tree)
 
 
 def sam_oracle(rho: float, eps: float):
   """A `grad` oracle returning SAM's g~ (the plain gradient when rho = 0, statically)."""
 
-  def oracle(value_and_grad, params):
+  def oracle(value_and_grad, params, ctx, opt_state):
     if rho == 0:
-      return value_and_grad(params)
+      return single_gradient(value_and_grad, params, ctx, opt_state)
     loss_aux, _, g_sam, _ = sam_gradient(value_and_grad, params, rho, eps)
-    return loss_aux, g_sam
+    return loss_aux, g_sam, opt_state
 
   return oracle
 
@@ -117,8 +117,9 @@ class Hparams:
 
 
 def build(hp: Hparams, common: Common) -> Algorithm:
-  return fedavg_like(
-      "fedsam", common, grad=sam_oracle(hp.rho, hp.perturb_eps),
+  return Algorithm(
+      local=local_optimizer(common), server_tx=server_sgd(common),
+      grad=sam_oracle(hp.rho, hp.perturb_eps),
       correct=with_reference_clip(None, hp.clip_norm) if hp.clip_mode == "reference" else None)
 
 

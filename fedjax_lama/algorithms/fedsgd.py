@@ -7,10 +7,14 @@ Each client computes one gradient over its whole local dataset at the server mod
 full-batch step, exactly. `full_batch=False` is the minibatch variant (one step on one
 batch of config.batch_size), which is not the paper's FedSGD. The Fed-LAMB seed's
 "Fed-SGD" is local SGD with periodic averaging, i.e. `fedavg`, not this.
+
+The record is FedAvg's; the one step per round is a fact of the run, declared on the
+Spec (`one_step`) and carried into the run options.
 """
 import dataclasses
 
-from fedjax_lama.algorithms.common import Common, Spec, fedavg_like, require_one_of
+from fedjax_lama.algorithms import fedavg
+from fedjax_lama.algorithms.common import Common, NoHparams, Spec, require_one_of
 from fedjax_lama.engine.algorithm import Algorithm
 
 
@@ -23,8 +27,15 @@ class Hparams:
 
 
 def build(hp: Hparams, common: Common) -> Algorithm:
-  return fedavg_like("fedsgd", common, full_batch=hp.full_batch, one_step=True,
-                     layerwise="FedSGD takes one step per round; there is no interval to relax")
+  del hp  # full_batch is the run's batching (Spec.one_step)
+  return dataclasses.replace(
+      fedavg.build(NoHparams(), common),
+      layerwise="FedSGD takes one step per round; there is no interval to relax")
 
 
-SPECS = (Spec("fedsgd", Hparams, build, "one full-batch gradient step per round"),)
+def one_step(hp: Hparams) -> str:
+  return "full_batch" if hp.full_batch else "minibatch"
+
+
+SPECS = (Spec("fedsgd", Hparams, build, "one full-batch gradient step per round",
+              one_step=one_step),)

@@ -37,14 +37,14 @@ import dataclasses
 import math
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 import optax
 
 from fedjax_lama.algorithms import fedspeed
-from fedjax_lama.algorithms.common import Common, Spec, require, require_one_of, tree_map
+from fedjax_lama.algorithms.common import Common, Spec, require, require_one_of
 from fedjax_lama.algorithms.fedsam import ascent, check_sam_options
-from fedjax_lama.engine.algorithm import Algorithm, ServerState, upload
-from fedjax_lama.tree import tree_zeros_like
+from fedjax_lama.engine.algorithm import Algorithm, LocalOptimizer, ServerState, upload
 
 
 class PerturbationDual(NamedTuple):
@@ -55,7 +55,8 @@ class PerturbationDual(NamedTuple):
 def _keep_state() -> optax.GradientTransformation:
   """Passes updates through; its state (the perturbation dual) is written by the oracle."""
   return optax.GradientTransformation(
-      lambda params: PerturbationDual(tree_zeros_like(params), tree_zeros_like(params)),
+      lambda params: PerturbationDual(optax.tree.zeros_like(params),
+                                      optax.tree.zeros_like(params)),
       lambda updates, state, params=None: (updates, state))
 
 
@@ -80,14 +81,15 @@ def build(hp: Hparams, common: Common) -> Algorithm:
   # FedSpeed without its own perturbation: the dynamic regulariser, controller and server.
   dyn = fedspeed.build(fedspeed.Hparams(rho=0.0, lam=hp.lam, server_average="all_clients",
                                         clip_mode=hp.clip_mode, clip_norm=hp.clip_norm), common)
-  inner_tx = dyn.local_tx
+  inner_tx = dyn.local.tx
 
   def inner(ctx):
     return ctx._replace(row=ctx.row["g_hat"])
 
   def local_init(ctx):
     params = ctx.shared["params"]
-    return (PerturbationDual(ctx.row["mu"], tree_zeros_like(params)), inner_tx.init(params))
+    return (PerturbationDual(ctx.row["mu"], optax.tree.zeros_like(params)),
+            inner_tx.init(params))
 
   def perturbed_gradient(value_and_grad, params, ctx, opt_state):
     dual, rest = opt_state
@@ -95,9 +97,10 @@ def build(hp: Hparams, common: Common) -> Algorithm:
       return value_and_grad(params) + (opt_state,)
     s = ctx.shared["s"]
     (loss, aux), g = value_and_grad(params)
-    s_i = ascent(tree_map(lambda a, m, ss: a - m - ss, g, dual.mu, s), hp.rho, hp.perturb_eps)
-    _, g_sam = value_and_grad(tree_map(jnp.add, params, s_i))  # same batch, same key
-    mu = tree_map(lambda m, si, ss: m + si - ss, dual.mu, s_i, s)
+    s_i = ascent(jax.tree.map(lambda a, m, ss: a - m - ss, g, dual.mu, s), hp.rho,
+                 hp.perturb_eps)
+    _, g_sam = value_and_grad(jax.tree.map(jnp.add, params, s_i))  # same batch, same key
+    mu = jax.tree.map(lambda m, si, ss: m + si - ss, dual.mu, s_i, s)
     return (loss, aux), g_sam, (PerturbationDual(mu, s_i), rest)
 
   def correct(grads, params, ctx):
@@ -106,8 +109,8 @@ def build(hp: Hparams, common: Common) -> Algorithm:
   def finish(final, ctx, info):
     dual = final.opt_state[0]
     uploads, g_hat = dyn.finish(final, inner(ctx), info)
-    z = dual.mu if hp.global_perturbation == "dual_only" else tree_map(jnp.add, dual.mu,
-                                                                        dual.last)
+    z = dual.mu if hp.global_perturbation == "dual_only" else jax.tree.map(jnp.add, dual.mu,
+                                                                            dual.last)
     return {**uploads, "z": z}, {"g_hat": g_hat, "mu": dual.mu}
 
   def server_update(server: ServerState, agg) -> ServerState:
@@ -117,16 +120,18 @@ def build(hp: Hparams, common: Common) -> Algorithm:
     if hp.rho != 0:
       z = agg["z"]
       scale = hp.rho / (fedspeed.global_norm(z) + hp.perturb_eps)
-      s = tree_map(lambda v: (scale * v).astype(v.dtype), z)
+      s = jax.tree.map(lambda v: (scale * v).astype(v.dtype), z)
     return inner_server._replace(extra={**inner_server.extra, "s": s})
 
   def server_init(params):
-    return {**dyn.server_init(params), "s": tree_zeros_like(params)}
+    return {**dyn.server_init(params), "s": optax.tree.zeros_like(params)}
 
+  # The pass-through that holds the dual changes no direction: the linear rule is dyn's.
+  local = LocalOptimizer(optax.chain(_keep_state(), inner_tx), dyn.local.rule, init=local_init)
   return dataclasses.replace(
-      dyn, name="fedsmoo", local_tx=optax.chain(_keep_state(), inner_tx), local_init=local_init,
-      context_grad=perturbed_gradient, correct=correct,
-      row_init=lambda params: {"g_hat": tree_zeros_like(params), "mu": tree_zeros_like(params)},
+      dyn, local=local, grad=perturbed_gradient, correct=correct,
+      row_init=lambda params: {"g_hat": optax.tree.zeros_like(params),
+                               "mu": optax.tree.zeros_like(params)},
       finish=finish, reductions={**dyn.reductions, "z": upload("z")},
       server_init=server_init, server_update=server_update, downloads=("params", "s"),
       layerwise="the global perturbation s is normalised over all layers at once and each "

@@ -27,12 +27,12 @@ import math
 
 import jax
 import jax.numpy as jnp
+import optax
 
-from fedjax_lama.algorithms.common import (Common, Spec, fedavg_like, require, require_one_of,
-                                           tree_map)
+from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require,
+                                           require_one_of, server_sgd)
 from fedjax_lama.engine.algorithm import (SUM, Algorithm, Reduction, ServerState,
                                           apply_server_tx, displacement, upload)
-from fedjax_lama.tree import tree_zeros_like
 
 
 def _positive(value) -> bool:
@@ -78,69 +78,70 @@ def global_norm(tree) -> jax.Array:
 def build(hp: Hparams, common: Common) -> Algorithm:
   inv_lam, lam, alpha = 1.0 / hp.lam, hp.lam, hp.alpha
 
-  def quasi_gradient(value_and_grad, params):
+  def quasi_gradient(value_and_grad, params, ctx, opt_state):
+    del ctx  # the perturbation follows the plain local gradient
     (loss, aux), g1 = value_and_grad(params)
     if hp.rho == 0 or alpha == 0:  # static: g2 is never computed, g~ = g1 exactly
-      return (loss, aux), g1
+      return (loss, aux), g1, opt_state
     scale = hp.rho / (global_norm(g1) + hp.perturb_eps) if hp.rho_normalize else hp.rho
     # The offset is a constant: g2 is the plain gradient AT y + e, not through e.
-    offset = jax.lax.stop_gradient(tree_map(lambda g: (scale * g).astype(g.dtype), g1))
-    _, g2 = value_and_grad(tree_map(jnp.add, params, offset))  # same batch, same key
+    offset = jax.lax.stop_gradient(jax.tree.map(lambda g: (scale * g).astype(g.dtype), g1))
+    _, g2 = value_and_grad(jax.tree.map(jnp.add, params, offset))  # same batch, same key
     if alpha == 1:
-      return (loss, aux), g2
+      return (loss, aux), g2, opt_state
     # loss and aux (normalisation statistics) are those at the unperturbed iterate.
-    return (loss, aux), tree_map(lambda a, b: (1 - alpha) * a + alpha * b, g1, g2)
+    return (loss, aux), jax.tree.map(lambda a, b: (1 - alpha) * a + alpha * b, g1, g2), opt_state
 
   def clip(tree):
     factor = jnp.minimum(1.0, hp.clip_norm / (global_norm(tree) + 1e-6))
-    return tree_map(lambda u: (u * factor).astype(u.dtype), tree)
+    return jax.tree.map(lambda u: (u * factor).astype(u.dtype), tree)
 
   def correct(grads, params, ctx):
     x = ctx.shared["params"]
     if not hp.prox_correction:  # only reached in reference clip mode: its FedAvg clips g~
       return clip(grads)
     if hp.clip_mode == "reference":  # clip g~ - g_hat - x/lam, then add y/lam unclipped
-      clipped = clip(tree_map(lambda g, c, xx: g - c - inv_lam * xx, grads, ctx.row, x))
-      return tree_map(lambda u, y: u + inv_lam * y, clipped, params)
+      clipped = clip(jax.tree.map(lambda g, c, xx: g - c - inv_lam * xx, grads, ctx.row, x))
+      return jax.tree.map(lambda u, y: u + inv_lam * y, clipped, params)
     # The same arithmetic as FedDyn's correction with alpha = 1/lam.
-    return tree_map(lambda g, c, y, xx: g - c + inv_lam * (y - xx), grads, ctx.row, params, x)
+    return jax.tree.map(lambda g, c, y, xx: g - c + inv_lam * (y - xx), grads, ctx.row, params,
+                        x)
 
+  local, server_tx = local_optimizer(common), server_sgd(common)
   if not hp.prox_correction:  # a SAM-type local step with FedAvg's upload and server
-    return fedavg_like("fedspeed", common, grad=quasi_gradient,
-                       correct=correct if hp.clip_mode == "reference" else None)
-
-  server_tx = fedavg_like("fedspeed", common).server_tx
+    return Algorithm(local=local, server_tx=server_tx, grad=quasi_gradient,
+                     correct=correct if hp.clip_mode == "reference" else None)
 
   def finish(final, ctx, info):
     del info
     delta = displacement(final, ctx)
-    g_hat = tree_map(lambda c, d: c - inv_lam * d, ctx.row, delta)  # line 13, new controller
+    g_hat = jax.tree.map(lambda c, d: c - inv_lam * d, ctx.row, delta)  # line 13, new controller
     if hp.server_average == "active":  # line 14 with the NEW controller (not the previous round's)
-      return {"x_hat_delta": tree_map(lambda d, c: d - lam * c, delta, g_hat)}, g_hat
+      return {"x_hat_delta": jax.tree.map(lambda d, c: d - lam * c, delta, g_hat)}, g_hat
     return {"delta": delta}, g_hat
 
   if hp.server_average == "active":
-    return fedavg_like(
-        "fedspeed", common, server_tx=server_tx, grad=quasi_gradient, correct=correct,
-        row_init=tree_zeros_like, finish=finish,
-        server_update=lambda server, agg: apply_server_tx(server_tx, server, agg["x_hat_delta"]),
-        model_upload=None)  # x_hat - x = (y_K - x) + h_i: not the model's displacement
+    # x_hat - x = (y_K - x) + h_i is not the model's displacement: not named "delta".
+    return Algorithm(
+        local=local, server_tx=server_tx, grad=quasi_gradient, correct=correct,
+        row_init=optax.tree.zeros_like, finish=finish,
+        server_update=lambda server, agg: apply_server_tx(server_tx, server, agg["x_hat_delta"]))
 
   def server_update(server: ServerState, agg) -> ServerState:
     # g_hat_mean = mean_j g_hat_j over all N clients, never-sampled ones at 0; FedDyn's h.
-    g_mean = tree_map(lambda m, s: m - s / agg.population, server.extra["g_hat_mean"],
-                      agg["scaled_delta"])
+    g_mean = jax.tree.map(lambda m, s: m - s / agg.population, server.extra["g_hat_mean"],
+                          agg["scaled_delta"])
     server = apply_server_tx(server_tx, server, agg["delta"])
     # x - lam * g_hat_mean = x + mean_j h_j, divided as FedDyn does so the two agree bitwise.
-    params = tree_map(lambda xx, m: xx - m / inv_lam, server.params, g_mean)
+    params = jax.tree.map(lambda xx, m: xx - m / inv_lam, server.params, g_mean)
     return server._replace(params=params, extra={"g_hat_mean": g_mean})
 
-  return fedavg_like(
-      "fedspeed", common, server_tx=server_tx, grad=quasi_gradient, correct=correct,
-      row_init=tree_zeros_like, finish=finish,
+  return Algorithm(
+      local=local, server_tx=server_tx, grad=quasi_gradient, correct=correct,
+      row_init=optax.tree.zeros_like, finish=finish,
       reductions={"delta": upload("delta"), "scaled_delta": Reduction(
-          lambda uploads, info: tree_map(lambda d: inv_lam * d, uploads["delta"]), SUM)},
-      server_init=lambda params: {"g_hat_mean": tree_zeros_like(params)},
+          lambda uploads, info: jax.tree.map(lambda d: inv_lam * d, uploads["delta"]), SUM)},
+      server_init=lambda params: {"g_hat_mean": optax.tree.zeros_like(params)},
       server_update=server_update)
 
 

@@ -53,8 +53,7 @@ def build(hp: Hparams, common: Common) -> Algorithm:
   correct = momentum.correct
   if hp.clip_mode == "reference":
     correct = with_reference_clip(correct, hp.clip_norm)
-  return dataclasses.replace(momentum, name="mofedsam", grad=sam_oracle(hp.rho, hp.perturb_eps),
-                             correct=correct)
+  return dataclasses.replace(momentum, grad=sam_oracle(hp.rho, hp.perturb_eps), correct=correct)
 
 
 SPECS = (Spec("mofedsam", Hparams, build,

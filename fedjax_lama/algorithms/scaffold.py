@@ -19,14 +19,14 @@ Traffic: 2d each way. control_variates=False keeps c = c_i = 0: FedAvg exactly.
 import dataclasses
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_lama.algorithms.common import (Common, Spec, fedavg_like, local_optimizer,
-                                           require_one_of, safe_positive, server_sgd, tree_map)
-from fedjax_lama.engine.algorithm import (SUM, Algorithm, Reduction, ServerState,
-                                          apply_server_tx, displacement, leafwise, upload)
-from fedjax_lama.tree import tree_zeros_like
+from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require_one_of,
+                                           safe_positive, server_sgd)
+from fedjax_lama.engine.algorithm import (SUM, Algorithm, ServerState, apply_server_tx,
+                                          displacement, leafwise, upload)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,51 +48,53 @@ def record_first_gradient() -> optax.GradientTransformation:
   """Passes updates through and keeps the first one (option I's gradient at x)."""
 
   def init(params):
-    return FirstGradState(tree_zeros_like(params), jnp.zeros((), bool))
+    return FirstGradState(optax.tree.zeros_like(params), jnp.zeros((), bool))
 
   def update(updates, state, params=None):
     del params
-    first = tree_map(lambda f, u: jnp.where(state.seen, f, u), state.first, updates)
+    first = jax.tree.map(lambda f, u: jnp.where(state.seen, f, u), state.first, updates)
     return updates, FirstGradState(first, jnp.ones((), bool))
 
   return optax.GradientTransformation(init, update)
 
 
 def build(hp: Hparams, common: Common) -> Algorithm:
+  sgd = local_optimizer(common)
+  server_tx = server_sgd(common)
   if not hp.control_variates:
-    return fedavg_like("scaffold", common)
-  local_sgd = local_optimizer(common)
-  # Option I records the first corrected gradient g(x) - c_i + c before any decay or momentum.
-  local_tx = optax.chain(record_first_gradient(), local_sgd) if hp.option == "I" else local_sgd
+    return Algorithm(local=sgd, server_tx=server_tx)
+  # Option I records the first corrected gradient g(x) - c_i + c before any decay or momentum;
+  # the pass-through leaves the linear rule unchanged.
+  local = (dataclasses.replace(sgd, tx=optax.chain(record_first_gradient(), sgd.tx))
+           if hp.option == "I" else sgd)
 
   def correct(grads, params, ctx):
     del params
-    return tree_map(lambda g, ci, c: g - ci + c, grads, ctx.row, ctx.shared["c"])
+    return jax.tree.map(lambda g, ci, c: g - ci + c, grads, ctx.row, ctx.shared["c"])
 
   def finish(final, ctx, info):
     c_i, c = ctx.row, ctx.shared["c"]
     if hp.option == "II":
       step_sizes = leafwise(info.effective_step, c_i)
-      c_new = tree_map(lambda ci, cc, x, y, s: ci - cc + (x - y) / safe_positive(s),
-                       c_i, c, ctx.shared["params"], final.params, step_sizes)
+      c_new = jax.tree.map(lambda ci, cc, x, y, s: ci - cc + (x - y) / safe_positive(s),
+                           c_i, c, ctx.shared["params"], final.params, step_sizes)
     else:
       first = final.opt_state[0].first  # g(x) - c_i + c
-      c_new = tree_map(lambda g, ci, cc: g + ci - cc, first, c_i, c)
-    dc = tree_map(jnp.subtract, c_new, c_i)
+      c_new = jax.tree.map(lambda g, ci, cc: g + ci - cc, first, c_i, c)
+    dc = jax.tree.map(jnp.subtract, c_new, c_i)
     return {"delta": displacement(final, ctx), "dc": dc}, c_new
 
   def server_update(server: ServerState, agg) -> ServerState:
     server = apply_server_tx(server_tx, server, agg["delta"])
-    c = tree_map(lambda c, s: c + s / agg.population, server.extra["c"], agg["dc"])
+    c = jax.tree.map(lambda c, s: c + s / agg.population, server.extra["c"], agg["dc"])
     return server._replace(extra={**server.extra, "c": c})
 
-  server_tx = server_sgd(common)
-  return fedavg_like(
-      "scaffold", common, local_tx=local_tx, server_tx=server_tx, correct=correct,
-      row_init=tree_zeros_like, finish=finish,
+  return Algorithm(
+      local=local, server_tx=server_tx, correct=correct,
+      row_init=optax.tree.zeros_like, finish=finish,
       reductions={"delta": upload("delta"), "dc": upload("dc", SUM)},
-      server_init=lambda params: {"c": tree_zeros_like(params)}, server_update=server_update,
-      downloads=("params", "c"),
+      server_init=lambda params: {"c": optax.tree.zeros_like(params)},
+      server_update=server_update, downloads=("params", "c"),
       layerwise=True if hp.option == "II" else
       "option I's c_i is the gradient at the round's start model, which a layer-wise "
       "schedule does not have")

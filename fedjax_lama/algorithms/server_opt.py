@@ -14,7 +14,7 @@ transforms on G:
   u = -server_lr m / (sqrt(v) + tau),  x <- x + u
 which is x + server_lr m_delta / (sqrt(v) + tau) with m_delta built from delta = -G.
 `variant="optax"` runs optax's own transforms for comparison; those runs are named
-"<name>_optax" so they are never reported as Reddi et al.'s algorithm.
+"<name>_optax" (the Spec's `variant`) so they are never reported as Reddi et al.'s algorithm.
 
 `convention` picks whose reading of Algorithm 2 runs (variant "reddi" only):
   "paper" (default): Reddi et al.'s, as above: v starts at v_{-1} = tau^2, and the rate
@@ -30,13 +30,13 @@ at beta1 = 0.9, beta2 = 0.99; v = 0 makes the first step about server_lr per coo
 import dataclasses
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_lama.algorithms.common import (Common, Spec, fedavg_like, require, require_one_of,
-                                           server_rate, tree_map)
+from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require, require_one_of,
+                                           server_rate)
 from fedjax_lama.engine.algorithm import Algorithm
-from fedjax_lama.tree import tree_zeros_like
 
 
 class ReddiState(NamedTuple):
@@ -70,8 +70,8 @@ def moments(kind: str, beta1: float, beta2: float, tau: float, initial_v: float,
   """-learning_rate m / (sqrt(v) + tau) on G, the moments of `kind` from m = 0, v = initial_v."""
 
   def init(params):
-    return ReddiState(tree_zeros_like(params),
-                      tree_map(lambda p: jnp.full_like(p, initial_v), params))
+    return ReddiState(optax.tree.zeros_like(params),
+                      jax.tree.map(lambda p: jnp.full_like(p, initial_v), params))
 
   def second_moment(v, g2):
     if kind == "adagrad":
@@ -82,9 +82,9 @@ def moments(kind: str, beta1: float, beta2: float, tau: float, initial_v: float,
 
   def update(grads, state, params=None):
     del params
-    m = tree_map(lambda m, g: beta1 * m + (1 - beta1) * g, state.m, grads)
-    v = tree_map(lambda v, g: second_moment(v, g * g), state.v, grads)
-    updates = tree_map(lambda m, v: -learning_rate * m / (jnp.sqrt(v) + tau), m, v)
+    m = jax.tree.map(lambda m, g: beta1 * m + (1 - beta1) * g, state.m, grads)
+    v = jax.tree.map(lambda v, g: second_moment(v, g * g), state.v, grads)
+    updates = jax.tree.map(lambda m, v: -learning_rate * m / (jnp.sqrt(v) + tau), m, v)
     return updates, ReddiState(m, v)
 
   return optax.GradientTransformation(init, update)
@@ -131,17 +131,29 @@ DEFAULT_SERVER_LR = {"adam": 0.01, "yogi": 0.01, "adagrad": 0.1}
 
 
 def adaptive(kind: str):
-  name = "fed" + kind
+  """The builder of FedAdam, FedYogi or FedAdagrad: FedAvg's clients, Reddi et al.'s server."""
 
   def build(hp: AdaptiveHparams, common: Common) -> Algorithm:
     rate = server_rate(common, DEFAULT_SERVER_LR[kind])
     if hp.variant == "optax":
-      return fedavg_like(f"{name}_optax", common,
-                         server_tx=optax_server(kind, rate, hp.beta1, hp.beta2, hp.tau))
-    return fedavg_like(name if hp.convention == "paper" else f"{name}_{hp.convention}", common,
-                       server_tx=reddi(kind, rate, hp.beta1, hp.beta2, hp.tau, hp.convention))
+      server_tx = optax_server(kind, rate, hp.beta1, hp.beta2, hp.tau)
+    else:
+      server_tx = reddi(kind, rate, hp.beta1, hp.beta2, hp.tau, hp.convention)
+    return Algorithm(local=local_optimizer(common), server_tx=server_tx)
 
   return build
+
+
+def variant_name(name: str):
+  """hp -> the name a run is reported under: "<name>_optax" for optax's transforms,
+  "<name>_flower" in Flower's convention, else `name`."""
+
+  def run_name(hp: AdaptiveHparams) -> str:
+    if hp.variant == "optax":
+      return f"{name}_optax"
+    return name if hp.convention == "paper" else f"{name}_{hp.convention}"
+
+  return run_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,13 +166,16 @@ class MomentumHparams:
 
 def build_fedavgm(hp: MomentumHparams, common: Common) -> Algorithm:
   """v <- b v + G, x <- x - server_lr v: optax.sgd with momentum (b = 0: FedAvg exactly)."""
-  return fedavg_like("fedavgm", common,
-                     server_tx=optax.sgd(server_rate(common), momentum=hp.momentum or None))
+  return Algorithm(local=local_optimizer(common),
+                   server_tx=optax.sgd(server_rate(common), momentum=hp.momentum or None))
 
 
 SPECS = (
     Spec("fedavgm", MomentumHparams, build_fedavgm, "server momentum"),
-    Spec("fedadam", AdaptiveHparams, adaptive("adam"), "server Adam (Reddi et al.)"),
-    Spec("fedyogi", AdaptiveHparams, adaptive("yogi"), "server Yogi (Reddi et al.)"),
-    Spec("fedadagrad", AdagradHparams, adaptive("adagrad"), "server Adagrad (Reddi et al.)"),
+    Spec("fedadam", AdaptiveHparams, adaptive("adam"), "server Adam (Reddi et al.)",
+         variant=variant_name("fedadam")),
+    Spec("fedyogi", AdaptiveHparams, adaptive("yogi"), "server Yogi (Reddi et al.)",
+         variant=variant_name("fedyogi")),
+    Spec("fedadagrad", AdagradHparams, adaptive("adagrad"), "server Adagrad (Reddi et al.)",
+         variant=variant_name("fedadagrad")),
 )

@@ -9,19 +9,21 @@ One synchronous round, and which function the engine calls where:
 
     shared  = {name: server value for name in downloads}         what goes down
     ctx     = ClientContext(shared, row, num_examples, client_id)
-    state   = LocalState(shared["params"], server stats, local_init(ctx))
+    state   = LocalState(shared["params"], server stats, local.init_state(ctx))
     for each local step k (a lax.scan, vmapped over clients):
-      loss, aux, g = grad(value_and_grad_at_this_batch, params)  one or more gradients
+      (loss, aux), g, opt = grad(value_and_grad_at_this_batch, params, ctx, opt)
       g = correct(g, params, ctx)                                proximal pull, control variates
-      direction, opt = local_tx.update(g, opt, params)           optax; the engine applies -lr
+      direction, opt = local.tx.update(g, opt, params)           optax; the engine applies -lr
     uploads, new_row = finish(final_state, ctx, info)             what goes up; the client's row
-    uploads = decode(encode(uploads))                             the uplink compressor
+    uploads = decode(encode(uploads))                             the run's uplink compressor
     aggregates[name] = reduce_i(reduction.fn(uploads_i, info_i))  masked (sum, weight) pairs
     server = server_update(server, Aggregates)                    the algorithm's own rule
+    eval_params, scalars = report(server)                         what the run evaluates and logs
 
 Conventions:
-- Sign: uploads named "delta" are displacements y - x; server optimizers
-  receive the pseudo-gradient G = -mean(delta) (`apply_server_tx`).
+- Sign: the upload named "delta" (MODEL_UPLOAD) is the model displacement y - x;
+  server optimizers receive the pseudo-gradient G = -mean(delta) (`apply_server_tx`).
+  FedLAMA's layer discrepancy reads it when it is there (else y - x from the slots).
 - Communication follows from the declaration: every upload travels (floats up
   = their sizes; all-scalar uploads are 32 bits each and are never compressed),
   every name in `downloads` travels down. `reductions` are computed from the
@@ -70,7 +72,7 @@ class ClientInfo(NamedTuple):
   lr * sum_{k=1..K_i} (1 - beta^k) / (1 - beta), up to 1 / (1 - beta) times more.
   (x - y) / effective_step is then the a-weighted mean of the gradients the client used
   (SCAFFOLD's option II, FedCM's direction, FedNova's normalisation). Computed in the
-  local scan from `Algorithm.local_sgd`; nan when the local optimizer has none.
+  local scan from `Algorithm.local.rule`; nan when the local optimizer has none.
 
   Under a layer-wise schedule `steps` and `effective_step` are params-shaped pytrees of
   scalars (counted since each leaf was last synchronised); otherwise scalars.
@@ -123,20 +125,29 @@ class Aggregates(NamedTuple):
 
 # Signatures (one client, one server; no client axis anywhere).
 ValueAndGrad = Callable[[PyTree], tuple[tuple[jax.Array, Any], PyTree]]
-GradOracle = Callable[[ValueAndGrad, PyTree], tuple[tuple[jax.Array, Any], PyTree]]
-# (value_and_grad, params, ctx, opt_state) -> ((loss, aux), grads, opt_state): an oracle whose
-# extra gradient depends on the client's downloads and row and on state kept across its steps.
-ContextGradOracle = Callable[[ValueAndGrad, PyTree, "ClientContext", PyTree],
-                             tuple[tuple[jax.Array, Any], PyTree, PyTree]]
+# (value_and_grad, params, ctx, opt_state) -> ((loss, aux), grads, opt_state). One or more
+# gradients on the step's batch; the context (downloads, row) and the local optimizer state
+# are there for oracles whose extra gradient depends on them (FedGamma's corrected ascent,
+# FedSMOO's dual kept across steps), and every other oracle passes opt_state through.
+GradOracle = Callable[[ValueAndGrad, PyTree, ClientContext, PyTree],
+                      tuple[tuple[jax.Array, Any], PyTree, PyTree]]
 Correction = Callable[[PyTree, PyTree, ClientContext], PyTree]           # (g, params, ctx) -> g
 LocalInit = Callable[[ClientContext], PyTree]                            # ctx -> opt_state
 Finish = Callable[[LocalState, ClientContext, ClientInfo], tuple[dict, PyTree]]
 ServerUpdate = Callable[[ServerState, Aggregates], ServerState]
+# server -> (the params the run evaluates, {metric name: scalar} for the round's record)
+Report = Callable[[ServerState], tuple[PyTree, Mapping[str, jax.Array]]]
+
+# The upload that is the model displacement y - x, by convention (FedLAMA's d_l reads it).
+MODEL_UPLOAD = "delta"
 
 
-def single_gradient(value_and_grad: ValueAndGrad, params: PyTree):
-  """The plain minibatch gradient at the iterate."""
-  return value_and_grad(params)
+def single_gradient(value_and_grad: ValueAndGrad, params: PyTree, ctx: ClientContext,
+                    opt_state: PyTree):
+  """The plain minibatch gradient at the iterate (the context is not needed)."""
+  del ctx
+  (loss, aux), grads = value_and_grad(params)
+  return (loss, aux), grads, opt_state
 
 
 def displacement(final: LocalState, ctx: ClientContext) -> PyTree:
@@ -147,7 +158,7 @@ def displacement(final: LocalState, ctx: ClientContext) -> PyTree:
 def upload_delta(final: LocalState, ctx: ClientContext, info: ClientInfo):
   """FedAvg's upload: the displacement y - x; the row is kept."""
   del info
-  return {"delta": displacement(final, ctx)}, ctx.row
+  return {MODEL_UPLOAD: displacement(final, ctx)}, ctx.row
 
 
 def apply_server_tx(tx: optax.GradientTransformation, server: ServerState,
@@ -159,6 +170,11 @@ def apply_server_tx(tx: optax.GradientTransformation, server: ServerState,
   pseudo_grad = jax.tree.map(jnp.negative, delta)
   updates, opt_state = tx.update(pseudo_grad, server.opt_state, server.params)
   return server._replace(params=optax.apply_updates(server.params, updates), opt_state=opt_state)
+
+
+def report_model(server: ServerState):
+  """The default report: the server's model is evaluated and nothing else is logged."""
+  return server.params, {}
 
 
 class LocalSGD(NamedTuple):
@@ -175,63 +191,81 @@ class LocalSGD(NamedTuple):
   pull: float = 0.0
 
 
-# Local optimizer states across rounds (Algorithm.local_optimizer_state):
-#   "reset": every client starts each round (each FedLAMA window) with a fresh state;
-#   "carry": the state is kept from one round to the next (under the FedLAMA schedule, each
-#            slot keeps its optimizer, as FedLAMA's reference code keeps one per worker).
-LOCAL_OPTIMIZER_STATES = ("reset", "carry")
+@dataclasses.dataclass(frozen=True)
+class LocalOptimizer:
+  """A client's local optimizer: the optax transform the engine steps with (it scales the
+  direction by -lr), the same optimizer as a linear rule for the effective step, and how
+  its state starts each round.
+
+  Build SGD with `local_sgd`, which makes the transform and the rule from the same numbers
+  so they cannot disagree; an adaptive optimizer (Fed-LAMB's AMSGrad) is
+  `LocalOptimizer(tx)`, without a rule, and ClientInfo.effective_step is then nan.
+  `init` (ctx -> opt_state) replaces `tx.init(ctx.shared["params"])` for a state that
+  starts from the downloads or the row (Fed-LAMB's v-hat, FedSMOO's dual).
+  """
+  tx: optax.GradientTransformation = dataclasses.field(default_factory=optax.identity)
+  rule: Optional[LocalSGD] = None
+  init: Optional[LocalInit] = None
+
+  def init_state(self, ctx: ClientContext) -> PyTree:
+    if self.init is not None:
+      return self.init(ctx)
+    return self.tx.init(ctx.shared["params"])
+
+
+def local_sgd(momentum: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0,
+              pull: float = 0.0, weight_decay_mask: Optional[Any] = None) -> LocalOptimizer:
+  """Local SGD: decayed weights, then a momentum trace (optax), and its linear rule.
+
+  The learning rate is applied outside the transform, so that a schedule indexed by the
+  global local-step count is evaluated inside the scan without rebuilding the optimizer
+  state. `pull` is a proximal coefficient applied by the algorithm's `correct` (FedProx's
+  mu) that the effective step counts as part of the optimizer (LocalSGD).
+  """
+  parts = []
+  if weight_decay:
+    parts.append(optax.add_decayed_weights(weight_decay, mask=weight_decay_mask))
+  if momentum:
+    parts.append(optax.trace(decay=momentum, nesterov=nesterov))
+  tx = optax.chain(*parts) if parts else optax.identity()
+  return LocalOptimizer(tx, LocalSGD(float(momentum), bool(nesterov), float(pull)))
 
 
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
-  """What one algorithm tells the engine; see the module docstring for the call order.
+  """What one algorithm decides; see the module docstring for the call order.
 
-  Fields left at their defaults give FedAvg's behaviour for that piece.
+  Fields left at their defaults give FedAvg's behaviour for that piece (docs/algorithms.md
+  lists them). What the run decides (the uplink compressor, FedSGD's one full-batch step,
+  whether local optimizer states carry over rounds) and the registry name are not here:
+  they belong to the algorithm's `Spec` and the run options.
   """
-  name: str
-  local_tx: optax.GradientTransformation = dataclasses.field(default_factory=optax.identity)
+  local: LocalOptimizer = dataclasses.field(default_factory=local_sgd)
   server_tx: optax.GradientTransformation = dataclasses.field(
       default_factory=lambda: optax.sgd(1.0))
   grad: GradOracle = single_gradient
-  # Replaces `grad` when set: for a perturbation built from the downloads, the row or a
-  # per-step dual kept in the local optimizer state (FedSMOO, FedGamma).
-  context_grad: Optional[ContextGradOracle] = None
   correct: Optional[Correction] = None
-  local_init: Optional[LocalInit] = None       # None: local_tx.init(ctx.shared["params"])
   row_init: Optional[Callable[[PyTree], PyTree]] = None   # params -> one client's row
   finish: Finish = upload_delta
   reductions: Optional[Mapping[str, Reduction]] = None    # None: every upload by MEAN
   server_init: Optional[Callable[[PyTree], dict]] = None  # params -> ServerState.extra
   server_update: Optional[ServerUpdate] = None            # None: apply_server_tx(agg["delta"])
   downloads: tuple = ("params",)
-  uplink: Optional[Any] = None     # default uplink compressor (FedPAQ: QSGD); None: identity
-  model_upload: Optional[str] = "delta"  # the upload that is the model displacement (FedLAMA's d_l)
   layerwise: Union[bool, str] = True     # may a layer-wise schedule run it? (str: why not)
-  one_step: bool = False                 # one local step per round (FedSGD) ...
-  full_batch: bool = False               # ... over the client's whole data
-  # The local optimizer as a linear rule (ClientInfo.effective_step); None: it has none
-  # (adaptive local optimizers), and ClientInfo.effective_step is nan.
-  local_sgd: Optional[LocalSGD] = LocalSGD()
-  local_optimizer_state: str = "reset"   # LOCAL_OPTIMIZER_STATES
+  report: Report = report_model          # what the run evaluates, and scalars it logs
 
   def __post_init__(self):
     if "params" not in self.downloads:
-      raise ValueError(f"algorithm {self.name!r}: downloads must include 'params'")
-    if self.local_optimizer_state not in LOCAL_OPTIMIZER_STATES:
-      raise ValueError(f"algorithm {self.name!r}: local_optimizer_state="
-                       f"{self.local_optimizer_state!r}; accepted: "
-                       f"{', '.join(LOCAL_OPTIMIZER_STATES)}")
+      raise ValueError(f"Algorithm.downloads={self.downloads!r} must include 'params'")
+    if not isinstance(self.local, LocalOptimizer):
+      raise ValueError(f"Algorithm.local={self.local!r} is not accepted; accepted: a "
+                       "LocalOptimizer (local_sgd(...), or LocalOptimizer(tx) for an adaptive one)")
 
   # ---- the engine's view, defaults resolved ------------------------------------------------
   def shared(self, server: ServerState) -> dict:
     """What goes down: the declared downloads of the server state."""
     return {name: server.params if name == "params" else server.extra[name]
             for name in self.downloads}
-
-  def init_local(self, ctx: ClientContext) -> PyTree:
-    if self.local_init is not None:
-      return self.local_init(ctx)
-    return self.local_tx.init(ctx.shared["params"])
 
   def init_server(self, params: PyTree, model_state: PyTree) -> ServerState:
     extra = dict(self.server_init(params)) if self.server_init is not None else {}
@@ -245,7 +279,7 @@ class Algorithm:
   def update_server(self, server: ServerState, agg: Aggregates) -> ServerState:
     if self.server_update is not None:
       return self.server_update(server, agg)
-    return apply_server_tx(self.server_tx, server, agg["delta"])
+    return apply_server_tx(self.server_tx, server, agg[MODEL_UPLOAD])
 
 
 def leafwise(value: PyTree, like: PyTree) -> PyTree:

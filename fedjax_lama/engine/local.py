@@ -44,6 +44,15 @@ class StepStats(NamedTuple):
   unit_decay: jax.Array
 
 
+class ClientBatch(NamedTuple):
+  """One client's slice of a packed cohort (engine/round.py's Cohort): the rows of the
+  training arrays each local step reads, which are real, and the client's key."""
+  indices: jax.Array       # int32 [S, B]: rows of data_x, data_y
+  example_mask: jax.Array  # float32 [S, B]: 1 for real examples
+  step_mask: jax.Array     # float32 [S]: 1 for real steps (padded steps leave the carry as is)
+  key: jax.Array           # the client's key of the round; step s uses fold_in(key, offset + s)
+
+
 class UnitState(NamedTuple):
   """The local optimizer run on a scalar whose every gradient is 1 (FedNova's ||a||_1)."""
   displacement: jax.Array  # e: -e is the effective step so far
@@ -156,30 +165,29 @@ def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
                       learning_rate: Callable[[jax.Array], jax.Array], *,
                       augment: Optional[Callable[[jax.Array, jax.Array], jax.Array]] = None,
                       unroll: int | bool = 1):
-  """Builds `client_train(state, ctx, data_x, data_y, indices, example_mask, step_mask,
-  key, step_offset, key_offset=0) -> (state, StepStats summed over steps)` for ONE client.
+  """Builds `client_train(state, ctx, data_x, data_y, batch, step_offset, key_offset=0)
+  -> (state, StepStats summed over steps)` for ONE client (`batch`: its ClientBatch).
 
-  Each step evaluates `algorithm.grad` (one or more gradients on the step's batch),
-  adds `algorithm.correct(g, params, ctx)`, and moves the parameters by
-  -lr * local_tx(g) (engine/algorithm.py). Beside it the same steps of
-  `algorithm.local_sgd` run on the unit problem (`unit_step`), which gives the client's
-  effective step (StepStats.effective_step, per client, padded steps skipped, each step's
-  own learning rate). step_offset is the global local-step count
-  of the first step (for the learning rate); step s uses the key
-  fold_in(key, key_offset + s), so a span of steps split into several calls draws the
-  same keys as one call over the whole span.
+  Each step evaluates `algorithm.grad` (one or more gradients on the step's batch; it may
+  also update the local optimizer state), adds `algorithm.correct(g, params, ctx)`, and
+  moves the parameters by -lr * local.tx(g) (engine/algorithm.py). Beside it the same
+  steps of `algorithm.local.rule` run on the unit problem (`unit_step`), which gives the
+  client's effective step (StepStats.effective_step, per client, padded steps skipped, each
+  step's own learning rate). step_offset is the global local-step count of the first step
+  (for the learning rate); step s uses the key fold_in(batch.key, key_offset + s), so a span
+  of steps split into several calls draws the same keys as one call over the whole span.
 
-  indices[S, B] are rows of the device-resident training arrays (data_x, data_y);
+  batch.indices[S, B] are rows of the device-resident training arrays (data_x, data_y);
   the gather happens inside the step, so only indices cross the host boundary.
   """
-  local_tx, grad_oracle, correct = algorithm.local_tx, algorithm.grad, algorithm.correct
-  context_grad = algorithm.context_grad
-  rule = algorithm.local_sgd
+  local_tx, grad_oracle, correct = algorithm.local.tx, algorithm.grad, algorithm.correct
+  rule = algorithm.local.rule
 
-  def client_train(state: LocalState, ctx: ClientContext, data_x, data_y, indices, example_mask,
-                   step_mask, key, step_offset, key_offset=0):
-    num_steps = indices.shape[0]
-    keys = jax.vmap(lambda s: jax.random.fold_in(key, s))(key_offset + jnp.arange(num_steps))
+  def client_train(state: LocalState, ctx: ClientContext, data_x, data_y, batch: ClientBatch,
+                   step_offset, key_offset=0):
+    num_steps = batch.indices.shape[0]
+    keys = jax.vmap(lambda s: jax.random.fold_in(batch.key, s))(
+        key_offset + jnp.arange(num_steps))
 
     def step(both, inp):
       carry, unit = both
@@ -190,13 +198,8 @@ def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
         x = augment(x, jax.random.fold_in(k, 1))
       value_and_grad = jax.value_and_grad(
           lambda p: loss_fn(p, carry.model_state, x, y, emask, k), has_aux=True)
-      opt_state = carry.opt_state
-      if context_grad is not None:
-        (loss, (new_model_state, correct_count)), grads, opt_state = context_grad(
-            value_and_grad, carry.params, ctx, opt_state)
-      else:
-        (loss, (new_model_state, correct_count)), grads = grad_oracle(value_and_grad,
-                                                                      carry.params)
+      (loss, (new_model_state, correct_count)), grads, opt_state = grad_oracle(
+          value_and_grad, carry.params, ctx, carry.opt_state)
       if correct is not None:
         grads = correct(grads, carry.params, ctx)
       direction, new_opt = local_tx.update(grads, opt_state, carry.params)
@@ -215,7 +218,8 @@ def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
 
     (final, unit), sums = jax.lax.scan(
         step, (state, fresh_unit()),
-        (indices, example_mask, step_mask, keys, jnp.arange(num_steps)), unroll=unroll)
+        (batch.indices, batch.example_mask, batch.step_mask, keys, jnp.arange(num_steps)),
+        unroll=unroll)
     loss_sum, correct_sum, count, steps = (jnp.sum(a, axis=0) for a in sums)
     if rule is None:  # no linear rule: no effective step
       nan = jnp.full_like(steps, jnp.nan)
@@ -287,7 +291,8 @@ def scan_group(num_clients: int, step_bytes: int, budget: int = None,
 def vmap_clients(client_train, shared_per_client: bool = False, client_map: Optional[str] = None,
                  state_axes: Optional[LocalState] = None, devices: Optional[int] = None,
                  scan_group_bytes: Optional[int] = None):
-  """Adds the client axis: state, context and batches mapped; the training data broadcast.
+  """Adds the client axis: state, context and ClientBatch mapped; the training data and the
+  offsets broadcast.
 
   `client_map` ("auto", "vmap", "scan"; default `resolve_client_map()`'s) picks the plan,
   see `platform.CLIENT_MAPS`. With "scan" and groups of `width` clients the C clients are viewed as
@@ -314,26 +319,24 @@ def vmap_clients(client_train, shared_per_client: bool = False, client_map: Opti
   afterwards.
   """
   state_axes = LocalState(0, 0, 0) if state_axes is None else state_axes
-  in_axes = (state_axes, context_axes(shared_per_client), None, None, 0, 0, 0, 0, None, None)
+  in_axes = (state_axes, context_axes(shared_per_client), None, None, 0, None, None)
   vmapped = jax.vmap(client_train, in_axes=in_axes)
 
-  def vmapped_reduced(state, ctx, data_x, data_y, indices, example_mask, step_mask, keys,
-                      step_offset, key_offset=0, reduce_group=None, extras=None):
-    out = vmapped(state, ctx, data_x, data_y, indices, example_mask, step_mask, keys,
-                  step_offset, key_offset)
+  def vmapped_reduced(state, ctx, data_x, data_y, batch, step_offset, key_offset=0,
+                      reduce_group=None, extras=None):
+    out = vmapped(state, ctx, data_x, data_y, batch, step_offset, key_offset)
     return out if reduce_group is None else reduce_group(*out, ctx, extras)
 
   if resolve_client_map(client_map) == "vmap":
     return vmapped_reduced
 
-  def scanned(state, ctx, data_x, data_y, indices, example_mask, step_mask, keys, step_offset,
-              key_offset=0, reduce_group=None, extras=None):
-    num = indices.shape[0]
+  def scanned(state, ctx, data_x, data_y, batch, step_offset, key_offset=0, reduce_group=None,
+              extras=None):
+    num = batch.indices.shape[0]
     # Fields every client shares are closed over, not scanned.
     common = state._replace(**{f: None for f, a in zip(state._fields, state_axes) if a == 0})
     own = state._replace(**{f: None for f, a in zip(state._fields, state_axes) if a is None})
-    mapped = (own, ctx if shared_per_client else ctx._replace(shared=None), indices,
-              example_mask, step_mask, keys, extras)
+    mapped = (own, ctx if shared_per_client else ctx._replace(shared=None), batch, extras)
     one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype),
                                  mapped[:-1])
     rest = jax.tree.map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)),
@@ -345,30 +348,29 @@ def vmap_clients(client_train, shared_per_client: bool = False, client_map: Opti
     def with_shared(cx):
       return cx if shared_per_client else cx._replace(shared=ctx.shared)
 
-    def one_client(st, cx, idx, emask, smask, k, dx, dy, so, ko):
-      return client_train(with_common(st), with_shared(cx), dx, dy, idx, emask, smask, k, so, ko)
+    def one_client(st, cx, bt, dx, dy, so, ko):
+      return client_train(with_common(st), with_shared(cx), dx, dy, bt, so, ko)
 
     client_jaxpr, client_out = jax.make_jaxpr(one_client, return_shape=True)(*one, *rest)
     width = scan_group(num, _jaxpr_bytes(client_jaxpr.jaxpr), budget=scan_group_bytes,
                        devices=devices)
     if width >= num:
-      return vmapped_reduced(state, ctx, data_x, data_y, indices, example_mask, step_mask,
-                             keys, step_offset, key_offset, reduce_group, extras)
+      return vmapped_reduced(state, ctx, data_x, data_y, batch, step_offset, key_offset,
+                             reduce_group, extras)
     split = lambda a: jnp.swapaxes(a.reshape((width, num // width) + a.shape[1:]), 0, 1)
     merge = lambda a: jnp.swapaxes(a, 0, 1).reshape((num,) + a.shape[2:])
 
     def group(xs):
-      st, cx, idx, emask, smask, k, ex = xs
+      st, cx, bt, ex = xs
       group_ctx = with_shared(cx)
       if width == 1:
         # One client per iteration: no vmap at all, so convolutions keep their plain
         # (ungrouped) form, the one XLA:CPU runs fast inside loops (fedjax_lama/kernels).
-        one = jax.tree.map(lambda a: a[0], (st, cx, idx, emask, smask, k))
+        one = jax.tree.map(lambda a: a[0], (st, cx, bt))
         out = one_client(*one, data_x, data_y, step_offset, key_offset)
         out = jax.tree.map(lambda a: a[None], out)
       else:
-        out = vmapped(with_common(st), group_ctx, data_x, data_y, idx, emask, smask, k,
-                      step_offset, key_offset)
+        out = vmapped(with_common(st), group_ctx, data_x, data_y, bt, step_offset, key_offset)
       return (out, None) if reduce_group is None else reduce_group(*out, group_ctx, ex)
 
     def body(sums, xs):

@@ -68,23 +68,24 @@ def client_contexts(shared, rows, cohort: "Cohort") -> ClientContext:
 def fresh_state_axes(algorithm: Algorithm, shared_per_client: bool = False) -> LocalState:
   """Which fields of `fresh_states(..., batched=False)` have the client axis (0) and which
   are one value for every client (None): `local.vmap_clients`'s `state_axes`."""
-  per_client_opt = algorithm.local_init is not None or shared_per_client
+  per_client_opt = algorithm.local.init is not None or shared_per_client
   return LocalState(0 if shared_per_client else None, None, 0 if per_client_opt else None)
 
 
 def fresh_states(algorithm: Algorithm, ctx: ClientContext, model_state, num: int,
                  shared_per_client: bool = False, batched: bool = True) -> LocalState:
   """Every client starts its round at the downloaded model with a fresh local optimizer
-  (Algorithm.local_optimizer_state "reset", the only rule synchronous rounds run).
+  (local optimizer state "reset", the only rule synchronous rounds run).
 
   batched=False leaves the fields every client shares without the client axis
   (`fresh_state_axes` says which), for a ClientPhase built with those `state_axes`.
   """
   axes = fresh_state_axes(algorithm, shared_per_client)
   if axes.opt_state == 0:
-    opt = jax.vmap(algorithm.init_local, in_axes=(local.context_axes(shared_per_client),))(ctx)
+    opt = jax.vmap(algorithm.local.init_state,
+                   in_axes=(local.context_axes(shared_per_client),))(ctx)
   else:  # the same fresh state for everyone: built once
-    opt = algorithm.local_tx.init(ctx.shared["params"])
+    opt = algorithm.local.tx.init(ctx.shared["params"])
   state = LocalState(ctx.shared["params"], model_state, opt)
   if not batched:
     return state
@@ -113,8 +114,8 @@ class ClientPhase:
                shared_per_client: bool = False, state_axes: Optional[LocalState] = None,
                client_devices: Optional[int] = None, plan: Optional[PlatformPlan] = None):
     self.algorithm, self.learning_rate = algorithm, learning_rate
-    # The algorithm's declared uplink compressor unless the caller chose one.
-    self.compressor = compressor if compressor is not None else algorithm.uplink
+    # The run's uplink compressor (registry.uplink_compressor); None: the identity.
+    self.compressor = compressor
     self.client_map = local.resolve_client_map(plan.client_map if plan is not None else None)
     self._train = local.vmap_clients(
         local.make_client_train(loss_fn, algorithm, learning_rate, augment=augment, unroll=unroll),
@@ -129,8 +130,8 @@ class ClientPhase:
     """(final, stats) stacked over the clients; with `reduce_group(final, stats, ctx,
     extras) -> (kept, sums)`, each group of clients is handed to it as it finishes and
     (kept stacked over the clients, sums added) is returned (`local.vmap_clients`)."""
-    return self._train(state, ctx, data_x, data_y, cohort.indices, cohort.example_mask,
-                       cohort.step_mask, keys, step_offset, key_offset,
+    batch = local.ClientBatch(cohort.indices, cohort.example_mask, cohort.step_mask, keys)
+    return self._train(state, ctx, data_x, data_y, batch, step_offset, key_offset,
                        reduce_group=reduce_group, extras=extras)
 
   def info(self, stats: local.StepStats, cohort: "Cohort", step_offset) -> ClientInfo:
@@ -197,10 +198,6 @@ def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, learning_rate: C
   plan: the run's platform plan (client map, scan groups, compiler options; None: the
   default backend's).
   """
-  if algorithm.local_optimizer_state != "reset":
-    raise ValueError(f"local_optimizer_state={algorithm.local_optimizer_state!r} is not "
-                     "accepted by synchronous rounds (every client starts afresh); accepted: "
-                     "'reset' ('carry' runs under the FedLAMA schedule)")
   phase = ClientPhase(loss_fn, algorithm, learning_rate, seed=seed, unroll=unroll,
                       augment=augment, compressor=compressor,
                       state_axes=fresh_state_axes(algorithm), client_devices=client_devices,
@@ -299,7 +296,7 @@ def traffic(algorithm: Algorithm, server: ServerState, row: PyTree) -> Traffic:
   info = ClientInfo(f32, f32, f32, f32, i32)
 
   def one_client(ctx, info):
-    state = LocalState(ctx.shared["params"], server.model_state, algorithm.init_local(ctx))
+    state = LocalState(ctx.shared["params"], server.model_state, algorithm.local.init_state(ctx))
     return algorithm.finish(state, ctx, info)
 
   uploads, _ = jax.eval_shape(one_client, ctx, info)

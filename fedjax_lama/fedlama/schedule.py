@@ -12,8 +12,8 @@ of the server state, the clients' rows and the slots' models take the new values
 (`select_leafwise`); every other layer keeps each slot's own copy bit for bit. Then
 the normalisation statistics, then the interval selection for the next window.
 Slots keep their unsynchronised layers and running statistics across sub-rounds.
-The local optimizer's state follows Algorithm.local_optimizer_state, the rule of
-synchronous rounds: "reset" starts it afresh whenever clients are sampled (each window,
+The local optimizer's state follows RunOptions.local_optimizer_state
+(config.local_optimizer_state): "reset", the rule of synchronous rounds, starts it afresh whenever clients are sampled (each window,
 or each sub-round with fedlama.client_sampling="round") and keeps it through the
 window's sub-rounds; "carry" keeps each slot's state for the whole run, as the
 reference code keeps one optimizer per worker. The base algorithm sees, per leaf, the
@@ -34,12 +34,13 @@ import numpy as np
 
 from fedjax_lama import compression, plots, rng
 from fedjax_lama.engine import client_store, evaluate, local, reduce, round as round_lib, sharding
-from fedjax_lama.engine.algorithm import Algorithm, ClientContext, ClientInfo, LocalState, ServerState
+from fedjax_lama.engine.algorithm import (MODEL_UPLOAD, Algorithm, ClientContext, ClientInfo,
+                                          LocalState, ServerState)
 from fedjax_lama.errors import ConfigError
 from fedjax_lama.fedlama import layer_sync, layer_units as layers, selection as sel
 from fedjax_lama.fedlama.options import FedLamaOptions
-from fedjax_lama.programs.round_program import (ProgramBase, RoundOutput, RunOptions, pack,
-                                              platform_plan, with_steps)
+from fedjax_lama.programs.round_program import (ProgramBase, Reporter, RoundOutput, RunOptions,
+                                                pack, platform_plan, with_steps)
 from fedjax_lama.tree import broadcast_clients, tree_size
 
 
@@ -55,7 +56,8 @@ class FedLamaState(NamedTuple):
   since_momentum: jax.Array   # [m, L]: the unit momentum since then (local.StepStats)
 
 
-def check_composable(algorithm: Algorithm, server: ServerState, row, traffic) -> None:
+def check_composable(algorithm: Algorithm, server: ServerState, row, traffic,
+                     algorithm_name: str = "the algorithm") -> None:
   """Refuses algorithms whose state or messages are not per leaf (ConfigError)."""
   params = server.params
   params_def = jax.tree_util.tree_structure(params)
@@ -73,7 +75,7 @@ def check_composable(algorithm: Algorithm, server: ServerState, row, traffic) ->
       problems.append(f"its download {name!r} is not shaped like the model")
   if problems:
     raise ConfigError(f"config.schedule='fedlama' cannot run config.algorithm="
-                      f"{algorithm.name!r}: {'; '.join(problems)}")
+                      f"{algorithm_name!r}: {'; '.join(problems)}")
 
 
 class FedLamaProgram(ProgramBase):
@@ -113,20 +115,20 @@ class FedLamaProgram(ProgramBase):
             f"config.fedlama.fixed_multipliers={fl.fixed_multipliers!r} is not accepted; "
             f"accepted: 1 or phi={self.phi} per layer ({len(self.spec.sizes)} layers)")
       self.fixed = jnp.asarray(fixed)
-    if algorithm.local_sgd is not None and algorithm.local_sgd.pull:
+    if algorithm.local.rule is not None and algorithm.local.rule.pull:
       raise ConfigError(f"config.schedule='fedlama' cannot run config.algorithm="
-                        f"{algorithm.name!r} with a proximal pull in its effective step")
+                        f"{opts.algorithm_name!r} with a proximal pull in its effective step")
     self.has_state = bool(jax.tree_util.tree_leaves(model_state))
-    self.compressor = compressor if compressor is not None else (
-        algorithm.uplink or compression.identity())
+    self.compressor = compressor if compressor is not None else compression.identity()
+    self.reporter = Reporter(algorithm.report)
     server = algorithm.init_server(params, model_state)
     self.row_template = algorithm.row_init(params) if algorithm.row_init is not None else {}
     self.traffic = round_lib.traffic(algorithm, server, self.row_template)
-    check_composable(algorithm, server, self.row_template, self.traffic)
+    check_composable(algorithm, server, self.row_template, self.traffic, opts.algorithm_name)
     if self.row_template and fl.client_sampling != "window":
       raise ConfigError(
           f"config.fedlama.client_sampling={fl.client_sampling!r} is not accepted with "
-          f"config.algorithm={algorithm.name!r}, which keeps per-client state; accepted: "
+          f"config.algorithm={opts.algorithm_name!r}, which keeps per-client state; accepted: "
           "'window' (one cohort per window)")
     self.params_def = jax.tree_util.tree_structure(params)
     self.num_slots = opts.sampler.cohort_size
@@ -158,10 +160,10 @@ class FedLamaProgram(ProgramBase):
 
   # ---- state ---------------------------------------------------------------------------
   def _fresh_opt_states(self, ctx: ClientContext):
-    if self.algorithm.local_init is None:
-      return broadcast_clients(self.algorithm.local_tx.init(ctx.shared["params"]),
-                               self.slots_padded)
-    return jax.vmap(self.algorithm.init_local, in_axes=(local.context_axes(),))(ctx)
+    local_opt = self.algorithm.local
+    if local_opt.init is None:
+      return broadcast_clients(local_opt.tx.init(ctx.shared["params"]), self.slots_padded)
+    return jax.vmap(local_opt.init_state, in_axes=(local.context_axes(),))(ctx)
 
   def init_state(self):
     m = self.slots_padded
@@ -207,7 +209,8 @@ class FedLamaProgram(ProgramBase):
       c = jax.tree.map(lambda a: a[r], cohorts)
       sub_round = window * self.phi + r
       ctx = ClientContext(alg.shared(server), rows, c.num_examples, c.client_ids)
-      if alg.local_optimizer_state == "reset" and (r == 0 or fl.client_sampling == "round"):
+      if (self.opts.local_optimizer_state == "reset" and
+          (r == 0 or fl.client_sampling == "round")):
         slots = slots._replace(opt_state=self._fresh_opt_states(ctx))
         since_m = jnp.zeros_like(since_m)  # no earlier gradient continues through momentum
       keys = rng.client_keys(key if fl.client_sampling == "window" else
@@ -219,7 +222,7 @@ class FedLamaProgram(ProgramBase):
       stats_sum = stats_sum + jnp.stack([jnp.sum(st.loss_sum), jnp.sum(st.correct),
                                          jnp.sum(st.count), 0.0])
       since_steps = since_steps + st.steps[:, None]
-      if alg.local_sgd is not None:
+      if alg.local.rule is not None:
         # Each layer's effective step since its last sync continues from the unit momentum
         # accumulated since then (local.StepStats).
         since_size = since_size + st.effective_step[:, None] + st.carry_gain[:, None] * since_m
@@ -233,8 +236,8 @@ class FedLamaProgram(ProgramBase):
       weights = reduce.client_weights(c.client_mask, c.num_examples, self.opts.weighting)
       sync = jnp.mod(r + 1, mult) == 0
       sync_leaf = self._per_leaf(sync)
-      if alg.model_upload is not None:
-        moved = uploads[alg.model_upload]
+      if MODEL_UPLOAD in uploads:
+        moved = uploads[MODEL_UPLOAD]
       else:
         moved = jax.vmap(lambda p: jax.tree.map(jnp.subtract, p, server.params))(
             slots.params)
@@ -321,7 +324,8 @@ class FedLamaProgram(ProgramBase):
     discrepancy = np.asarray(fstate.discrepancy)
     curves = sel.selection_curves(np.where(np.isfinite(discrepancy), discrepancy, 0.0),
                                   self.spec.sizes, self.rule, self.kernel_mask)
-    extra = {"clients": n_real, "fedlama_relaxed_layers": int(relaxed.sum()),
+    extra = {"clients": n_real, **self.reporter.scalars(fstate.server),
+             "fedlama_relaxed_layers": int(relaxed.sum()),
              "fedlama_discrepancy": np.asarray(fstate.discrepancy).tolist(),
              "fedlama_next_multipliers": np.asarray(fstate.multipliers).tolist(),
              "fedlama_curve_order": np.asarray(curves.order).tolist(),
@@ -345,7 +349,7 @@ class FedLamaProgram(ProgramBase):
 
   def eval_params(self, state):
     server = state["fedlama"].server
-    return server.params, server.model_state
+    return self.reporter.eval_params(server), server.model_state
 
   def local_steps_done(self, window: int) -> int:
     return (window + 1) * self.window_steps

@@ -13,15 +13,17 @@ builds them.
 import dataclasses
 from typing import Callable, NamedTuple, Optional
 
+import jax
 import numpy as np
 import optax
 
 from fedjax_lama import data as fdata
 from fedjax_lama import federation
+from fedjax_lama.algorithms.common import ONE_STEP_KINDS
 from fedjax_lama.engine import client_store
 from fedjax_lama.engine import plan as plan_lib
 from fedjax_lama.engine import round as round_lib
-from fedjax_lama.engine.algorithm import Algorithm
+from fedjax_lama.engine.algorithm import report_model
 
 
 class RoundOutput(NamedTuple):
@@ -68,6 +70,13 @@ class LearningRate:
     return schedule
 
 
+# Local optimizer states across rounds (RunOptions.local_optimizer_state):
+#   "reset": every client starts each round (each FedLAMA window) with a fresh state;
+#   "carry": the state is kept from one round to the next (under the FedLAMA schedule, each
+#            slot keeps its optimizer, as FedLAMA's reference code keeps one per worker).
+LOCAL_OPTIMIZER_STATES = ("reset", "carry")
+
+
 @dataclasses.dataclass(frozen=True)
 class RunOptions:
   """Everything a round program needs to know about the run besides model and data."""
@@ -88,6 +97,22 @@ class RunOptions:
   # The engine's per-platform choices (kernels, client map, compiler options), built once by
   # the training entry point; None: `platform.plan()` of JAX's default backend.
   platform: Optional[plan_lib.PlatformPlan] = None
+  # The algorithm's batching preset (its Spec's `one_step`, registry.run_facts): None, the
+  # local steps or epochs above; "minibatch" or "full_batch", one local step per round on
+  # one batch or on the client's whole data (FedSGD).
+  one_step: Optional[str] = None
+  # Local optimizer states across rounds (config.local_optimizer_state), LOCAL_OPTIMIZER_STATES.
+  local_optimizer_state: str = "reset"
+  # The name the run's algorithm is reported under, for messages (registry.run_facts).
+  algorithm_name: str = "the algorithm"
+
+  def __post_init__(self):
+    if self.one_step is not None and self.one_step not in ONE_STEP_KINDS:
+      raise ValueError(f"RunOptions.one_step={self.one_step!r}; accepted: None, "
+                       f"{', '.join(map(repr, ONE_STEP_KINDS))}")
+    if self.local_optimizer_state not in LOCAL_OPTIMIZER_STATES:
+      raise ValueError(f"RunOptions.local_optimizer_state={self.local_optimizer_state!r}; "
+                       f"accepted: {', '.join(map(repr, LOCAL_OPTIMIZER_STATES))}")
 
 
 def platform_plan(opts: RunOptions) -> plan_lib.PlatformPlan:
@@ -95,9 +120,9 @@ def platform_plan(opts: RunOptions) -> plan_lib.PlatformPlan:
   return opts.platform if opts.platform is not None else plan_lib.plan()
 
 
-def steps_per_round(opts: RunOptions, fed, algorithm: Algorithm) -> int:
+def steps_per_round(opts: RunOptions, fed) -> int:
   """Static step-axis length: tau, E epochs of the largest client, or 1 (FedSGD)."""
-  if algorithm.one_step:
+  if opts.one_step is not None:
     return 1
   if opts.local_epochs > 0:
     largest = max(len(ix) for ix in fed.client_train)
@@ -105,13 +130,13 @@ def steps_per_round(opts: RunOptions, fed, algorithm: Algorithm) -> int:
   return opts.local_steps
 
 
-def pack(opts: RunOptions, fed, ids, round_idx: int, num_clients_padded: int, num_steps: int,
-         algorithm: Optional[Algorithm] = None) -> round_lib.Cohort:
+def pack(opts: RunOptions, fed, ids, round_idx: int, num_clients_padded: int,
+         num_steps: int) -> round_lib.Cohort:
   """The cohort's batches as index arrays and masks, padded to static shapes."""
-  if algorithm is not None and algorithm.one_step and algorithm.full_batch:
+  if opts.one_step == "full_batch":
     # One step over each client's whole data: one epoch with a batch of the largest client.
     batch, steps, epochs = max(len(ix) for ix in fed.client_train), None, 1
-  elif algorithm is not None and algorithm.one_step:
+  elif opts.one_step == "minibatch":
     batch, steps, epochs = opts.batch_size, 1, None
   elif opts.local_epochs:
     batch, steps, epochs = opts.batch_size, None, opts.local_epochs
@@ -131,6 +156,27 @@ def pack(opts: RunOptions, fed, ids, round_idx: int, num_clients_padded: int, nu
 def with_steps(opts: RunOptions, steps: int) -> RunOptions:
   """The same run in steps mode with `steps` local steps (FedLAMA packs windows so)."""
   return dataclasses.replace(opts, local_steps=steps, local_epochs=0)
+
+
+class Reporter:
+  """An algorithm's `report` as the programs use it: the params the run evaluates, and the
+  scalars each round's record gets (metrics.jsonl). The default report costs nothing: the
+  server's params as they are, no scalars, no device call."""
+
+  def __init__(self, report):
+    self.default = report is report_model
+    if not self.default:
+      self._params = jax.jit(lambda server: report(server)[0])
+      self._scalars = jax.jit(lambda server: report(server)[1])
+
+  def eval_params(self, server):
+    return server.params if self.default else self._params(server)
+
+  def scalars(self, server) -> dict:
+    """{name: float} of the server state (one device read), {} for the default report."""
+    if self.default:
+      return {}
+    return {name: float(v) for name, v in jax.device_get(self._scalars(server)).items()}
 
 
 class ProgramBase:

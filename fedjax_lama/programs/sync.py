@@ -24,8 +24,8 @@ import numpy as np
 from fedjax_lama import compression
 from fedjax_lama.engine import client_store, evaluate, local, round as round_lib, sharding
 from fedjax_lama.engine.algorithm import Algorithm
-from fedjax_lama.programs.round_program import (ProgramBase, RoundOutput, RunOptions, pack,
-                                         platform_plan, steps_per_round)
+from fedjax_lama.programs.round_program import (ProgramBase, Reporter, RoundOutput, RunOptions,
+                                                pack, platform_plan, steps_per_round)
 
 
 class _RoundTotals(NamedTuple):
@@ -52,10 +52,14 @@ class SyncProgram(ProgramBase):
   def __init__(self, opts: RunOptions, algorithm: Algorithm, model, params, model_state, fed,
                mesh, compressor: Optional[compression.Compressor] = None):
     self.opts, self.algorithm, self.fed, self.mesh = opts, algorithm, fed, mesh
-    self.compressor = compressor if compressor is not None else (
-        algorithm.uplink or compression.identity())
+    if opts.local_optimizer_state != "reset":
+      raise ValueError(f"local_optimizer_state={opts.local_optimizer_state!r} is not "
+                       "accepted by synchronous rounds (every client starts afresh); accepted: "
+                       "'reset' ('carry' runs under the FedLAMA schedule)")
+    self.compressor = compressor if compressor is not None else compression.identity()
+    self.reporter = Reporter(algorithm.report)
     has_state = bool(jax.tree_util.tree_leaves(model_state))
-    self.num_steps = steps_per_round(opts, fed, algorithm)
+    self.num_steps = steps_per_round(opts, fed)
     self.plan = platform_plan(opts)
     self.num_rounds = opts.rounds
     self.eval_every = opts.eval_every
@@ -98,8 +102,7 @@ class SyncProgram(ProgramBase):
     totals = None
     for start in range(0, len(ids), self.chunk_size):
       group = ids[start:start + self.chunk_size]
-      packed = pack(self.opts, self.fed, group, round_idx, self.chunk_size, self.num_steps,
-                    self.algorithm)
+      packed = pack(self.opts, self.fed, group, round_idx, self.chunk_size, self.num_steps)
       cohort = sharding.shard_clients(packed, self.mesh)
       rows = store.gather(packed.client_ids) if store is not None else {}
       sums, new_rows, stats = self.train_chunk(server, rows, self.data_x, self.data_y, cohort,
@@ -114,14 +117,16 @@ class SyncProgram(ProgramBase):
       loss, count = (float(v) for v in jax.device_get((totals.loss_sum, totals.count)))
     n = len(ids)
     t = self.traffic
+    extra = {"clients": n, **self.reporter.scalars(server)}
     out = RoundOutput(loss / count if count else 0.0, count, t.up_per_leaf * n,
-                      t.down_per_leaf * n, None, {"clients": n},
+                      t.down_per_leaf * n, None, extra,
                       bits_up=self.bits_up_per_client * n, floats_up_other=t.up_other * n,
                       floats_down_other=t.down_other * n)
     return {"server": server, "rows": store.rows if store is not None else {}}, out
 
   def eval_params(self, state):
-    return state["server"].params, state["server"].model_state
+    server = state["server"]
+    return self.reporter.eval_params(server), server.model_state
 
   def local_steps_done(self, round_idx: int) -> int:
     return (round_idx + 1) * self.num_steps

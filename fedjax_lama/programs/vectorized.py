@@ -22,8 +22,8 @@ import numpy as np
 from fedjax_lama import compression
 from fedjax_lama.engine import evaluate, local, round as round_lib
 from fedjax_lama.engine.algorithm import Algorithm
-from fedjax_lama.programs.round_program import (RoundOutput, RunOptions, pack, platform_plan,
-                                              steps_per_round)
+from fedjax_lama.programs.round_program import (Reporter, RoundOutput, RunOptions, pack,
+                                                platform_plan, steps_per_round)
 
 
 def _stack(trees):
@@ -71,10 +71,10 @@ class VectorizedSyncProgram:
                          f"{differ or 'the learning rate decay or sampling'}; vectorized runs "
                          "may differ only in seed and local learning rate")
     self.opts_list, self.algorithm, self.feds, self.mesh = list(opts_list), algorithm, feds, mesh
-    self.compressor = compressor if compressor is not None else (
-        algorithm.uplink or compression.identity())
+    self.compressor = compressor if compressor is not None else compression.identity()
+    self.reporter = Reporter(algorithm.report)
     self.num_rounds, self.eval_every = base.rounds, base.eval_every
-    self.num_steps = max(steps_per_round(o, f, algorithm) for o, f in zip(opts_list, feds))
+    self.num_steps = max(steps_per_round(o, f) for o, f in zip(opts_list, feds))
     self.chunk_size = max(o.sampler.max_cohort for o in opts_list)
     has_state = bool(jax.tree_util.tree_leaves(model_state_list[0]))
     loss_fn = local.make_loss_fn(model, has_state, base.label_smoothing)
@@ -135,19 +135,21 @@ class VectorizedSyncProgram:
       if len(ids) > self.chunk_size:
         raise ValueError(f"a Bernoulli cohort of {len(ids)} clients exceeds the static "
                          f"{self.chunk_size}: run it sequentially (chunks)")
-      cohorts.append(pack(opts, fed, ids, round_idx, self.chunk_size, self.num_steps,
-                          self.algorithm))
+      cohorts.append(pack(opts, fed, ids, round_idx, self.chunk_size, self.num_steps))
       sizes.append(len(ids))
     cohort = round_lib.Cohort(*[_stack_padded(x) for x in zip(*cohorts)])
     server, rows, loss, count = self._round(state["server"], state["rows"], self.data_x,
                                             self.data_y, cohort, round_idx, self.seeds, self.lrs)
     loss, count = np.asarray(loss), np.asarray(count)
     t = self.traffic
+    reports = ([{}] * self.num_runs if self.reporter.default else
+               [self.reporter.scalars(self.run_state({"server": server}, i)["server"])
+                for i in range(self.num_runs)])
     outs = [RoundOutput(float(l / c) if c else 0.0, float(c), t.up_per_leaf * n,
-                        t.down_per_leaf * n, None, {"clients": n},
+                        t.down_per_leaf * n, None, {"clients": n, **scalars},
                         bits_up=self.bits_up_per_client * n, floats_up_other=t.up_other * n,
                         floats_down_other=t.down_other * n)
-            for l, c, n in zip(loss, count, sizes)]
+            for l, c, n, scalars in zip(loss, count, sizes, reports)]
     return {"server": server, "rows": rows}, outs
 
   def run_state(self, state, run: int):
@@ -159,8 +161,12 @@ class VectorizedSyncProgram:
 
   def run_eval_params(self, state, run: int):
     """(params, model_state) of one run, for evaluate.evaluate with self.eval_fn."""
-    server = self.run_state(state, run)["server"]
-    return server.params, server.model_state
+    return self.eval_params(self.run_state(state, run))
+
+  def eval_params(self, run_state):
+    """(params, model_state) that one run's state is evaluated with (the algorithm's report)."""
+    server = run_state["server"]
+    return self.reporter.eval_params(server), server.model_state
 
   def local_steps_done(self, round_idx: int) -> int:
     return (round_idx + 1) * self.num_steps

@@ -27,7 +27,7 @@ class _RunView:
                                                       program.eval_every)
 
   def eval_params(self, state):
-    return state["server"].params, state["server"].model_state
+    return self.vec.eval_params(state)
 
   def local_steps_done(self, round_idx: int) -> int:
     return self.vec.local_steps_done(round_idx)

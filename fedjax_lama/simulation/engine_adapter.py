@@ -31,13 +31,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_lama.algorithms.common import Common, fedavg_like, local_optimizer
+from fedjax_lama.algorithms.common import Common, local_optimizer
 from fedjax_lama.algorithms.fedprox import proximal
 from fedjax_lama.engine import evaluate as evaluation
 from fedjax_lama.engine import local, sharding
 from fedjax_lama.engine import plan as plan_lib
 from fedjax_lama.engine import round as round_lib
-from fedjax_lama.engine.algorithm import Algorithm, ClientContext
+from fedjax_lama.engine.algorithm import Algorithm, ClientContext, LocalOptimizer
 from fedjax_lama.simulation import job_packing
 from fedjax_lama.simulation.interfaces import PyTree, TrainJob, TrainResult
 
@@ -55,7 +55,7 @@ def local_solver(kind: str = "adam", momentum: float = 0.0) -> optax.GradientTra
   if kind == "adam":
     return optax.scale_by_adam(b1=ADAM_B1, b2=ADAM_B2, eps=ADAM_EPS)
   if kind == "sgd":
-    return local_optimizer(Common(local_momentum=momentum))
+    return local_optimizer(Common(local_momentum=momentum)).tx
   raise ValueError(f"local_optimizer must be one of {list(LOCAL_OPTIMIZERS)}, got {kind!r}")
 
 
@@ -67,8 +67,8 @@ def per_job_proximal(grads: PyTree, params: PyTree, ctx: ClientContext) -> PyTre
 def job_algorithm(local_tx: optax.GradientTransformation) -> Algorithm:
   """Local training of a simulated job as an engine Algorithm (only the local rule is used:
   the simulation's methods aggregate on the host, methods/)."""
-  return fedavg_like("simulated_job", Common(), local_tx=local_tx, correct=per_job_proximal,
-                     local_sgd=None)  # no effective step: the methods never divide by one
+  # No linear rule, so no effective step: the methods never divide by one.
+  return Algorithm(local=LocalOptimizer(local_tx), correct=per_job_proximal)
 
 
 def stack_trees(trees: Sequence[PyTree]) -> PyTree:
