@@ -51,7 +51,7 @@ def build(hp: Hparams, common: Common) -> Algorithm:
   return fedavg_like(
       "fedadmm", common, correct=correct, finish=finish,
       row_init=lambda params: {"z": tree_zeros_like(params), "x_hat": params},
-      reductions={"delta_x_hat": upload("delta_x_hat", SUM)}, server_update=server_update,
+      aggregate={"delta_x_hat": upload("delta_x_hat", SUM)}, server_update=server_update,
       model_upload=None)
 
 

@@ -68,7 +68,7 @@ def build(hp: Hparams, common: Common) -> Algorithm:
   return fedavg_like(
       "feddyn", common, server_tx=server_tx, correct=correct, row_init=tree_zeros_like,
       finish=finish,
-      reductions={"delta": upload("delta"), "alpha_delta": Reduction(scaled_delta, SUM)},
+      aggregate={"delta": upload("delta"), "alpha_delta": Reduction(scaled_delta, SUM)},
       server_init=lambda params: {"h": tree_zeros_like(params)}, server_update=server_update)
 
 

@@ -52,7 +52,7 @@ def build(hp: Hparams, common: Common) -> Algorithm:
   return fedavg_like(
       "fednova", common, correct=proximal(hp.mu) if hp.mu else None, finish=finish,
       local_sgd=local_sgd_rule(common, pull=hp.mu),
-      reductions={"delta": Reduction(normalized),
+      aggregate={"delta": Reduction(normalized),
                   "tau_eff": Reduction(lambda uploads, info: uploads["a"])},
       server_tx=server_tx, server_update=server_update,
       layerwise="FedNova normalises a whole-model update by one scalar per client")

@@ -127,7 +127,7 @@ def build(hp: Hparams, common: Common) -> Algorithm:
       dyn, name="fedsmoo", local_tx=optax.chain(_keep_state(), inner_tx), local_init=local_init,
       context_grad=perturbed_gradient, correct=correct,
       row_init=lambda params: {"g_hat": tree_zeros_like(params), "mu": tree_zeros_like(params)},
-      finish=finish, reductions={**dyn.reductions, "z": upload("z")},
+      finish=finish, aggregate={**dyn.aggregate, "z": upload("z")},
       server_init=server_init, server_update=server_update, downloads=("params", "s"),
       layerwise="the global perturbation s is normalised over all layers at once and each "
       "client's row holds two duals")

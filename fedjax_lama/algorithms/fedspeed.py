@@ -138,7 +138,7 @@ def build(hp: Hparams, common: Common) -> Algorithm:
   return fedavg_like(
       "fedspeed", common, server_tx=server_tx, grad=quasi_gradient, correct=correct,
       row_init=tree_zeros_like, finish=finish,
-      reductions={"delta": upload("delta"), "scaled_delta": Reduction(
+      aggregate={"delta": upload("delta"), "scaled_delta": Reduction(
           lambda uploads, info: tree_map(lambda d: inv_lam * d, uploads["delta"]), SUM)},
       server_init=lambda params: {"g_hat_mean": tree_zeros_like(params)},
       server_update=server_update)

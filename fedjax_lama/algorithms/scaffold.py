@@ -90,7 +90,7 @@ def build(hp: Hparams, common: Common) -> Algorithm:
   return fedavg_like(
       "scaffold", common, local_tx=local_tx, server_tx=server_tx, correct=correct,
       row_init=tree_zeros_like, finish=finish,
-      reductions={"delta": upload("delta"), "dc": upload("dc", SUM)},
+      aggregate={"delta": upload("delta"), "dc": upload("dc", SUM)},
       server_init=lambda params: {"c": tree_zeros_like(params)}, server_update=server_update,
       downloads=("params", "c"),
       layerwise=True if hp.option == "II" else

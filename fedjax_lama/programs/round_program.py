@@ -21,7 +21,8 @@ from fedjax_lama import data as fdata
 from fedjax_lama import federation
 from fedjax_lama.engine import client_store
 from fedjax_lama.engine import plan as plan_lib
-from fedjax_lama.engine import round as round_lib
+from fedjax_lama.engine import stages
+from fedjax_lama.engine import cohort as cohort_lib
 from fedjax_lama.engine.algorithm import Algorithm
 
 
@@ -85,6 +86,10 @@ class RunOptions:
   # The engine's per-platform choices (kernels, client map, compiler options), built once by
   # the training entry point; None: `platform.plan()` of JAX's default backend.
   platform: Optional[plan_lib.PlatformPlan] = None
+  # The run's aggregation stage around the model upload's aggregate, for every synchronous
+  # algorithm and under the FedLAMA schedule (engine/stages.py: a clip, a coordinate median,
+  # a chain of them); None: each algorithm's declared aggregation alone.
+  aggregator: Optional[stages.Stage] = None
 
 
 def platform_plan(opts: RunOptions) -> plan_lib.PlatformPlan:
@@ -103,7 +108,7 @@ def steps_per_round(opts: RunOptions, fed, algorithm: Algorithm) -> int:
 
 
 def pack(opts: RunOptions, fed, ids, round_idx: int, num_clients_padded: int, num_steps: int,
-         algorithm: Optional[Algorithm] = None) -> round_lib.Cohort:
+         algorithm: Optional[Algorithm] = None) -> cohort_lib.Cohort:
   """The cohort's batches as index arrays and masks, padded to static shapes."""
   if algorithm is not None and algorithm.one_step and algorithm.full_batch:
     # One step over each client's whole data: one epoch with a batch of the largest client.
@@ -118,7 +123,7 @@ def pack(opts: RunOptions, fed, ids, round_idx: int, num_clients_padded: int, nu
       [fed.client_train[i] for i in ids], list(ids), batch_size=batch, num_steps=steps,
       num_epochs=epochs, seed=opts.seed, round_idx=round_idx, pad_clients_to=num_clients_padded,
       pad_steps_to=num_steps)
-  return round_lib.Cohort(packed.indices.astype(np.int32), packed.example_mask.astype(np.float32),
+  return cohort_lib.Cohort(packed.indices.astype(np.int32), packed.example_mask.astype(np.float32),
                           packed.step_mask.astype(np.float32),
                           packed.client_mask.astype(np.float32),
                           packed.client_ids.astype(np.int32),
