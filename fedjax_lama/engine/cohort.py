@@ -21,7 +21,8 @@ def gather_rows(store: PyTree, client_ids: jax.Array) -> PyTree:
   return jax.tree.map(lambda a: a[client_ids], store)
 
 
-def scatter_rows(store: PyTree, client_ids: jax.Array, client_mask: jax.Array, rows: PyTree) -> PyTree:
+def scatter_rows(store: PyTree, client_ids: jax.Array, client_mask: jax.Array,
+                 rows: PyTree) -> PyTree:
   """Writes the rows of real clients; padded slots are dropped (index out of range)."""
   num = jax.tree_util.tree_leaves(store)[0].shape[0]
   ids = jnp.where(client_mask > 0, client_ids, num)

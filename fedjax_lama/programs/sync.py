@@ -121,8 +121,10 @@ class SyncProgram(ProgramBase):
                     self.algorithm)
       cohort = sharding.shard_clients(packed, self.mesh)
       rows = store.gather(packed.client_ids) if store is not None else {}
+      # A stage's state is passed only when there is one (the call is otherwise unchanged).
+      with_state = (agg_state,) if agg_state else ()
       sums, new_rows, stats = self.train_chunk(server, rows, self.data_x, self.data_y, cohort,
-                                               round_idx, agg_state)
+                                               round_idx, *with_state)
       if store is not None:
         store.scatter(packed.client_ids, packed.client_mask, new_rows)
       totals = (self._first_chunk(sums, stats) if totals is None else

@@ -38,7 +38,8 @@ import optax  # pylint: disable=wrong-import-position
 from fedjax_lama import algorithms  # pylint: disable=wrong-import-position
 from fedjax_lama.algorithms.common import Common  # pylint: disable=wrong-import-position
 from fedjax_lama.engine import local as local_lib  # pylint: disable=wrong-import-position
-from fedjax_lama.engine import aggregation, cohort as cohort_lib, sync_round  # pylint: disable=wrong-import-position
+# pylint: disable-next=wrong-import-position
+from fedjax_lama.engine import aggregation, cohort as cohort_lib, sync_round
 from fedjax_lama.models import zoo  # pylint: disable=wrong-import-position
 from third_party import fedlab_peer  # pylint: disable=wrong-import-position
 
@@ -114,9 +115,9 @@ def ours(name, initial, batches, weighting="uniform") -> list[dict]:
         indices[i, k] = first_row[i] + k * BATCH + np.arange(BATCH)
         step_mask[i, k] = 1.0
     ids = jnp.arange(N, dtype=jnp.int32)
-    cohort = cohort_lib.Cohort(jnp.asarray(indices), jnp.ones(indices.shape), jnp.asarray(step_mask),
-                              jnp.ones(N), ids,
-                              jnp.asarray(np.array(BATCHES_PER_CLIENT, np.float64) * BATCH))
+    cohort = cohort_lib.Cohort(jnp.asarray(indices), jnp.ones(indices.shape),
+                               jnp.asarray(step_mask), jnp.ones(N), ids,
+                               jnp.asarray(np.array(BATCHES_PER_CLIENT, np.float64) * BATCH))
     params = jax.tree_util.tree_map(jnp.asarray, to_ours(initial))
     server = alg.init_server(params, {})
     template = alg.row_init(params) if alg.row_init is not None else {}
