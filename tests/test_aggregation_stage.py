@@ -147,6 +147,16 @@ def test_declared_reductions_never_drop_another_uploads_default():
   assert got["a"].stage.name == "mean"
 
 
+@pytest.mark.parametrize("weighting", ["examples", "uniform"])
+def test_the_server_update_sees_the_weighting_of_the_mean(weighting):
+  alg = registry.build_algorithm(contract.config_for("fedavg"), num_clients=8)
+  sums = aggregation.ChunkSums({"delta": {"w": jnp.ones(2)}}, {}, jnp.asarray(4.0),
+                               jnp.asarray(2.0))
+  agg, state, scalars = aggregation.RoundAggregation(alg, weighting=weighting).finish(sums, 8)
+  assert agg.weighting == weighting and state == {} and scalars == {}
+  np.testing.assert_allclose(agg["delta"]["w"], [0.25, 0.25])
+
+
 # ---- programs --------------------------------------------------------------------------------
 def build(config, stage=None, mesh=MESH):
   """training.build_program with the run's aggregation stage set (RunOptions.aggregator)."""
@@ -283,7 +293,9 @@ def test_vectorized_runs_with_a_stage_equal_sequential_runs(stage):
     state, _ = helpers.run(SyncProgram(o, algorithm, model, p, {}, f, MESH))
     sequential.append(state)
   vec = VectorizedSyncProgram(opts, algorithm, model, params, [{}] * 2, feds, MESH)
-  state, _ = helpers.run(vec)
+  state, outs = helpers.run(vec)
+  if stage == "momentum":
+    assert all(o.extra["aggregator_momentum_norm"] > 0 for run_outs in outs for o in run_outs)
   for i, want in enumerate(sequential):
     got = vec.run_state(state, i)
     assert set(got) == set(want)

@@ -107,10 +107,10 @@ class VectorizedSyncProgram:
                                           agg_state)
       if store:
         store = cohort_lib.scatter_rows(store, cohort.client_ids, cohort.client_mask, new_rows)
-      new, new_agg, _ = server_update(server, sums, agg_state, round_idx)
+      new, new_agg, scalars = server_update(server, sums, agg_state, round_idx)
       has = sums.weight > 0
       server = jax.tree.map(lambda a, b: jnp.where(has, a, b), new, server)
-      return server, store, new_agg, jnp.sum(stats.loss_sum), jnp.sum(stats.count)
+      return server, store, new_agg, scalars, jnp.sum(stats.loss_sum), jnp.sum(stats.count)
 
     self._round = local.jit_training(
         jax.vmap(one_run, in_axes=(0, 0, 0, data_axis, data_axis, 0, None, 0, 0)),
@@ -153,16 +153,19 @@ class VectorizedSyncProgram:
       sizes.append(len(ids))
     cohort = cohort_lib.Cohort(*[_stack_padded(x) for x in zip(*cohorts)])
     agg_state = state.get("aggregation", {})
-    server, rows, agg_state, loss, count = self._round(
+    server, rows, agg_state, scalars, loss, count = self._round(
         state["server"], state["rows"], agg_state, self.data_x, self.data_y, cohort, round_idx,
         self.seeds, self.lrs)
     loss, count = np.asarray(loss), np.asarray(count)
+    scalars = {k: np.asarray(v) for k, v in jax.device_get(scalars).items()}
     t = self.traffic
     outs = [RoundOutput(float(l / c) if c else 0.0, float(c), t.up_per_leaf * n,
-                        t.down_per_leaf * n, None, {"clients": n},
+                        t.down_per_leaf * n, None,
+                        {"clients": n, **{f"aggregator_{k}": float(v[i])
+                                          for k, v in scalars.items()}},
                         bits_up=self.bits_up_per_client * n, floats_up_other=t.up_other * n,
                         floats_down_other=t.down_other * n)
-            for l, c, n in zip(loss, count, sizes)]
+            for i, (l, c, n) in enumerate(zip(loss, count, sizes))]
     new_state = {"server": server, "rows": rows}
     if "aggregation" in state:
       new_state["aggregation"] = agg_state
