@@ -152,8 +152,11 @@ class RoundAggregation:
         state[name] = r.stage.init(params)
     return {k: v for k, v in state.items() if jax.tree_util.tree_leaves(v)}
 
-  def _state(self, states: Optional[dict], key: str):
-    return (states or {}).get(key, ())
+  def _state(self, states: Optional[dict], key: str, stage: stages.Stage):
+    """The state of `key`; a stage without arrays of state (left out of `init`'s dict)
+    gets its empty state again (its init needs no params)."""
+    states = states or {}
+    return states[key] if key in states else stage.init(None)
 
   # ---- per group of clients ----------------------------------------------------------------
   def on_clients(self, uploads: dict, client_ids: jax.Array, round_idx, states=None,
@@ -171,7 +174,7 @@ class RoundAggregation:
       client_root, _ = stage_key_roots(self.seed, round_idx)
       keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(
           rng.client_keys(client_root, client_ids))
-      value = apply_client(self.stage, self._state(states, "run"), keys, value)
+      value = apply_client(self.stage, self._state(states, "run", self.stage), keys, value)
     return {**uploads, self.model_upload: value}
 
   def reduce(self, uploads: dict, info: ClientInfo, model_state: PyTree, weights: jax.Array,
@@ -185,7 +188,8 @@ class RoundAggregation:
         client_root, _ = stage_key_roots(self.seed, round_idx)
         keys = jax.vmap(lambda k, i=i: jax.random.fold_in(k, i + 1))(
             rng.client_keys(client_root, info.client_id))
-        per_client = apply_client(r.stage, self._state(states, name), keys, per_client)
+        per_client = apply_client(r.stage, self._state(states, name, r.stage), keys,
+                                  per_client)
       reducer = r.reducer
       if reducer.reduction == stages.WHOLE_COHORT:
         stacks[name] = stages.Stack(per_client, weights, client_mask)
@@ -211,12 +215,12 @@ class RoundAggregation:
         reduced = stages.Sums(sums.values[name], a)
       if r.run is not None and r.run.server is not None:
         run_key = jax.random.fold_in(server_key, 0)
-        reduced, new, more = r.run.server(reduced, self._state(states, "run"), run_key)
+        reduced, new, more = r.run.server(reduced, self._state(states, "run", r.run), run_key)
         if "run" in states:
           states["run"] = new
         scalars.update(more)
       if not (r.run is not None and r.run.reduces):
-        reduced, new, more = r.stage.server(reduced, self._state(states, name),
+        reduced, new, more = r.stage.server(reduced, self._state(states, name, r.stage),
                                             jax.random.fold_in(server_key, i + 1))
         if name in states:
           states[name] = new
