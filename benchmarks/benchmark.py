@@ -56,7 +56,7 @@ import optax
 from benchmarks.conv import plans as conv_plans
 from fedjax_lama import algorithms, models
 from fedjax_lama.cli import cpu_devices
-from fedjax_lama.engine import local, round as round_lib, sharding
+from fedjax_lama.engine import cohort as cohort_lib, local, sharding, sync_round
 from fedjax_lama.engine import plan as plan_lib
 from third_party import fedjax_peer
 
@@ -250,11 +250,11 @@ def engine_round(w: Workload, client_map: str, unroll=1, mesh=None):
   alg = algorithms.build("fedavg")
   server = sharding.replicate(alg.init_server(w.params, w.model_state), mesh)
   c, k, b = w.clients, w.steps, w.batch
-  cohort = sharding.shard_clients(round_lib.Cohort(
+  cohort = sharding.shard_clients(cohort_lib.Cohort(
       jnp.asarray(w.indices), jnp.ones((c, k, b)), jnp.ones((c, k)), jnp.ones((c,)),
       jnp.arange(c, dtype=jnp.int32), jnp.ones((c,))), mesh)
   data_x, data_y = sharding.replicate((w.data_x, w.data_y), mesh)
-  train_chunk, server_update = round_lib.make_round_fns(
+  train_chunk, server_update = sync_round.make_round_fns(
       local.make_loss_fn(w.model, w.has_state), alg, optax.constant_schedule(LR), seed=0,
       weighting="uniform", local_steps=k, population=c, unroll=unroll,
       client_devices=mesh.size, plan=plan_lib.plan(client_map=client_map))

@@ -14,6 +14,7 @@ STREAM_INIT = 0
 STREAM_TRAIN = 1
 STREAM_EVAL = 2
 STREAM_UPLINK = 3  # compressor draws (FedPAQ: one key per round, client id, leaf)
+STREAM_AGGREGATE = 4  # aggregation stages (engine/aggregation.py): (round, client id), round
 
 
 def root_key(seed: int) -> jax.Array:

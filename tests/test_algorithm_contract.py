@@ -31,7 +31,7 @@ import pytest
 from fedjax_lama import algorithms, checkpointing
 from fedjax_lama import config as config_lib
 from fedjax_lama import registry
-from fedjax_lama.engine import local, round as round_lib, sharding
+from fedjax_lama.engine import cohort as cohort_lib, local, sharding, sync_round
 from tests import test_sharding as helpers
 
 MESH = sharding.client_mesh(jax.devices()[:1])
@@ -287,24 +287,24 @@ def _engine_round(alg, cohorts, population=8):
   data_x = jnp.asarray(r.normal(size=(NDATA, 2, 2, 1)).astype(np.float32))
   data_y = jnp.asarray(r.integers(0, 3, NDATA).astype(np.int32))
   params = model.init(jax.random.PRNGKey(0), data_x[:1])["params"]
-  train_chunk, server_update = round_lib.make_round_fns(
+  train_chunk, server_update = sync_round.make_round_fns(
       local.make_loss_fn(model, False), alg, optax.constant_schedule(0.1), seed=3,
       weighting="examples", local_steps=cohorts[0].indices.shape[1], population=population)
   server = alg.init_server(params, {})
   template = alg.row_init(params) if alg.row_init is not None else {}
   store = jax.tree_util.tree_map(lambda x: jnp.stack([x] * population), template)
   for rnd, cohort in enumerate(cohorts):
-    rows = round_lib.gather_rows(store, cohort.client_ids % population) if template else {}
+    rows = cohort_lib.gather_rows(store, cohort.client_ids % population) if template else {}
     sums, new_rows, _ = train_chunk(server, rows, data_x, data_y, cohort, rnd)
     if template:
-      store = round_lib.scatter_rows(store, cohort.client_ids, cohort.client_mask, new_rows)
+      store = cohort_lib.scatter_rows(store, cohort.client_ids, cohort.client_mask, new_rows)
     server = server_update(server, sums)
   return _host(server), _host(store)
 
 
 def _cohort(idx, example_mask=None, step_mask=None, client_mask=None, ids=None, sizes=None):
   c, s, b = idx.shape
-  return round_lib.Cohort(
+  return cohort_lib.Cohort(
       jnp.asarray(idx, jnp.int32),
       jnp.asarray(np.ones((c, s, b)) if example_mask is None else example_mask, jnp.float32),
       jnp.asarray(np.ones((c, s)) if step_mask is None else step_mask, jnp.float32),

@@ -4,7 +4,7 @@ The problem: two clients, f_i(w) = 0.5 ||A_i w - b_i||^2, full-batch gradients,
 eta_l = 0.1, K = 2, x^0 = 0, float64. The references below are written from each paper's
 equations (not from the code under test); the first rounds of a worked example, computed
 by hand, are asserted literally as well. The engine runs the same rounds through
-engine/round.py (the vmapped scan, the algorithm's finish, reductions and server
+engine/sync_round.py (the vmapped scan, the algorithm's finish, reductions and server
 update) with a least-squares loss.
 """
 import dataclasses
@@ -18,7 +18,7 @@ import pytest
 from fedjax_lama import algorithms
 from fedjax_lama.algorithms import Common
 from fedjax_lama.engine import local as local_lib
-from fedjax_lama.engine import round as round_lib
+from fedjax_lama.engine import cohort as cohort_lib, sync_round
 from fedjax_lama.engine.algorithm import ClientContext, LocalState
 
 A = [np.array([[1., 0.], [0., 2.]]), np.array([[1., 1.], [0., 1.]])]
@@ -49,7 +49,7 @@ def engine(alg, rounds, steps=(K, K), weighting="uniform", participants=((0, 1),
     data_y = jnp.asarray(np.concatenate(B))
     params = {"w": jnp.asarray(np.zeros(2) if x0 is None else x0)}
     max_steps = max(steps)
-    train_chunk, server_update = round_lib.make_round_fns(
+    train_chunk, server_update = sync_round.make_round_fns(
         least_squares_loss, alg, schedule, seed=0, weighting=weighting,
         local_steps=max_steps, population=N)
     server = alg.init_server(params, {})
@@ -60,14 +60,14 @@ def engine(alg, rounds, steps=(K, K), weighting="uniform", participants=((0, 1),
       idx = np.stack([np.tile(np.array([2 * i, 2 * i + 1]), (max_steps, 1)) for i in ids])
       step_mask = np.array([[1.0 if k < steps[i] else 0.0 for k in range(max_steps)]
                             for i in ids])
-      cohort = round_lib.Cohort(jnp.asarray(idx, jnp.int32), jnp.ones(idx.shape),
+      cohort = cohort_lib.Cohort(jnp.asarray(idx, jnp.int32), jnp.ones(idx.shape),
                                 jnp.asarray(step_mask), jnp.ones(len(ids)),
                                 jnp.asarray(ids, jnp.int32),
                                 jnp.asarray(np.array(num_examples)[ids]))
-      rows = round_lib.gather_rows(store, jnp.asarray(ids)) if template else {}
+      rows = cohort_lib.gather_rows(store, jnp.asarray(ids)) if template else {}
       sums, new_rows, _ = train_chunk(server, rows, data_x, data_y, cohort, r)
       if template:
-        store = round_lib.scatter_rows(store, jnp.asarray(ids), jnp.ones(len(ids)), new_rows)
+        store = cohort_lib.scatter_rows(store, jnp.asarray(ids), jnp.ones(len(ids)), new_rows)
       server = server_update(server, sums)
     return jax.tree_util.tree_map(np.asarray, (server, store))
 

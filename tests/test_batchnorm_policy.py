@@ -21,7 +21,7 @@ from fedjax_lama import algorithms, federation, training
 from fedjax_lama import config as config_lib
 from fedjax_lama.fedlama import layer_units as layers
 from fedjax_lama.data import Dataset
-from fedjax_lama.engine import local, round as round_lib, sharding
+from fedjax_lama.engine import cohort as cohort_lib, local, sharding, sync_round
 
 
 class TinyBN(nn.Module):
@@ -56,9 +56,9 @@ def test_sync_round_averages_running_stats_with_the_aggregation_weights():
   alg = algorithms.build("fedavg")
   idx = np.random.default_rng(1).integers(0, N, size=(C, S, B))
   num_examples = jnp.array([10.0, 30.0, 60.0])
-  cohort = round_lib.Cohort(jnp.asarray(idx, jnp.int32), jnp.ones((C, S, B)), jnp.ones((C, S)),
+  cohort = cohort_lib.Cohort(jnp.asarray(idx, jnp.int32), jnp.ones((C, S, B)), jnp.ones((C, S)),
                             jnp.ones(C), jnp.arange(C, dtype=jnp.int32), num_examples)
-  train_chunk, server_update = round_lib.make_round_fns(
+  train_chunk, server_update = sync_round.make_round_fns(
       loss_fn, alg, optax.constant_schedule(0.1), seed=0, weighting="examples", local_steps=S,
       population=C)
   server = alg.init_server(params, stats)

@@ -7,7 +7,8 @@ import optax
 import pytest
 
 from fedjax_lama import algorithms, rng
-from fedjax_lama.engine import local, plan as plan_lib, reduce, round as round_lib
+from fedjax_lama.engine import (aggregation, clients as clients_lib, cohort as cohort_lib, local,
+                                plan as plan_lib, reduce, sync_round)
 from fedjax_lama.engine.algorithm import ClientContext
 
 
@@ -37,7 +38,7 @@ def _setup(momentum=0.0, weight_decay=0.0):
 
 def _cohort(indices, example_mask=None, step_mask=None, client_mask=None, client_ids=None):
   c, s, b = indices.shape
-  return round_lib.Cohort(
+  return cohort_lib.Cohort(
       jnp.asarray(indices, jnp.int32),
       jnp.ones((c, s, b), jnp.float32) if example_mask is None else jnp.asarray(example_mask, jnp.float32),
       jnp.ones((c, s), jnp.float32) if step_mask is None else jnp.asarray(step_mask, jnp.float32),
@@ -47,7 +48,7 @@ def _cohort(indices, example_mask=None, step_mask=None, client_mask=None, client
 
 
 def _round(alg, loss_fn, lr=0.1, weighting="examples"):
-  return round_lib.make_round_fns(loss_fn, alg, optax.constant_schedule(lr), seed=SEED,
+  return sync_round.make_round_fns(loss_fn, alg, optax.constant_schedule(lr), seed=SEED,
                                   weighting=weighting, local_steps=S, population=C)
 
 
@@ -168,7 +169,7 @@ def test_client_keys_do_not_depend_on_cohort():
 
 def test_scatter_rows_touches_only_real_clients():
   store = {"c": jnp.arange(12.0).reshape(6, 2)}
-  new = round_lib.scatter_rows(store, jnp.array([4, 1, 0]), jnp.array([1.0, 1.0, 0.0]),
+  new = cohort_lib.scatter_rows(store, jnp.array([4, 1, 0]), jnp.array([1.0, 1.0, 0.0]),
                                {"c": -jnp.ones((3, 2))})
   expected = np.arange(12.0).reshape(6, 2)
   expected[[4, 1]] = -1
@@ -193,31 +194,31 @@ def test_folded_round_equals_reducing_the_stacked_clients(name):
   store = jax.tree_util.tree_map(  # rows that differ per client, so a mix-up shows
       lambda a: a + jnp.arange(population, dtype=a.dtype).reshape((-1,) + (1,) * (a.ndim - 1)),
       store)
-  rows = round_lib.gather_rows(store, cohort.client_ids)
+  rows = cohort_lib.gather_rows(store, cohort.client_ids)
   schedule = optax.constant_schedule(0.1)
 
   # The reference: every client's final stacked, then finished and reduced at once.
-  ctx = round_lib.client_contexts(alg.shared(server), rows, cohort)
+  ctx = clients_lib.client_contexts(alg.shared(server), rows, cohort)
   keys = rng.client_keys(rng.round_key(SEED, rng.STREAM_TRAIN, 1), cohort.client_ids)
-  state = round_lib.fresh_states(alg, ctx, server.model_state, c, batched=False)
-  phase = round_lib.ClientPhase(loss_fn, alg, schedule, seed=SEED,
-                                state_axes=round_lib.fresh_state_axes(alg),
+  state = clients_lib.fresh_states(alg, ctx, server.model_state, c, batched=False)
+  phase = clients_lib.ClientPhase(loss_fn, alg, schedule, seed=SEED,
+                                state_axes=clients_lib.fresh_state_axes(alg),
                                 plan=plan_lib.plan(client_map="vmap"))
   assert phase.client_map == "vmap"
   final, stats = phase.train(state, ctx, data_x, data_y, cohort, keys, S)
   info = phase.info(stats, cohort, S)
   uploads, want_rows = phase.finish(final, ctx, info, cohort.client_ids, 1)
   weights = reduce.client_weights(cohort.client_mask, cohort.num_examples, "examples")
-  want = (round_lib.reduce_uploads(alg, uploads, info, final.model_state, weights,
+  want = (aggregation.reduce_uploads(alg, uploads, info, final.model_state, weights,
                                    cohort.client_mask),
-          want_rows, round_lib.client_stats(stats))
+          want_rows, clients_lib.client_stats(stats))
   assert want[0].values, "no reductions to compare"
 
   saved = local.scan_group
   try:
     for client_map, width in (("vmap", None), ("scan", 1), ("scan", 2), ("scan", 3), ("scan", c)):
       local.scan_group = lambda *_, width=width, **__: width  # clients per scan iteration
-      train_chunk, _ = round_lib.make_round_fns(loss_fn, alg, schedule, seed=SEED,
+      train_chunk, _ = sync_round.make_round_fns(loss_fn, alg, schedule, seed=SEED,
                                                 weighting="examples", local_steps=S,
                                                 population=population,
                                                 plan=plan_lib.plan(client_map=client_map))

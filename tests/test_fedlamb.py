@@ -2,7 +2,7 @@
 the zero-norm rule, the server's v_hat, a local step worked by hand, masked steps,
 communication and config errors.
 
-Most checks run the engine's own round functions (engine/round.py) in float64 on a linear
+Most checks run the engine's own round functions (engine/sync_round.py) in float64 on a linear
 least-squares model with two tensors (W [3, 2], b [2]); each client has 4 rows and step k
 uses rows 2 (k mod 2) and 2 (k mod 2) + 1 of them.
 """
@@ -18,7 +18,8 @@ import pytest
 from fedjax_lama import algorithms, models, training
 from fedjax_lama import config as config_lib
 from fedjax_lama.algorithms import Common
-from fedjax_lama.engine import local, round as round_lib
+from fedjax_lama.engine import (aggregation, clients as clients_lib, cohort as cohort_lib, local,
+                                sync_round, traffic as traffic_lib)
 from fedjax_lama.engine.algorithm import ClientContext
 from fedjax_lama.errors import ConfigError
 
@@ -44,7 +45,7 @@ def cohort(ids, steps, max_steps, client_mask=None):
   idx = np.stack([np.stack([rows(i, k) for k in range(max_steps)]) for i in ids])
   step_mask = np.array([[1.0 if k < s else 0.0 for k in range(max_steps)] for s in steps])
   mask = np.ones(len(ids)) if client_mask is None else np.asarray(client_mask, float)
-  return round_lib.Cohort(jnp.asarray(idx, jnp.int32), jnp.ones(idx.shape), jnp.asarray(step_mask),
+  return cohort_lib.Cohort(jnp.asarray(idx, jnp.int32), jnp.ones(idx.shape), jnp.asarray(step_mask),
                           jnp.asarray(mask), jnp.asarray(ids, jnp.int32),
                           jnp.full(len(ids), float(ROWS)))
 
@@ -58,7 +59,7 @@ class Engine:
 
   def __init__(self, alg, max_steps, lr=LR):
     self.alg, self.max_steps = alg, max_steps
-    self.train_chunk, self.update = round_lib.make_round_fns(
+    self.train_chunk, self.update = sync_round.make_round_fns(
         loss_fn, alg, optax.constant_schedule(lr), seed=0, weighting="uniform",
         local_steps=max_steps, population=N)
     self.server = alg.init_server(jax.tree_util.tree_map(jnp.asarray, PARAMS0), {})
@@ -68,13 +69,13 @@ class Engine:
   def chunk(self, ids, steps, client_mask=None, server=None, store=None):
     c = cohort(ids, steps, self.max_steps, client_mask)
     store = self.store if store is None else store
-    got = round_lib.gather_rows(store, c.client_ids) if store else {}
+    got = cohort_lib.gather_rows(store, c.client_ids) if store else {}
     return self.train_chunk(self.server if server is None else server, got, X, Y, c, 0), c
 
   def round(self, ids, steps, client_mask=None):
     (sums, new_rows, _), c = self.chunk(ids, steps, client_mask)
     if self.store:
-      self.store = round_lib.scatter_rows(self.store, c.client_ids, c.client_mask, new_rows)
+      self.store = cohort_lib.scatter_rows(self.store, c.client_ids, c.client_mask, new_rows)
     self.server = self.update(self.server, sums)
     return sums
 
@@ -218,20 +219,20 @@ def test_a_flax_model_with_zero_biases_stays_finite(zero_norm):
   biases = {k: v["bias"] for k, v in params.items()}
   assert all(np.all(b == 0) for b in jax.tree_util.tree_leaves(biases))
   alg = build("fedlamb", lam=0.01, zero_norm=zero_norm)
-  phase = round_lib.ClientPhase(local.make_loss_fn(model, False), alg,
+  phase = clients_lib.ClientPhase(local.make_loss_fn(model, False), alg,
                                 optax.constant_schedule(0.01), seed=0)
   server = alg.init_server(params, {})
   idx = np.arange(24).reshape(2, 3, 4)  # 2 clients, 3 steps of 4 examples
-  c = round_lib.Cohort(jnp.asarray(idx, jnp.int32), jnp.ones((2, 3, 4)), jnp.ones((2, 3)),
+  c = cohort_lib.Cohort(jnp.asarray(idx, jnp.int32), jnp.ones((2, 3, 4)), jnp.ones((2, 3)),
                        jnp.ones(2), jnp.arange(2, dtype=jnp.int32), jnp.full(2, 12.0))
-  ctx = round_lib.client_contexts(alg.shared(server), {}, c)
-  state = round_lib.fresh_states(alg, ctx, {}, 2)
+  ctx = clients_lib.client_contexts(alg.shared(server), {}, c)
+  state = clients_lib.fresh_states(alg, ctx, {}, 2)
   final, stats = phase.train(state, ctx, jnp.asarray(x), jnp.asarray(y), c,
                              jax.random.split(jax.random.PRNGKey(1), 2), 0)
   info = phase.info(stats, c, 0)
   uploads, _ = phase.finish(final, ctx, info, c.client_ids, 0)
-  sums = round_lib.reduce_uploads(alg, uploads, info, {}, c.client_mask, c.client_mask)
-  new = alg.update_server(server, round_lib.aggregates(alg, sums, 2))
+  sums = aggregation.reduce_uploads(alg, uploads, info, {}, c.client_mask, c.client_mask)
+  new = alg.update_server(server, aggregation.aggregates(alg, sums, 2))
   # theta, m, v, w (the optax state) and the server's theta and v_hat
   for leaf in jax.tree_util.tree_leaves((final.params, final.opt_state, new)):
     assert np.all(np.isfinite(leaf))
@@ -403,13 +404,13 @@ def test_worked_local_step_matches_the_hand_computation():
 def test_masked_surplus_steps_change_nothing(name):
   alg = build(name, v_bias_correction=True)
   with jax.enable_x64(True):
-    phase = round_lib.ClientPhase(loss_fn, alg, optax.constant_schedule(LR), seed=0)
+    phase = clients_lib.ClientPhase(loss_fn, alg, optax.constant_schedule(LR), seed=0)
     server = alg.init_server(eng_params(PARAMS0), {})
 
     def final(max_steps, steps):
       c = cohort([0, 1], steps, max_steps)
-      ctx = round_lib.client_contexts(alg.shared(server), {}, c)
-      state = round_lib.fresh_states(alg, ctx, {}, 2)
+      ctx = clients_lib.client_contexts(alg.shared(server), {}, c)
+      state = clients_lib.fresh_states(alg, ctx, {}, 2)
       out, _ = phase.train(state, ctx, jnp.asarray(X), jnp.asarray(Y), c,
                            jax.random.split(jax.random.PRNGKey(0), 2), 0)
       return jax.tree_util.tree_map(lambda a: np.asarray(a[0]), out)  # client 0
@@ -439,7 +440,7 @@ def test_communication_is_two_vectors_each_way():
   sizes = np.array([6, 2])  # b, W
   for name, vectors in (("fedavg", 1), ("fedams", 2), ("fedlamb", 2)):
     alg = build(name)
-    traffic = round_lib.traffic(alg, alg.init_server(params, {}), {})
+    traffic = traffic_lib.traffic(alg, alg.init_server(params, {}), {})
     np.testing.assert_array_equal(np.sort(traffic.up_per_leaf), vectors * np.sort(sizes))
     np.testing.assert_array_equal(np.sort(traffic.down_per_leaf), vectors * np.sort(sizes))
     assert traffic.up_other == traffic.down_other == 0

@@ -16,7 +16,7 @@ from fedjax_lama import algorithms, training
 from fedjax_lama.algorithms import Common, fedspeed
 from fedjax_lama.config import ConfigError, base_config, validate
 from fedjax_lama.engine import local, reduce
-from fedjax_lama.engine import round as round_lib
+from fedjax_lama.engine import aggregation, clients as clients_lib, cohort as cohort_lib
 from fedjax_lama.engine.algorithm import ClientContext, ClientInfo, LocalState
 from fedjax_lama.errors import HparamError
 from tests.test_algorithm_reference import engine, least_squares_loss
@@ -67,24 +67,24 @@ M, D, ROWS, STEPS, BATCH = 5, 3, 4, 3, 2
 
 
 def run_partial_rounds(alg, cohorts, seed=0):
-  """Rounds through engine/round.py's client phase and reductions (float32, uniform weights),
+  """Rounds through engine/sync_round.py's client phase and reductions (float32, uniform weights),
   recording what the server sees. Returns [(x, ids, y_K, upload, rows, new_server)]."""
   rng = np.random.default_rng(seed)
   data_x = jnp.asarray(rng.normal(size=(M * ROWS, D)), jnp.float32)
   data_y = jnp.asarray(rng.normal(size=(M * ROWS,)), jnp.float32)
-  phase = round_lib.ClientPhase(least_squares_loss, alg, optax.constant_schedule(0.05), seed=0)
+  phase = clients_lib.ClientPhase(least_squares_loss, alg, optax.constant_schedule(0.05), seed=0)
 
   @jax.jit
   def one_round(server, rows, cohort, keys, r):
-    ctx = round_lib.client_contexts(alg.shared(server), rows, cohort)
-    state = round_lib.fresh_states(alg, ctx, server.model_state, cohort.indices.shape[0])
+    ctx = clients_lib.client_contexts(alg.shared(server), rows, cohort)
+    state = clients_lib.fresh_states(alg, ctx, server.model_state, cohort.indices.shape[0])
     final, stats = phase.train(state, ctx, data_x, data_y, cohort, keys, r * STEPS)
     info = phase.info(stats, cohort, r * STEPS)
     uploads, new_rows = phase.finish(final, ctx, info, cohort.client_ids, r)
     weights = reduce.client_weights(cohort.client_mask, cohort.num_examples, "uniform")
-    sums = round_lib.reduce_uploads(alg, uploads, info, final.model_state, weights,
+    sums = aggregation.reduce_uploads(alg, uploads, info, final.model_state, weights,
                                     cohort.client_mask)
-    new = alg.update_server(server, round_lib.aggregates(alg, sums, M))
+    new = alg.update_server(server, aggregation.aggregates(alg, sums, M))
     return final.params, uploads, new_rows, new
 
   params = {"w": jnp.asarray(rng.normal(size=D), jnp.float32)}
@@ -96,13 +96,13 @@ def run_partial_rounds(alg, cohorts, seed=0):
     idx = np.stack([[ROWS * i + rng.choice(ROWS, BATCH, replace=False) for _ in range(STEPS)]
                     for i in ids])
     c = len(ids)
-    cohort = round_lib.Cohort(jnp.asarray(idx, jnp.int32), jnp.ones(idx.shape),
+    cohort = cohort_lib.Cohort(jnp.asarray(idx, jnp.int32), jnp.ones(idx.shape),
                               jnp.ones((c, STEPS)), jnp.ones(c), jnp.asarray(ids, jnp.int32),
                               jnp.full(c, float(ROWS)))
     keys = jax.random.split(jax.random.PRNGKey(r), c)
-    rows = round_lib.gather_rows(store, jnp.asarray(ids))
+    rows = cohort_lib.gather_rows(store, jnp.asarray(ids))
     y_k, uploads, new_rows, new = one_round(server, rows, cohort, keys, r)
-    store = round_lib.scatter_rows(store, jnp.asarray(ids), jnp.ones(c), new_rows)
+    store = cohort_lib.scatter_rows(store, jnp.asarray(ids), jnp.ones(c), new_rows)
     records.append((np.asarray(server.params["w"], np.float64), ids,
                     np.asarray(y_k["w"], np.float64), uploads, store, new))
     server = new
@@ -244,14 +244,14 @@ def test_server_rule_with_one_client_absent(mode, want):
   server = alg.init_server(x, {})
   if mode == "all_clients":  # the server's running mean of the controllers before this round
     server = server._replace(extra={"g_hat_mean": {"w": store["w"].mean(0)}})
-  ctx = ClientContext(alg.shared(server), round_lib.gather_rows(store, ids),
+  ctx = ClientContext(alg.shared(server), cohort_lib.gather_rows(store, ids),
                       jnp.full(2, 2.0), ids)
   info = ClientInfo(jnp.ones(2), jnp.full(2, 0.1), jnp.full(2, 0.1), jnp.full(2, 2.0), ids)
   final = LocalState({"w": jnp.asarray(x_k, jnp.float32)}, {}, ())
   uploads, rows = jax.vmap(alg.finish, in_axes=(0, local.context_axes(), 0))(final, ctx, info)
-  store = round_lib.scatter_rows(store, ids, jnp.ones(2), rows)
-  sums = round_lib.reduce_uploads(alg, uploads, info, {}, jnp.ones(2), jnp.ones(2))
-  new = alg.update_server(server, round_lib.aggregates(alg, sums, 3))
+  store = cohort_lib.scatter_rows(store, ids, jnp.ones(2), rows)
+  sums = aggregation.reduce_uploads(alg, uploads, info, {}, jnp.ones(2), jnp.ones(2))
+  new = alg.update_server(server, aggregation.aggregates(alg, sums, 3))
   np.testing.assert_allclose(new.params["w"], want, rtol=RTOL, atol=ATOL)
   h_new = -lam * np.asarray(store["w"], np.float64)
   np.testing.assert_allclose(h_new, [[-0.3493482479, 0.4555113508], [0.3, -0.3], [-0.1, 0.0]],

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fedjax_lama.engine import reduce
 from fedjax_lama.fedlama import layer_units as layers
 from fedjax_lama.fedlama import layer_sync
 
@@ -255,7 +256,7 @@ def test_all_synced_equals_weighted_mean(weights):
   for jit in (True, False):  # compared within one mode: XLA may fuse
     # (and so round) a jitted program differently from op-by-op execution.
     new_x, new_u, _ = _call(spec, stacked, w, mask, tau, prev_d, prev_g, jit)
-    fn = jax.jit(layer_sync.weighted_mean) if jit else layer_sync.weighted_mean
+    fn = jax.jit(reduce.weighted_mean) if jit else reduce.weighted_mean
     mean = fn(stacked, w)
     for m, u, x in zip(jax.tree_util.tree_leaves(mean),
                        jax.tree_util.tree_leaves(new_u),
@@ -267,7 +268,7 @@ def test_all_synced_equals_weighted_mean(weights):
 def test_weighted_mean_known_answer():
   stacked = {"a": jnp.array([[1.0, 2.0], [3.0, 6.0]]),
              "b": jnp.array([4.0, 8.0])}
-  mean = layer_sync.weighted_mean(stacked, jnp.array([1.0, 3.0]))
+  mean = reduce.weighted_mean(stacked, jnp.array([1.0, 3.0]))
   np.testing.assert_allclose(mean["a"], [2.5, 5.0])
   np.testing.assert_allclose(mean["b"], [7.0])
 
@@ -310,7 +311,7 @@ def test_errors():
   with pytest.raises(ValueError, match="shape"):
     call(stacked, w, mask[:-1], tau, prev_d, prev_g, spec.leaf_to_layer)
   with pytest.raises(ValueError, match="weights"):
-    layer_sync.weighted_mean(stacked, np.ones((NUM_CLIENTS, 1)))
+    reduce.weighted_mean(stacked, np.ones((NUM_CLIENTS, 1)))
 
 
 _SHARDED_SCRIPT = textwrap.dedent("""

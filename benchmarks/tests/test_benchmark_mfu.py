@@ -16,7 +16,8 @@ import pytest
 
 from benchmarks import benchmark
 from fedjax_lama import algorithms, models
-from fedjax_lama.engine import local, plan as plan_lib, round as round_lib
+from fedjax_lama.engine import (clients as clients_lib, cohort as cohort_lib, local,
+                                plan as plan_lib, sync_round)
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TINY = dict(clients=2, steps=2, batch=4, repeats=1, matmul_size=64)
@@ -125,16 +126,16 @@ def test_scan_client_map_equals_vmap(name, clients):
   example_mask[1, 1, 2] = 0.0
   step_mask = np.ones((clients, steps), np.float32)
   step_mask[2, 1] = 0.0  # a padded step
-  cohort = round_lib.Cohort(jnp.asarray(np.arange(n, dtype=np.int32).reshape(clients, steps,
+  cohort = cohort_lib.Cohort(jnp.asarray(np.arange(n, dtype=np.int32).reshape(clients, steps,
                                                                               batch)),
                             jnp.asarray(example_mask), jnp.asarray(step_mask),
                             jnp.ones(clients), jnp.arange(clients, dtype=jnp.int32),
                             jnp.full((clients,), float(steps * batch)))
   server = alg.init_server(params, {})
   outs = {}
-  shared_start = round_lib.fresh_states, round_lib.ClientPhase
+  shared_start = clients_lib.fresh_states, clients_lib.ClientPhase
 
-  class CopiedStartPhase(round_lib.ClientPhase):
+  class CopiedStartPhase(clients_lib.ClientPhase):
     def __init__(self, *args, state_axes=None, **kwargs):
       del state_axes  # every field with the client axis (the default)
       super().__init__(*args, **kwargs)
@@ -149,15 +150,15 @@ def test_scan_client_map_equals_vmap(name, clients):
     if budget is not None:  # 0: one client per group; huge: one group (vmap)
       plan = dataclasses.replace(plan, scan_group_bytes=budget)
     if start == "copied":
-      round_lib.fresh_states, round_lib.ClientPhase = copied_start
+      clients_lib.fresh_states, clients_lib.ClientPhase = copied_start
     try:
-      train_chunk, server_update = round_lib.make_round_fns(
+      train_chunk, server_update = sync_round.make_round_fns(
           local.make_loss_fn(model, False), alg, optax.constant_schedule(0.1), seed=0,
           weighting="examples", local_steps=steps, population=clients, plan=plan)
       sums, _, stats = train_chunk(server, {}, x, y, cohort, 0)
       outs[(client_map, budget, start)] = (server_update(server, sums).params, stats)
     finally:
-      round_lib.fresh_states, round_lib.ClientPhase = shared_start
+      clients_lib.fresh_states, clients_lib.ClientPhase = shared_start
   assert len(outs) == 6
   ref = jax.tree_util.tree_leaves(outs[("vmap", None, "shared")])
   for key, out in outs.items():

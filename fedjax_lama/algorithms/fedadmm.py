@@ -55,7 +55,7 @@ def build(hp: Hparams, common: Common) -> Algorithm:
       local=local_optimizer(common), server_tx=server_sgd(common), correct=correct,
       finish=finish,
       row_init=lambda params: {"z": optax.tree.zeros_like(params), "x_hat": params},
-      reductions={"delta_x_hat": upload("delta_x_hat", SUM)}, server_update=server_update)
+      aggregate={"delta_x_hat": upload("delta_x_hat", SUM)}, server_update=server_update)
 
 
 SPECS = (Spec("fedadmm", Hparams, build, "primal-dual, per-client z_i and x_hat_i"),)

@@ -51,7 +51,7 @@ def build(hp: Hparams, common: Common) -> Algorithm:
   return Algorithm(
       local=local_optimizer(common), server_tx=server_tx,
       correct=correct if alpha != 1 else None,
-      reductions={"delta": upload("delta"), "D": Reduction(direction)},
+      aggregate={"delta": upload("delta"), "D": Reduction(direction)},
       server_init=lambda params: {"D": optax.tree.zeros_like(params)},
       server_update=server_update, downloads=("params", "D"))
 

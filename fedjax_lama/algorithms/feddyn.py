@@ -69,7 +69,7 @@ def build(hp: Hparams, common: Common) -> Algorithm:
   return Algorithm(
       local=local_optimizer(common), server_tx=server_tx, correct=correct,
       row_init=optax.tree.zeros_like, finish=finish,
-      reductions={"delta": upload("delta"), "alpha_delta": Reduction(scaled_delta, SUM)},
+      aggregate={"delta": upload("delta"), "alpha_delta": Reduction(scaled_delta, SUM)},
       server_init=lambda params: {"h": optax.tree.zeros_like(params)},
       server_update=server_update)
 

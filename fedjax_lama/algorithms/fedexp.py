@@ -55,7 +55,7 @@ def finish(final, ctx, info):
 
 
 # Both aggregates are sums over the round's participants: the mean is uniform, 1/M.
-REDUCTIONS = {"delta": upload("delta", SUM), "sq_norm": upload("sq_norm", SUM)}
+AGGREGATE = {"delta": upload("delta", SUM), "sq_norm": upload("sq_norm", SUM)}
 
 
 def server_step_size(sum_sq_norms, mean_delta, participants, eps):
@@ -93,7 +93,7 @@ def build(hp: Hparams, common: Common) -> Algorithm:
     return server.params, scalars
 
   return Algorithm(
-      local=local_optimizer(common), finish=finish, reductions=REDUCTIONS,
+      local=local_optimizer(common), finish=finish, aggregate=AGGREGATE,
       server_init=server_init, server_update=server_update, report=report,
       layerwise="eta_g is one step size computed from whole-model norms, not per layer")
 

@@ -56,7 +56,7 @@ def build(hp: Hparams, common: Common) -> Algorithm:
       # The proximal pull mu is part of the optimizer's linear rule (the paper's general rule).
       local=local_optimizer(common, pull=hp.mu),
       correct=proximal(hp.mu) if hp.mu else None, finish=finish,
-      reductions={"delta": Reduction(normalized),
+      aggregate={"delta": Reduction(normalized),
                   "tau_eff": Reduction(lambda uploads, info: uploads["a"])},
       server_tx=server_tx, server_update=server_update,
       layerwise="FedNova normalises a whole-model update by one scalar per client")

@@ -132,7 +132,7 @@ def build(hp: Hparams, common: Common) -> Algorithm:
       dyn, local=local, grad=perturbed_gradient, correct=correct,
       row_init=lambda params: {"g_hat": optax.tree.zeros_like(params),
                                "mu": optax.tree.zeros_like(params)},
-      finish=finish, reductions={**dyn.reductions, "z": upload("z")},
+      finish=finish, aggregate={**dyn.aggregate, "z": upload("z")},
       server_init=server_init, server_update=server_update, downloads=("params", "s"),
       layerwise="the global perturbation s is normalised over all layers at once and each "
       "client's row holds two duals")

@@ -139,7 +139,7 @@ def build(hp: Hparams, common: Common) -> Algorithm:
   return Algorithm(
       local=local, server_tx=server_tx, grad=quasi_gradient, correct=correct,
       row_init=optax.tree.zeros_like, finish=finish,
-      reductions={"delta": upload("delta"), "scaled_delta": Reduction(
+      aggregate={"delta": upload("delta"), "scaled_delta": Reduction(
           lambda uploads, info: jax.tree.map(lambda d: inv_lam * d, uploads["delta"]), SUM)},
       server_init=lambda params: {"g_hat_mean": optax.tree.zeros_like(params)},
       server_update=server_update)

@@ -92,7 +92,7 @@ def build(hp: Hparams, common: Common) -> Algorithm:
   return Algorithm(
       local=local, server_tx=server_tx, correct=correct,
       row_init=optax.tree.zeros_like, finish=finish,
-      reductions={"delta": upload("delta"), "dc": upload("dc", SUM)},
+      aggregate={"delta": upload("delta"), "dc": upload("dc", SUM)},
       server_init=lambda params: {"c": optax.tree.zeros_like(params)},
       server_update=server_update, downloads=("params", "c"),
       layerwise=True if hp.option == "II" else

@@ -2,7 +2,6 @@
 AISTATS 2020) and FedAT's polyline (Chai et al., SC'21, Sec. 4.3)."""
 from fedjax_lama.compression.core import base_key
 from fedjax_lama.compression.core import compress_clients
-from fedjax_lama.compression.core import compress_uploads
 from fedjax_lama.compression.core import Compressor
 from fedjax_lama.compression.core import float32_bits
 from fedjax_lama.compression.core import identity

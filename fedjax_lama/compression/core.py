@@ -10,7 +10,9 @@ A compressor is a bundle of pure, jit- and vmap-compatible functions over pytree
 
 What is compressed follows from an algorithm's declaration (engine/algorithm.py): every
 upload whose leaves are not all scalars; scalar uploads (FedNova's ||a_i||_1) stay
-32-bit. No algorithm name appears here.
+32-bit. The engine applies a compressor as a client-side aggregation stage
+(engine/stages.py `uplink`, engine/aggregation.py `uplink_uploads`). No algorithm name
+appears here.
 """
 from typing import Any, Callable, NamedTuple
 
@@ -74,24 +76,3 @@ def compress_clients(compressor: Compressor, base_key: jax.Array, round_idx,
 def is_scalar_upload(value: PyTree) -> bool:
   """An upload whose leaves are all 0-d (per client): counted at 32 bits, never compressed."""
   return all(np.ndim(x) == 0 for x in jax.tree_util.tree_leaves(value))
-
-
-def compress_uploads(compressor: Compressor, base_key: jax.Array, round_idx,
-                     client_ids: jax.Array, uploads: dict) -> dict:
-  """Every vector upload of every client (leaves [C, ...]) as the server decodes it.
-
-  Upload number u of the dict (declaration order) draws from the base key
-  fold_in(base_key, u), then (round, client id, leaf) as `compress_clients`, so several
-  uploads (SCAFFOLD's delta and dc) never share draws.
-  """
-  if is_identity(compressor):
-    return uploads
-  out = {}
-  for u, (name, value) in enumerate(uploads.items()):
-    per_client = jax.tree.map(lambda x: x[0], value)
-    if is_scalar_upload(per_client):
-      out[name] = value
-    else:
-      out[name] = compress_clients(compressor, jax.random.fold_in(base_key, u), round_idx,
-                                   client_ids, value)
-  return out

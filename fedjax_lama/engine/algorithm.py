@@ -2,7 +2,7 @@
 
 An algorithm is a frozen `Algorithm` record built by a builder that closes over
 typed hyper-parameters (fedjax_lama.algorithms.*). It never loops, vmaps, scans,
-shards or chunks: the engine (engine/local.py, engine/round.py) calls its
+shards or chunks: the engine (engine/local.py, engine/sync_round.py) calls its
 functions for ONE client or ONE server, and adds the client axis itself.
 
 One synchronous round, and which function the engine calls where:
@@ -16,7 +16,7 @@ One synchronous round, and which function the engine calls where:
       direction, opt = local.tx.update(g, opt, params)           optax; the engine applies -lr
     uploads, new_row = finish(final_state, ctx, info)             what goes up; the client's row
     uploads = decode(encode(uploads))                             the run's uplink compressor
-    aggregates[name] = reduce_i(reduction.fn(uploads_i, info_i))  masked (sum, weight) pairs
+    aggregates[name] = stage(reduction.fn(uploads_i, info_i))   engine/aggregation.py
     server = server_update(server, Aggregates)                    the algorithm's own rule
     eval_params, scalars = report(server)                         what the run evaluates and logs
 
@@ -26,9 +26,13 @@ Conventions:
   FedLAMA's layer discrepancy reads it when it is there (else y - x from the slots).
 - Communication follows from the declaration: every upload travels (floats up
   = their sizes; all-scalar uploads are 32 bits each and are never compressed),
-  every name in `downloads` travels down. `reductions` are computed from the
+  every name in `downloads` travels down. `aggregate`s are computed from the
   decoded uploads and `ClientInfo`, which the server knows without
   transmission (step counts, learning rates, example counts, ids).
+- Aggregation: `aggregate` declares each aggregate's reduction as an engine/stages.py
+  stage (MEAN with the run's weights p_i, examples or uniform: Aggregates.weighting; SUM
+  over the participants); undeclared uploads are averaged under their own names. A
+  run-level stage (clipping, a robust reducer) wraps the aggregate of the model upload.
 - Layer-wise schedules (FedLAMA) apply the server update, the rows and the
   uploads leaf by leaf. That needs every upload, row and server-state entry to
   be params-shaped (or absent); `layerwise` says whether the rules are also
@@ -40,6 +44,8 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional, Union
 import jax
 import jax.numpy as jnp
 import optax
+
+from fedjax_lama.engine import stages
 
 PyTree = Any
 Shared = Mapping[str, PyTree]
@@ -92,32 +98,41 @@ class ServerState(NamedTuple):
   extra: dict           # algorithm state: SCAFFOLD's c, FedDyn's h, Fed-LAMB's v_hat, ...
 
 
-MEAN = "mean"  # sum_i w_i f_i / sum_i w_i with the round's weights p_i
-SUM = "sum"    # sum_i f_i over the participants (for 1/N means over the federation)
-REDUCTION_KINDS = (MEAN, SUM)
+# The two reducers algorithms declare (engine/stages.py): the round's weighted mean, and the
+# sum over the participants (for 1/N means over the federation).
+MEAN = stages.mean()   # sum_i p_i f_i / sum_i p_i, the round's p_i (Aggregates.weighting)
+SUM = stages.total()   # sum_i f_i over the participants
 
 
 @dataclasses.dataclass(frozen=True)
 class Reduction:
-  """One aggregate: fn(decoded uploads, ClientInfo) of each client, reduced by `kind`."""
+  """One aggregate: fn(decoded uploads, ClientInfo) of each client, reduced by `stage`
+  (an engine/stages.py Stage: MEAN, SUM, or any composition such as a clipped mean)."""
   fn: Callable[[dict, ClientInfo], PyTree]
-  kind: str = MEAN
+  stage: stages.Stage = MEAN
 
   def __post_init__(self):
-    if self.kind not in REDUCTION_KINDS:
-      raise ValueError(f"Reduction.kind={self.kind!r}; accepted: {', '.join(REDUCTION_KINDS)}")
+    if not isinstance(self.stage, stages.Stage):
+      raise ValueError(f"Reduction.stage={self.stage!r}; accepted: an engine.stages.Stage "
+                       "(MEAN, SUM, or a composition of stages)")
 
 
-def upload(name: str, kind: str = MEAN) -> Reduction:
+def upload(name: str, stage: stages.Stage = MEAN) -> Reduction:
   """The aggregate of one upload as it is (the common case)."""
-  return Reduction(lambda uploads, info: uploads[name], kind)
+  return Reduction(lambda uploads, info: uploads[name], stage)
 
 
 class Aggregates(NamedTuple):
-  """The reduced aggregates of one round, as the server update sees them."""
+  """The reduced aggregates of one round, as the server update sees them.
+
+  `weighting` says what the MEAN reductions were weighted by: "examples" (p_i = n_i, the
+  client's number of training examples; the default) or "uniform" (p_i = 1), the run's
+  config.weighting. SUM reductions are unweighted sums over the participants either way.
+  """
   values: dict              # name -> mean or sum
   participants: jax.Array   # M, real clients of the round (float32)
   population: int           # N, clients in the federation (static): 1/N global means
+  weighting: str = "examples"  # p_i of the MEAN reductions: "examples" or "uniform"
 
   def __getitem__(self, name: str) -> PyTree:
     return self.values[name]
@@ -247,7 +262,9 @@ class Algorithm:
   correct: Optional[Correction] = None
   row_init: Optional[Callable[[PyTree], PyTree]] = None   # params -> one client's row
   finish: Finish = upload_delta
-  reductions: Optional[Mapping[str, Reduction]] = None    # None: every upload by MEAN
+  # The declared aggregation: name -> Reduction. Every upload not named here is aggregated
+  # by MEAN under its own name (so declaring some never drops another's default).
+  aggregate: Optional[Mapping[str, Reduction]] = None
   server_init: Optional[Callable[[PyTree], dict]] = None  # params -> ServerState.extra
   server_update: Optional[ServerUpdate] = None            # None: apply_server_tx(agg["delta"])
   downloads: tuple = ("params",)
@@ -271,10 +288,10 @@ class Algorithm:
     extra = dict(self.server_init(params)) if self.server_init is not None else {}
     return ServerState(params, model_state, self.server_tx.init(params), extra)
 
-  def reductions_for(self, upload_names) -> Mapping[str, Reduction]:
-    if self.reductions is not None:
-      return self.reductions
-    return {name: upload(name) for name in upload_names}
+  def aggregations_for(self, upload_names) -> dict:
+    """The declared aggregates, then the MEAN of every other upload under its own name."""
+    declared = dict(self.aggregate or {})
+    return {**declared, **{name: upload(name) for name in upload_names if name not in declared}}
 
   def update_server(self, server: ServerState, agg: Aggregates) -> ServerState:
     if self.server_update is not None:

@@ -45,7 +45,7 @@ class StepStats(NamedTuple):
 
 
 class ClientBatch(NamedTuple):
-  """One client's slice of a packed cohort (engine/round.py's Cohort): the rows of the
+  """One client's slice of a packed cohort (engine/cohort.py's Cohort): the rows of the
   training arrays each local step reads, which are real, and the client's key."""
   indices: jax.Array       # int32 [S, B]: rows of data_x, data_y
   example_mask: jax.Array  # float32 [S, B]: 1 for real examples
@@ -302,7 +302,7 @@ def vmap_clients(client_train, shared_per_client: bool = False, client_map: Opti
   device), and `scan_group_bytes` the values one group may hold per device (default
   SCAN_GROUP_BYTES), for the scan map's group width (`scan_group`).
   `state_axes`: a LocalState of 0 (the field has the client axis) or None (one value every
-  client starts from, `round.fresh_states(..., batched=False)`); default all 0. Why: a start
+  client starts from, `clients.fresh_states(..., batched=False)`); default all 0. Why: a start
   shared by every client need not be copied C times before the round. With the scan map the
   copy and its transpose into scan order were 13 % of the operations' time in a trace of a
   leaf_cnn round (6.6 M parameters); without them rounds ran 1.03x to 1.04x faster

@@ -4,8 +4,11 @@ A round's aggregate is computed as (sum_i w_i x_i, sum_i w_i) pairs so that
 chunks of clients -- and shards of the client axis -- can be accumulated in any
 grouping and divided once at the end (docs/design.md).
 """
+from typing import Any
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedjax_lama.tree import PyTree
 
@@ -38,7 +41,34 @@ def weighted_sum(stacked: PyTree, weights: jax.Array) -> PyTree:
   return jax.tree.map(lambda x: client_sum(x, weights), stacked)
 
 
+def acc_dtype(dtype) -> jnp.dtype:
+  """The dtype client-axis means accumulate in: at least float32."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
+def check_client_weights(weights: Any, leaves: list) -> jax.Array:
+  """weights as a [C] array in the accumulation dtype; C must be every leaf's leading axis."""
+  w = jnp.asarray(weights)
+  num_clients = {np.shape(x)[0] if np.ndim(x) else None for x in leaves}
+  if w.ndim != 1 or num_clients - {w.shape[0]}:
+    raise ValueError(
+        "weights must have shape (C,) with C the leading (client) axis of "
+        f"every leaf of stacked; got weights {w.shape}, leading axes "
+        f"{sorted(num_clients, key=str)}")
+  return w.astype(acc_dtype(w.dtype))
+
+
 def weighted_mean(stacked: PyTree, weights: jax.Array) -> PyTree:
-  total = jnp.sum(weights)
+  """FedAvg's aggregate: sum_i w_i x_i / sum_i w_i per leaf (no client axis), accumulated in
+  at least float32 and cast back to each leaf's dtype.
+
+  Weight-0 rows (padded clients) are ignored entirely, even NaN/inf in them
+  (`client_sum`); with no weight at all the sums (zeros) are returned.
+  """
+  leaves, treedef = jax.tree_util.tree_flatten(stacked)
+  w = check_client_weights(weights, leaves)
+  total = jnp.sum(w)
   safe = jnp.where(total > 0, total, 1.0)
-  return jax.tree.map(lambda s: s / safe, weighted_sum(stacked, weights))
+  means = [(client_sum(x.astype(acc_dtype(x.dtype)), w) / safe.astype(acc_dtype(x.dtype)))
+           .astype(x.dtype) for x in leaves]
+  return jax.tree_util.tree_unflatten(treedef, means)

@@ -4,8 +4,9 @@
 layers whose sync flag is set are averaged over the client (slot) axis and
 their unit discrepancy d_l (Eq. 2) is measured; every other layer keeps each
 client's copy bit for bit. With every flag set it equals FedAvg's
-`weighted_mean` broadcast to all clients, bit for bit when both run the same
-way (both jitted, or both op by op: XLA's fusion can change the last bit).
+`reduce.weighted_mean` broadcast to all clients, bit for bit when both run the same
+way (both jitted, or both op by op: XLA's fusion can change the last bit). FedAvg's
+`weighted_mean` itself is engine/reduce.py's.
 
 Conventions shared by both functions:
 - `stacked` is a params pytree whose leaves have a leading client axis C
@@ -35,8 +36,7 @@ from fedjax_lama.engine import reduce
 PyTree = Any  # A params pytree; "stacked" means leaves carry a client axis.
 
 
-def _acc_dtype(dtype) -> jnp.dtype:
-  return jnp.promote_types(dtype, jnp.float32)
+_acc_dtype = reduce.acc_dtype
 
 
 def _leaf_mean(x: jax.Array, w: jax.Array, total: jax.Array) -> jax.Array:
@@ -55,27 +55,7 @@ def _leaf_sq_dist(x: jax.Array, mean: jax.Array, w: jax.Array,
   return jnp.sum(jnp.where(w > 0, w * per_client, 0)) / total.astype(acc)
 
 
-def _check_weights(weights: Any, leaves: list) -> jax.Array:
-  w = jnp.asarray(weights)
-  num_clients = {np.shape(x)[0] if np.ndim(x) else None for x in leaves}
-  if w.ndim != 1 or num_clients - {w.shape[0]}:
-    raise ValueError(
-        "weights must have shape (C,) with C the leading (client) axis of "
-        f"every leaf of stacked; got weights {w.shape}, leading axes "
-        f"{sorted(num_clients, key=str)}")
-  return w.astype(_acc_dtype(w.dtype))
-
-
-def weighted_mean(stacked: PyTree, weights: Any) -> PyTree:
-  """FedAvg's aggregate: sum_i w_i x_i / sum_i w_i per leaf (no client axis).
-
-  Weight-0 rows are ignored entirely (see the module docstring).
-  """
-  leaves, treedef = jax.tree_util.tree_flatten(stacked)
-  w = _check_weights(weights, leaves)
-  total = jnp.sum(w)
-  means = [_leaf_mean(x, w, total).astype(x.dtype) for x in leaves]
-  return jax.tree_util.tree_unflatten(treedef, means)
+_check_weights = reduce.check_client_weights
 
 
 def _check_leaf_to_layer(leaf_to_layer: Any, num_leaves: int,

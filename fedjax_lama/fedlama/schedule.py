@@ -5,7 +5,7 @@ Scalable Federated Learning", AAAI 2023 (Algorithm 2); arXiv v1 (Algorithm 1).
 
 One program "round" is one window of W = phi * unit local steps, run as ONE
 jitted call: phi sub-rounds of `unit` steps of the vmapped local scan over the
-slots (engine/round.py's ClientPhase), each followed by a layer-masked round of
+slots (engine/clients.py's ClientPhase), each followed by a layer-masked round of
 the base algorithm: the layers due now (sync mask r mod m_l == 0) are uploaded,
 aggregated and put through the algorithm's server update, and only those layers
 of the server state, the clients' rows and the slots' models take the new values
@@ -33,7 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_lama import compression, plots, rng
-from fedjax_lama.engine import client_store, evaluate, local, reduce, round as round_lib, sharding
+from fedjax_lama.engine import (aggregation, client_store, clients as clients_lib,
+                                cohort as cohort_lib, evaluate, leafwise, local, reduce, sharding,
+                                traffic as traffic_lib)
 from fedjax_lama.engine.algorithm import (MODEL_UPLOAD, Algorithm, ClientContext, ClientInfo,
                                           LocalState, ServerState)
 from fedjax_lama.errors import ConfigError
@@ -63,7 +65,7 @@ def check_composable(algorithm: Algorithm, server: ServerState, row, traffic,
   params_def = jax.tree_util.tree_structure(params)
   problems = []
   for what, tree in (("server state", (server.opt_state, server.extra)), ("client row", row)):
-    parts = round_lib.non_leafwise_parts(tree, params)
+    parts = leafwise.non_leafwise_parts(tree, params)
     if parts:
       problems.append(f"its {what} has entries that are not per layer ({', '.join(parts[:3])})")
   for name, shape in traffic.upload_shapes.items():
@@ -123,8 +125,13 @@ class FedLamaProgram(ProgramBase):
     self.reporter = Reporter(algorithm.report)
     server = algorithm.init_server(params, model_state)
     self.row_template = algorithm.row_init(params) if algorithm.row_init is not None else {}
-    self.traffic = round_lib.traffic(algorithm, server, self.row_template)
+    self.traffic = traffic_lib.traffic(algorithm, server, self.row_template)
     check_composable(algorithm, server, self.row_template, self.traffic, opts.algorithm_name)
+    # The run's aggregation stage, per synchronised layer set (RoundAggregation.on_clients).
+    self.aggregation = aggregation.RoundAggregation(algorithm, opts.aggregator, seed=opts.seed,
+                                                    weighting=opts.weighting,
+                                                    name=opts.algorithm_name)
+    self.aggregation.resolve(self.traffic.upload_shapes)
     if self.row_template and fl.client_sampling != "window":
       raise ConfigError(
           f"config.fedlama.client_sampling={fl.client_sampling!r} is not accepted with "
@@ -141,7 +148,7 @@ class FedLamaProgram(ProgramBase):
     # A sub-round is one round of the base algorithm: "exponential" decays per sub-round.
     self.learning_rate = opts.learning_rate.build(total, self.unit)
     self.plan = platform_plan(opts)
-    self.phase = round_lib.ClientPhase(loss_fn, algorithm, self.learning_rate, seed=opts.seed,
+    self.phase = clients_lib.ClientPhase(loss_fn, algorithm, self.learning_rate, seed=opts.seed,
                                        unroll=opts.unroll, augment=opts.augment,
                                        compressor=self.compressor, client_devices=mesh.size,
                                        plan=self.plan)
@@ -156,7 +163,8 @@ class FedLamaProgram(ProgramBase):
     state_shardings = FedLamaState(clients, *[replicated] * 5, clients, clients, clients)
     self.window_fn = local.jit_training(
         self._window, plan=self.plan, donate_argnums=(0,),
-        out_shardings=(state_shardings, clients, replicated, replicated, replicated))
+        out_shardings=(state_shardings, clients, replicated, replicated, replicated,
+                       replicated))
 
   # ---- state ---------------------------------------------------------------------------
   def _fresh_opt_states(self, ctx: ClientContext):
@@ -187,7 +195,11 @@ class FedLamaProgram(ProgramBase):
     rows = {}
     if self.algorithm.row_init is not None:
       rows = self._new_store(self.row_template)
-    return {"fedlama": state, "rows": rows}
+    out = {"fedlama": state, "rows": rows}
+    agg_state = self.aggregation.init(self.params, self.traffic.upload_shapes)
+    if agg_state:  # only a stage with state adds to the checkpointed state
+      out["aggregation"] = sharding.replicate(agg_state, self.mesh)
+    return out
 
   # ---- one window, jitted ----------------------------------------------------------------
   def _per_leaf(self, per_layer: jax.Array) -> object:
@@ -195,8 +207,10 @@ class FedLamaProgram(ProgramBase):
     leaves = [per_layer[..., int(layer)] for layer in self.spec.leaf_to_layer]
     return jax.tree_util.tree_unflatten(self.params_def, leaves)
 
-  def _window(self, state: FedLamaState, rows, data_x, data_y, cohorts: round_lib.Cohort, window):
-    """cohorts: leaves [phi, C, unit, ...] (client fields [phi, C])."""
+  def _window(self, state: FedLamaState, rows, agg_state, data_x, data_y,
+              cohorts: cohort_lib.Cohort, window):
+    """cohorts: leaves [phi, C, unit, ...] (client fields [phi, C]). agg_state: the run
+    stage's state, updated at every sub-round that synchronises some layer."""
     fl, alg = self.fl, self.algorithm
     mult = state.multipliers
     intervals = (mult * self.unit).astype(jnp.float32)
@@ -243,12 +257,21 @@ class FedLamaProgram(ProgramBase):
             slots.params)
       d = layer_sync.layer_discrepancy(moved, weights, sync, intervals, d,
                                        self.spec.leaf_to_layer)
-      sums = round_lib.reduce_uploads(alg, uploads, info, slots.model_state, weights,
-                                      c.client_mask)
-      new_server = alg.update_server(server, round_lib.aggregates(alg, sums, self.fed.num_clients))
-      server = round_lib.select_leafwise(sync_leaf, new_server._replace(
+      # The run's stage sees the leaves synchronised now (the others as zeros; their
+      # aggregates are discarded below); the discrepancy above measured the raw uploads.
+      agg = self.aggregation
+      uploads = agg.on_clients(uploads, c.client_ids, sub_round, agg_state,
+                               leaf_mask=sync_leaf if agg.stage is not None else None)
+      sums = agg.reduce(uploads, info, slots.model_state, weights, c.client_mask, agg_state,
+                        sub_round)
+      aggregates, new_agg_state, _ = agg.finish(sums, self.fed.num_clients, agg_state,
+                                                sub_round)
+      agg_state = jax.tree.map(lambda a, b: jnp.where(jnp.any(sync), a, b), new_agg_state,
+                               agg_state)
+      new_server = alg.update_server(server, aggregates)
+      server = leafwise.select_leafwise(sync_leaf, new_server._replace(
           model_state=server.model_state), server, self.params_def)
-      rows = round_lib.select_leafwise(sync_leaf, new_rows, rows, self.params_def)
+      rows = leafwise.select_leafwise(sync_leaf, new_rows, rows, self.params_def)
       counts = counts + sync.astype(jnp.int32)
       params = jax.tree.map(lambda m, u, x: jnp.where(m, u[None], x), sync_leaf,
                                       server.params, slots.params)
@@ -272,10 +295,10 @@ class FedLamaProgram(ProgramBase):
       new_mult = jnp.where(window >= fl.warmup_windows, selected, self.base).astype(jnp.int32)
     new_state = FedLamaState(slots, server, d, new_mult, counts, state.window + 1,
                              since_steps, since_size, since_m)
-    return new_state, rows, stats_sum, mult, sync
+    return new_state, rows, agg_state, stats_sum, mult, sync
 
   # ---- host side -------------------------------------------------------------------------
-  def _pack_window(self, window: int) -> round_lib.Cohort:
+  def _pack_window(self, window: int) -> cohort_lib.Cohort:
     fl, opts = self.fl, self.opts
     if fl.client_sampling == "window":
       ids = opts.sampler.sample(window)
@@ -285,7 +308,7 @@ class FedLamaProgram(ProgramBase):
       ex = np.stack(np.split(full.example_mask, self.phi, axis=1))
       sm = np.stack(np.split(full.step_mask, self.phi, axis=1))
       rep = lambda a: np.stack([a] * self.phi)
-      return round_lib.Cohort(idx, ex, sm, rep(full.client_mask), rep(full.client_ids),
+      return cohort_lib.Cohort(idx, ex, sm, rep(full.client_mask), rep(full.client_ids),
                               rep(full.num_examples))
     parts = []
     for r in range(self.phi):
@@ -293,7 +316,7 @@ class FedLamaProgram(ProgramBase):
       ids = opts.sampler.sample(sub)
       parts.append(pack(with_steps(opts, self.unit), self.fed, ids, sub, self.slots_padded,
                         self.unit))
-    return round_lib.Cohort(*[np.stack(x) for x in zip(*parts)])
+    return cohort_lib.Cohort(*[np.stack(x) for x in zip(*parts)])
 
   def run_round(self, state, window: int):
     cohorts = self._pack_window(window)
@@ -305,8 +328,9 @@ class FedLamaProgram(ProgramBase):
     fstate = state["fedlama"]
     mult = np.asarray(fstate.multipliers)
     counts_before = np.asarray(fstate.sync_counts)
-    fstate, rows, stats, _, _ = self.window_fn(fstate, rows, self.data_x, self.data_y, cohorts,
-                                               window)
+    agg_state = state.get("aggregation", {})
+    fstate, rows, agg_state, stats, _, _ = self.window_fn(fstate, rows, agg_state, self.data_x,
+                                                          self.data_y, cohorts, window)
     if store is not None:
       store.scatter(ids, mask, rows)
     stats = np.asarray(stats)
@@ -336,8 +360,10 @@ class FedLamaProgram(ProgramBase):
              "bn_stat_floats": self._bn_floats(n_real)}
     loss = stats[0] / stats[2] if stats[2] else 0.0
     bits_up = int(np.sum(leaf_syncs * self.leaf_bits)) * n_real
-    state = {"fedlama": fstate, "rows": store.rows if store is not None else {}}
-    return state, RoundOutput(float(loss), float(stats[2]), up, down, None, extra,
+    new_state = {"fedlama": fstate, "rows": store.rows if store is not None else {}}
+    if "aggregation" in state:
+      new_state["aggregation"] = agg_state
+    return new_state, RoundOutput(float(loss), float(stats[2]), up, down, None, extra,
                               bits_up=bits_up)
 
   def _bn_floats(self, n_real: int) -> int:

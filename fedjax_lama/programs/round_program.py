@@ -22,7 +22,8 @@ from fedjax_lama import federation
 from fedjax_lama.algorithms.common import ONE_STEP_KINDS
 from fedjax_lama.engine import client_store
 from fedjax_lama.engine import plan as plan_lib
-from fedjax_lama.engine import round as round_lib
+from fedjax_lama.engine import stages
+from fedjax_lama.engine import cohort as cohort_lib
 from fedjax_lama.engine.algorithm import report_model
 
 
@@ -105,6 +106,10 @@ class RunOptions:
   local_optimizer_state: str = "reset"
   # The name the run's algorithm is reported under, for messages (registry.run_facts).
   algorithm_name: str = "the algorithm"
+  # The run's aggregation stage around the model upload's aggregate, for every synchronous
+  # algorithm and under the FedLAMA schedule (engine/stages.py: a clip, a coordinate median,
+  # a chain of them); None: each algorithm's declared aggregation alone.
+  aggregator: Optional[stages.Stage] = None
 
   def __post_init__(self):
     if self.one_step is not None and self.one_step not in ONE_STEP_KINDS:
@@ -131,7 +136,7 @@ def steps_per_round(opts: RunOptions, fed) -> int:
 
 
 def pack(opts: RunOptions, fed, ids, round_idx: int, num_clients_padded: int,
-         num_steps: int) -> round_lib.Cohort:
+         num_steps: int) -> cohort_lib.Cohort:
   """The cohort's batches as index arrays and masks, padded to static shapes."""
   if opts.one_step == "full_batch":
     # One step over each client's whole data: one epoch with a batch of the largest client.
@@ -146,7 +151,7 @@ def pack(opts: RunOptions, fed, ids, round_idx: int, num_clients_padded: int,
       [fed.client_train[i] for i in ids], list(ids), batch_size=batch, num_steps=steps,
       num_epochs=epochs, seed=opts.seed, round_idx=round_idx, pad_clients_to=num_clients_padded,
       pad_steps_to=num_steps)
-  return round_lib.Cohort(packed.indices.astype(np.int32), packed.example_mask.astype(np.float32),
+  return cohort_lib.Cohort(packed.indices.astype(np.int32), packed.example_mask.astype(np.float32),
                           packed.step_mask.astype(np.float32),
                           packed.client_mask.astype(np.float32),
                           packed.client_ids.astype(np.int32),

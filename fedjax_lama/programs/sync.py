@@ -11,6 +11,12 @@ sum, weight) pairs, so chunked and unchunked rounds reduce the same quantities
 (server replicated, per-client arrays split over clients), so every round after the
 first reuses the first round's executables.
 
+With a whole-cohort aggregation stage (RunOptions.aggregator, a coordinate median) each
+chunk also returns its clients' values of the model upload's aggregate, and the chunks'
+stacks are concatenated: the round holds C x d floats (C clients of the round, d the
+model's size) until the server update; streaming stages (a clip, the mean) keep the
+(sum, weight) pairs only.
+
 Per-client persistent state (algorithm.row_init) lives in a `client_store.ClientStore`,
 on device or, with RunOptions.client_state_on_host, in host memory. `run_round`
 consumes its `state`: the store is updated in place.
@@ -22,7 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_lama import compression
-from fedjax_lama.engine import client_store, evaluate, local, round as round_lib, sharding
+from fedjax_lama.engine import (aggregation, client_store, clients as clients_lib, evaluate, local,
+                                sharding, sync_round, traffic as traffic_lib)
 from fedjax_lama.engine.algorithm import Algorithm
 from fedjax_lama.programs.round_program import (ProgramBase, Reporter, RoundOutput, RunOptions,
                                                 pack, platform_plan, steps_per_round)
@@ -30,18 +37,18 @@ from fedjax_lama.programs.round_program import (ProgramBase, Reporter, RoundOutp
 
 class _RoundTotals(NamedTuple):
   """A round's running sums over its chunks, kept on device until the round ends."""
-  sums: round_lib.ChunkSums
+  sums: aggregation.ChunkSums
   loss_sum: jax.Array
   count: jax.Array
 
 
-def _first_chunk(sums: round_lib.ChunkSums, stats: round_lib.ClientStats) -> _RoundTotals:
+def _first_chunk(sums: aggregation.ChunkSums, stats: clients_lib.ClientStats) -> _RoundTotals:
   return _RoundTotals(sums, jnp.sum(stats.loss_sum), jnp.sum(stats.count))
 
 
-def _add_chunk(totals: _RoundTotals, sums: round_lib.ChunkSums,
-               stats: round_lib.ClientStats) -> _RoundTotals:
-  return _RoundTotals(round_lib.add_sums(totals.sums, sums),
+def _add_chunk(totals: _RoundTotals, sums: aggregation.ChunkSums,
+               stats: clients_lib.ClientStats) -> _RoundTotals:
+  return _RoundTotals(aggregation.add_sums(totals.sums, sums),
                       totals.loss_sum + jnp.sum(stats.loss_sum),
                       totals.count + jnp.sum(stats.count))
 
@@ -65,11 +72,11 @@ class SyncProgram(ProgramBase):
     self.eval_every = opts.eval_every
     loss_fn = local.make_loss_fn(model, has_state, opts.label_smoothing)
     learning_rate = opts.learning_rate.build(opts.rounds * self.num_steps, self.num_steps)
-    train_chunk, server_update = round_lib.make_round_fns(
+    train_chunk, server_update = sync_round.make_round_fns(
         loss_fn, algorithm, learning_rate, seed=opts.seed, weighting=opts.weighting,
         local_steps=self.num_steps, population=fed.num_clients, unroll=opts.unroll,
         compressor=self.compressor, augment=opts.augment, client_devices=mesh.size, jit=False,
-        plan=self.plan)
+        plan=self.plan, aggregator=opts.aggregator, name=opts.algorithm_name)
     replicated = sharding.replicated_sharding(mesh)
     clients = sharding.clients_sharding(mesh)
     self.train_chunk = local.jit_training(train_chunk, plan=self.plan,
@@ -85,44 +92,64 @@ class SyncProgram(ProgramBase):
     self.chunk_size = sharding.padded_size(cap, mesh)
     server = algorithm.init_server(params, model_state)
     row = algorithm.row_init(params) if algorithm.row_init is not None else {}
-    self.traffic = round_lib.traffic(algorithm, server, row)
-    self.bits_up_per_client = round_lib.uplink_bits(self.traffic, self.compressor)
+    self.traffic = traffic_lib.traffic(algorithm, server, row)
+    self.bits_up_per_client = traffic_lib.uplink_bits(self.traffic, self.compressor)
+    self.aggregation = aggregation.RoundAggregation(algorithm, opts.aggregator, seed=opts.seed,
+                                                    weighting=opts.weighting,
+                                                    name=opts.algorithm_name)
+    # Refuses, before any training, an algorithm the run's stage cannot wrap.
+    self.aggregation.resolve(self.traffic.upload_shapes)
 
   def init_state(self):
     server = self.algorithm.init_server(self.params, self.model_state)
     rows = {}
     if self.algorithm.row_init is not None:
       rows = self._new_store(self.algorithm.row_init(self.params))
-    return {"server": sharding.replicate(server, self.mesh), "rows": rows}
+    state = {"server": sharding.replicate(server, self.mesh), "rows": rows}
+    agg_state = self._agg_init()
+    if agg_state:  # only a stage with state adds to the checkpointed state
+      state["aggregation"] = sharding.replicate(agg_state, self.mesh)
+    return state
+
+  def _agg_init(self) -> dict:
+    return self.aggregation.init(self.params, self.traffic.upload_shapes)
 
   def run_round(self, state, round_idx: int):
     ids = self.opts.sampler.sample(round_idx)
     server = state["server"]
     store = self._adopt_rows(state["rows"])
+    agg_state = state.get("aggregation", {})
     totals = None
     for start in range(0, len(ids), self.chunk_size):
       group = ids[start:start + self.chunk_size]
       packed = pack(self.opts, self.fed, group, round_idx, self.chunk_size, self.num_steps)
       cohort = sharding.shard_clients(packed, self.mesh)
       rows = store.gather(packed.client_ids) if store is not None else {}
+      # A stage's state is passed only when there is one (the call is otherwise unchanged).
+      with_state = (agg_state,) if agg_state else ()
       sums, new_rows, stats = self.train_chunk(server, rows, self.data_x, self.data_y, cohort,
-                                               round_idx)
+                                               round_idx, *with_state)
       if store is not None:
         store.scatter(packed.client_ids, packed.client_mask, new_rows)
       totals = (self._first_chunk(sums, stats) if totals is None else
                 self._add_chunk(totals, sums, stats))
-    loss, count = 0.0, 0.0
+    loss, count, scalars = 0.0, 0.0, {}
     if totals is not None:  # a Bernoulli draw can be empty: the server stays as it was
-      server = self.server_update(server, totals.sums)
+      server, agg_state, scalars = self.server_update(server, totals.sums, agg_state,
+                                                      round_idx)
       loss, count = (float(v) for v in jax.device_get((totals.loss_sum, totals.count)))
     n = len(ids)
-    t = self.traffic
     extra = {"clients": n, **self.reporter.scalars(server)}
+    extra.update({f"aggregator_{k}": float(v) for k, v in jax.device_get(scalars).items()})
+    t = self.traffic
     out = RoundOutput(loss / count if count else 0.0, count, t.up_per_leaf * n,
                       t.down_per_leaf * n, None, extra,
                       bits_up=self.bits_up_per_client * n, floats_up_other=t.up_other * n,
                       floats_down_other=t.down_other * n)
-    return {"server": server, "rows": store.rows if store is not None else {}}, out
+    new_state = {"server": server, "rows": store.rows if store is not None else {}}
+    if "aggregation" in state:
+      new_state["aggregation"] = agg_state
+    return new_state, out
 
   def eval_params(self, state):
     server = state["server"]

@@ -3,7 +3,7 @@ client axis (issue 19, "vectorized sweeps").
 
 Runs that share shapes -- the same config but for the seed and the local learning rate, as a
 paper's seeds and learning-rate grid are -- train together: each round is ONE jitted call of
-`jax.vmap` over runs of the synchronous round (engine/round.py), each run with its own
+`jax.vmap` over runs of the synchronous round (engine/sync_round.py), each run with its own
 federation (the partition follows its seed), cohort, batches, keys, initial model, rate,
 server state and per-client rows. Every run computes exactly what its sequential run does
 (to float rounding: XLA may batch the arithmetic differently), and writes the same files.
@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_lama import compression
-from fedjax_lama.engine import evaluate, local, round as round_lib
+from fedjax_lama.engine import (aggregation, cohort as cohort_lib, evaluate, local, sync_round,
+                                traffic as traffic_lib)
 from fedjax_lama.engine.algorithm import Algorithm
 from fedjax_lama.programs.round_program import (Reporter, RoundOutput, RunOptions, pack,
                                                 platform_plan, steps_per_round)
@@ -65,6 +66,9 @@ class VectorizedSyncProgram:
       differ = [k for k in ("rounds", "local_steps", "local_epochs", "batch_size", "weighting",
                             "eval_every", "label_smoothing", "unroll")
                 if getattr(o, k) != getattr(base, k)]
+      stage_name = lambda opts: opts.aggregator.name if opts.aggregator is not None else None
+      if stage_name(o) != stage_name(base):
+        differ.append("aggregator")
       if (differ or o.learning_rate.decay != base.learning_rate.decay
           or o.sampler.kind != base.sampler.kind):
         raise ValueError(f"run {i} differs from run 0 in "
@@ -93,30 +97,39 @@ class VectorizedSyncProgram:
     self.plan = plan = platform_plan(base)
     weighting, steps, augment, unroll = base.weighting, self.num_steps, base.augment, base.unroll
 
-    def one_run(server, store, data_x, data_y, cohort, round_idx, seed, lr):
-      train_chunk, server_update = round_lib.make_round_fns(
+    aggregator = base.aggregator
+
+    def one_run(server, store, agg_state, data_x, data_y, cohort, round_idx, seed, lr):
+      train_chunk, server_update = sync_round.make_round_fns(
           loss_fn, algorithm, lambda step: learning_rate(step) * lr, seed=seed, weighting=weighting,
           local_steps=steps, population=num_clients, unroll=unroll, augment=augment,
           compressor=self.compressor, jit=False,
-          client_devices=self.mesh.size, plan=plan)
-      rows = round_lib.gather_rows(store, cohort.client_ids) if store else {}
-      sums, new_rows, stats = train_chunk(server, rows, data_x, data_y, cohort, round_idx)
+          client_devices=self.mesh.size, plan=plan, aggregator=aggregator,
+          name=base.algorithm_name)
+      rows = cohort_lib.gather_rows(store, cohort.client_ids) if store else {}
+      sums, new_rows, stats = train_chunk(server, rows, data_x, data_y, cohort, round_idx,
+                                          agg_state)
       if store:
-        store = round_lib.scatter_rows(store, cohort.client_ids, cohort.client_mask, new_rows)
-      new = server_update(server, sums)
+        store = cohort_lib.scatter_rows(store, cohort.client_ids, cohort.client_mask, new_rows)
+      new, new_agg, scalars = server_update(server, sums, agg_state, round_idx)
       has = sums.weight > 0
       server = jax.tree.map(lambda a, b: jnp.where(has, a, b), new, server)
-      return server, store, jnp.sum(stats.loss_sum), jnp.sum(stats.count)
+      return server, store, new_agg, scalars, jnp.sum(stats.loss_sum), jnp.sum(stats.count)
 
     self._round = local.jit_training(
-        jax.vmap(one_run, in_axes=(0, 0, data_axis, data_axis, 0, None, 0, 0)),
-        plan=plan, donate_argnums=(0, 1))
+        jax.vmap(one_run, in_axes=(0, 0, 0, data_axis, data_axis, 0, None, 0, 0)),
+        plan=plan, donate_argnums=(0, 1, 2))
     self.seeds = jnp.asarray([o.seed for o in opts_list], jnp.int32)
     self.lrs = jnp.asarray([o.learning_rate.lr for o in opts_list], jnp.float32)
     server = algorithm.init_server(params_list[0], model_state_list[0])
     row = algorithm.row_init(params_list[0]) if algorithm.row_init is not None else {}
-    self.traffic = round_lib.traffic(algorithm, server, row)
-    self.bits_up_per_client = round_lib.uplink_bits(self.traffic, self.compressor)
+    self.traffic = traffic_lib.traffic(algorithm, server, row)
+    self.bits_up_per_client = traffic_lib.uplink_bits(self.traffic, self.compressor)
+    self.aggregations = [aggregation.RoundAggregation(algorithm, o.aggregator, seed=o.seed,
+                                                      weighting=o.weighting,
+                                                      name=o.algorithm_name)
+                         for o in opts_list]
+    self.aggregations[0].resolve(self.traffic.upload_shapes)
 
   def init_state(self):
     servers = [self.algorithm.init_server(p, s)
@@ -126,7 +139,12 @@ class VectorizedSyncProgram:
       stores = [jax.tree.map(
           lambda r: jnp.broadcast_to(r, (f.num_clients,) + jnp.shape(r)),
           self.algorithm.row_init(p)) for p, f in zip(self.params_list, self.feds)]
-    return {"server": _stack(servers), "rows": _stack(stores) if stores[0] else {}}
+    state = {"server": _stack(servers), "rows": _stack(stores) if stores[0] else {}}
+    agg_states = [a.init(p, self.traffic.upload_shapes)
+                  for a, p in zip(self.aggregations, self.params_list)]
+    if agg_states[0]:  # only a stage with state adds to the checkpointed state
+      state["aggregation"] = _stack(agg_states)
+    return state
 
   def run_round(self, state, round_idx: int):
     cohorts, sizes = [], []
@@ -137,20 +155,28 @@ class VectorizedSyncProgram:
                          f"{self.chunk_size}: run it sequentially (chunks)")
       cohorts.append(pack(opts, fed, ids, round_idx, self.chunk_size, self.num_steps))
       sizes.append(len(ids))
-    cohort = round_lib.Cohort(*[_stack_padded(x) for x in zip(*cohorts)])
-    server, rows, loss, count = self._round(state["server"], state["rows"], self.data_x,
-                                            self.data_y, cohort, round_idx, self.seeds, self.lrs)
+    cohort = cohort_lib.Cohort(*[_stack_padded(x) for x in zip(*cohorts)])
+    agg_state = state.get("aggregation", {})
+    server, rows, agg_state, scalars, loss, count = self._round(
+        state["server"], state["rows"], agg_state, self.data_x, self.data_y, cohort, round_idx,
+        self.seeds, self.lrs)
     loss, count = np.asarray(loss), np.asarray(count)
+    scalars = {k: np.asarray(v) for k, v in jax.device_get(scalars).items()}
     t = self.traffic
     reports = ([{}] * self.num_runs if self.reporter.default else
                [self.reporter.scalars(self.run_state({"server": server}, i)["server"])
                 for i in range(self.num_runs)])
     outs = [RoundOutput(float(l / c) if c else 0.0, float(c), t.up_per_leaf * n,
-                        t.down_per_leaf * n, None, {"clients": n, **scalars},
+                        t.down_per_leaf * n, None,
+                        {"clients": n, **report,
+                         **{f"aggregator_{k}": float(v[i]) for k, v in scalars.items()}},
                         bits_up=self.bits_up_per_client * n, floats_up_other=t.up_other * n,
                         floats_down_other=t.down_other * n)
-            for l, c, n, scalars in zip(loss, count, sizes, reports)]
-    return {"server": server, "rows": rows}, outs
+            for i, (l, c, n, report) in enumerate(zip(loss, count, sizes, reports))]
+    new_state = {"server": server, "rows": rows}
+    if "aggregation" in state:
+      new_state["aggregation"] = agg_state
+    return new_state, outs
 
   def run_state(self, state, run: int):
     """The state of one run, as its sequential program would hold it (for checkpoints)."""

@@ -5,7 +5,7 @@ implements them on the same engine and algorithm interface as the synchronous me
 (docs/design.md), for FedAT (Chai et al., SC'21) and its baselines (Chai et al., SC'21, Sec. 6):
 
 - `EngineTrainer`: each batch of TrainJobs is ONE vectorised engine call
-  (`engine.round.ClientPhase` with `shared_per_client=True`): start models and proximal
+  (`engine.clients.ClientPhase` with `shared_per_client=True`): start models and proximal
   anchors are stacked on the client axis, the axis is padded to a bucket (a power of two
   times the device count for small calls, else a multiple of `call_size_multiple` and of
   the device count; `padded_size`) and sharded over the devices of the "clients" mesh that
@@ -36,7 +36,7 @@ from fedjax_lama.algorithms.fedprox import proximal
 from fedjax_lama.engine import evaluate as evaluation
 from fedjax_lama.engine import local, sharding
 from fedjax_lama.engine import plan as plan_lib
-from fedjax_lama.engine import round as round_lib
+from fedjax_lama.engine import clients as clients_lib
 from fedjax_lama.engine.algorithm import Algorithm, ClientContext, LocalOptimizer
 from fedjax_lama.simulation import job_packing
 from fedjax_lama.simulation.interfaces import PyTree, TrainJob, TrainResult
@@ -115,7 +115,7 @@ class EngineTrainer:
     self.algorithm = job_algorithm(local_tx if local_tx is not None else local_solver())
     loss_fn = local.make_loss_fn(model, False, label_smoothing)
     # One phase per call mesh: the scan map's group width follows the devices of the call.
-    self._phase = functools.cache(lambda devices: round_lib.ClientPhase(
+    self._phase = functools.cache(lambda devices: clients_lib.ClientPhase(
         loss_fn, self.algorithm, lambda step: lr, seed=seed, unroll=unroll, augment=augment,
         shared_per_client=True, client_devices=devices, plan=self.plan))
     # The tables every call reads: row_table, sizes_table, data_x, data_y.
@@ -137,7 +137,7 @@ class EngineTrainer:
     ctx = ClientContext({"params": anchor}, {"prox_coeff": prox}, cohort.num_examples,
                         cohort.client_ids)
     num = client_ids.shape[0]
-    state = round_lib.fresh_states(self.algorithm, ctx, {}, num, shared_per_client=True)
+    state = clients_lib.fresh_states(self.algorithm, ctx, {}, num, shared_per_client=True)
     state = state._replace(params=start)
     keys = jax.vmap(lambda k, j: job_packing.stream_key(
         self.seed, job_packing.LOCAL_RNG_STREAM, k, j))(client_ids, job_indices)

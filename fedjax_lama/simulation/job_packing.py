@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_lama.data.packing import steps_per_epoch
-from fedjax_lama.engine.round import Cohort
+from fedjax_lama.engine.cohort import Cohort
 from fedjax_lama.simulation.streams import Stream
 
 LOCAL_RNG_STREAM = 13  # model randomness of job (k, j); see the module docstring

@@ -7,7 +7,7 @@ Identical inputs, float64 on both sides: a 4-5-3 ReLU MLP (our model zoo's "mlp"
 hidden_sizes=(5,); torch's Linear-ReLU-Linear with the same initial weights, kernel =
 weight^T), three clients with 2, 3 and 4 fixed batches of 4 examples (one local epoch, so
 2, 3 and 4 plain-SGD steps at lr 0.1 on the mean cross-entropy), every client in every
-round, five rounds. Our side runs the engine's round (engine/round.py: the vmapped local
+round, five rounds. Our side runs the engine's round (engine/sync_round.py: the vmapped local
 scan, the algorithm's finish, reductions and server update); FedLab's side runs its
 serial client trainers and server handlers through the loop of its StandalonePipeline
 (third_party/fedlab_peer.py). Compared after every round: the server parameters and the
@@ -38,7 +38,8 @@ import optax  # pylint: disable=wrong-import-position
 from fedjax_lama import algorithms  # pylint: disable=wrong-import-position
 from fedjax_lama.algorithms.common import Common  # pylint: disable=wrong-import-position
 from fedjax_lama.engine import local as local_lib  # pylint: disable=wrong-import-position
-from fedjax_lama.engine import round as round_lib  # pylint: disable=wrong-import-position
+# pylint: disable-next=wrong-import-position
+from fedjax_lama.engine import aggregation, cohort as cohort_lib, sync_round
 from fedjax_lama.models import zoo  # pylint: disable=wrong-import-position
 from third_party import fedlab_peer  # pylint: disable=wrong-import-position
 
@@ -100,7 +101,7 @@ def ours(name, initial, batches, weighting="uniform") -> list[dict]:
   with jax.enable_x64(True):
     alg = algorithms.build(name, Common(server_lr=server_lr, num_clients=N), **hparams)
     loss_fn = local_lib.make_loss_fn(zoo.get("mlp", CLASSES, hidden_sizes=(HIDDEN,)), False)
-    train_chunk, server_update = round_lib.make_round_fns(
+    train_chunk, server_update = sync_round.make_round_fns(
         loss_fn, alg, optax.constant_schedule(LR), seed=0, weighting=weighting,
         local_steps=max_steps, population=N)
     flat = [b for client in batches for b in client]
@@ -114,18 +115,18 @@ def ours(name, initial, batches, weighting="uniform") -> list[dict]:
         indices[i, k] = first_row[i] + k * BATCH + np.arange(BATCH)
         step_mask[i, k] = 1.0
     ids = jnp.arange(N, dtype=jnp.int32)
-    cohort = round_lib.Cohort(jnp.asarray(indices), jnp.ones(indices.shape), jnp.asarray(step_mask),
-                              jnp.ones(N), ids,
-                              jnp.asarray(np.array(BATCHES_PER_CLIENT, np.float64) * BATCH))
+    cohort = cohort_lib.Cohort(jnp.asarray(indices), jnp.ones(indices.shape),
+                               jnp.asarray(step_mask), jnp.ones(N), ids,
+                               jnp.asarray(np.array(BATCHES_PER_CLIENT, np.float64) * BATCH))
     params = jax.tree_util.tree_map(jnp.asarray, to_ours(initial))
     server = alg.init_server(params, {})
     template = alg.row_init(params) if alg.row_init is not None else {}
     store = jax.tree_util.tree_map(lambda r: jnp.stack([r] * N), template)
     for r in range(ROUNDS):
-      rows = round_lib.gather_rows(store, ids) if template else {}
+      rows = cohort_lib.gather_rows(store, ids) if template else {}
       sums, new_rows, _ = train_chunk(server, rows, data_x, data_y, cohort, r)
       if template:
-        store = round_lib.scatter_rows(store, ids, jnp.ones(N), new_rows)
+        store = cohort_lib.scatter_rows(store, ids, jnp.ones(N), new_rows)
       server = server_update(server, sums)
       record = {"params": to_torch_names(server.params)}
       if name == "scaffold":
@@ -134,7 +135,7 @@ def ours(name, initial, batches, weighting="uniform") -> list[dict]:
                          for i in range(N)]
       elif name == "fednova":
         # Our effective step has the learning rate inside (lr * steps for plain SGD).
-        record["tau_eff"] = float(round_lib.aggregates(alg, sums, N)["tau_eff"]) / LR
+        record["tau_eff"] = float(aggregation.aggregates(alg, sums, N)["tau_eff"]) / LR
       history.append(record)
   assert all(a.dtype == np.float64 for a in history[-1]["params"].values())
   return history

@@ -1,0 +1,67 @@
+"""What one client sends and receives per round, from an algorithm's declaration."""
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_lama import compression
+from fedjax_lama.engine.algorithm import (Algorithm, ClientContext, ClientInfo, LocalState,
+                                          ServerState)
+from fedjax_lama.tree import PyTree
+
+
+class Traffic(NamedTuple):
+  """Per participating client and round, from the algorithm's declaration."""
+  up_per_leaf: np.ndarray    # floats of params-shaped uploads, per params leaf
+  up_other: int              # floats of other uploads (scalars: FedNova's ||a_i||_1)
+  down_per_leaf: np.ndarray  # floats of params-shaped downloads, per params leaf
+  down_other: int
+  vector_uploads: tuple      # names of the compressible uploads
+  scalar_floats: int         # floats of all-scalar uploads (32 bits each, never compressed)
+  upload_shapes: dict        # name -> ShapeDtypeStruct pytree (one client)
+
+
+def _size(tree) -> int:
+  return int(sum(np.prod(np.shape(x), dtype=np.int64) for x in jax.tree_util.tree_leaves(tree)))
+
+
+def traffic(algorithm: Algorithm, server: ServerState, row: PyTree) -> Traffic:
+  """What one client sends and receives, from the shapes of `finish` and the downloads."""
+  shared = algorithm.shared(server)
+  f32 = jax.ShapeDtypeStruct((), jnp.float32)
+  i32 = jax.ShapeDtypeStruct((), jnp.int32)
+  ctx = ClientContext(shared, row, f32, i32)
+  info = ClientInfo(f32, f32, f32, f32, i32)
+
+  def one_client(ctx, info):
+    state = LocalState(ctx.shared["params"], server.model_state, algorithm.local.init_state(ctx))
+    return algorithm.finish(state, ctx, info)
+
+  uploads, _ = jax.eval_shape(one_client, ctx, info)
+  params_def = jax.tree_util.tree_structure(server.params)
+  leaf_sizes = np.array([np.prod(np.shape(x), dtype=np.int64)
+                         for x in jax.tree_util.tree_leaves(server.params)], np.int64)
+
+  def split(trees):
+    per_leaf, other = np.zeros_like(leaf_sizes), 0
+    for tree in trees:
+      if jax.tree_util.tree_structure(tree) == params_def:
+        per_leaf = per_leaf + leaf_sizes
+      else:
+        other += _size(tree)
+    return per_leaf, other
+
+  up_leaf, up_other = split(uploads.values())
+  down_leaf, down_other = split(shared.values())
+  scalars = tuple(n for n, v in uploads.items() if compression.is_scalar_upload(v))
+  return Traffic(up_leaf, up_other, down_leaf, down_other,
+                 tuple(n for n in uploads if n not in scalars),
+                 sum(_size(uploads[n]) for n in scalars), uploads)
+
+
+def uplink_bits(traffic_: Traffic, compressor: Optional[compression.Compressor]) -> int:
+  """Bits one client sends per round: compressed vector uploads + 32 per scalar."""
+  comp = compressor if compressor is not None else compression.identity()
+  return int(sum(comp.bits(traffic_.upload_shapes[n]) for n in traffic_.vector_uploads)
+             + 32 * traffic_.scalar_floats)
