@@ -37,6 +37,8 @@ import pytest
 
 from fedjax_lama import checkpointing, registry, training
 from fedjax_lama.engine import aggregation, sharding, stages
+from fedjax_lama.engine import traffic as traffic_lib
+from fedjax_lama.engine.algorithm import MODEL_UPLOAD
 from fedjax_lama.errors import ConfigError
 from fedjax_lama.fedlama.schedule import FedLamaProgram
 from fedjax_lama.programs.sync import SyncProgram
@@ -60,7 +62,10 @@ def _refused(name, fedlama=False) -> bool:
   with its "active" server average, which the contract's FedLAMA config selects)."""
   alg = registry.build_algorithm(contract.config_for(name, fedlama),
                                  num_clients=helpers.NUM_CLIENTS)
-  return alg.model_upload is None
+  params = {"kernel": jnp.zeros((3, 2)), "bias": jnp.zeros((2,))}
+  row = alg.row_init(params) if alg.row_init is not None else {}
+  uploads = traffic_lib.traffic(alg, alg.init_server(params, {}), row).upload_shapes
+  return MODEL_UPLOAD not in uploads
 
 
 def _refusal(name):
