@@ -151,10 +151,9 @@ def build_algorithm(config, num_clients: int = 1, mean_client_examples: float = 
   return algorithm
 
 
-def uplink_compressor(config, algorithm: Optional[Algorithm] = None) -> compression.Compressor:
+def uplink_compressor(config) -> compression.Compressor:
   """config.compressor.name: "auto" is the algorithm's Spec default (`Spec.uplink`; the
-  identity if none). `algorithm` is not read (the default is a registry fact)."""
-  del algorithm
+  identity if none)."""
   cfg = config.compressor
   if cfg.name not in COMPRESSOR_NAMES:
     raise ConfigError(f"config.compressor.name={cfg.name!r} is not accepted; accepted: "
@@ -190,8 +189,8 @@ def validate(config) -> None:
     clock_options(config)
     return
   selection = select(config)
-  algorithm = build_algorithm(config)
-  uplink_compressor(config, algorithm)
+  build_algorithm(config)
+  uplink_compressor(config)
   if selection.schedule == fedlama_options.NAME and config.compressor.name == "qsgd" and (
       config.compressor.block != "leaf"):
     raise ConfigError(f"config.compressor.block={config.compressor.block!r} is not accepted; "

@@ -10,7 +10,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 PyTree = Any
 
@@ -49,11 +48,6 @@ def tree_size(tree: PyTree) -> int:
 def tree_where(pred, on_true: PyTree, on_false: PyTree) -> PyTree:
   """Elementwise select of whole pytrees by a scalar predicate (exact no-op when false)."""
   return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
-
-
-def tree_zeros_like(tree: PyTree) -> PyTree:
-  """`optax.tree.zeros_like(tree)`; kept only while fedjax_lama/algorithms/ imports it."""
-  return optax.tree.zeros_like(tree)
 
 
 def broadcast_clients(tree: PyTree, num_clients: int) -> PyTree:

@@ -177,7 +177,7 @@ def build(config, stage=None, mesh=MESH):
   params = model.init(jax.random.PRNGKey(config.seed), fed.dataset.train_x[:1])["params"]
   selection = registry.select(config)
   algorithm = registry.build_algorithm(config, fed.num_clients, float(np.mean(fed.client_sizes)))
-  compressor = registry.uplink_compressor(config, algorithm)
+  compressor = registry.uplink_compressor(config)
   opts = dataclasses.replace(training.run_options(config, fed), aggregator=stage)
   if selection.fedlama is not None:
     return FedLamaProgram(opts, selection.fedlama, algorithm, model, params, {}, fed, mesh,

@@ -8,7 +8,7 @@ import numpy as np
 from fedjax_lama import compression
 from fedjax_lama.engine.algorithm import (Algorithm, ClientContext, ClientInfo, LocalState,
                                           ServerState)
-from fedjax_lama.tree import PyTree
+from fedjax_lama.tree import PyTree, leaf_sizes, tree_size
 
 
 class Traffic(NamedTuple):
@@ -20,10 +20,6 @@ class Traffic(NamedTuple):
   vector_uploads: tuple      # names of the compressible uploads
   scalar_floats: int         # floats of all-scalar uploads (32 bits each, never compressed)
   upload_shapes: dict        # name -> ShapeDtypeStruct pytree (one client)
-
-
-def _size(tree) -> int:
-  return int(sum(np.prod(np.shape(x), dtype=np.int64) for x in jax.tree_util.tree_leaves(tree)))
 
 
 def traffic(algorithm: Algorithm, server: ServerState, row: PyTree) -> Traffic:
@@ -40,16 +36,15 @@ def traffic(algorithm: Algorithm, server: ServerState, row: PyTree) -> Traffic:
 
   uploads, _ = jax.eval_shape(one_client, ctx, info)
   params_def = jax.tree_util.tree_structure(server.params)
-  leaf_sizes = np.array([np.prod(np.shape(x), dtype=np.int64)
-                         for x in jax.tree_util.tree_leaves(server.params)], np.int64)
+  sizes = leaf_sizes(server.params)
 
   def split(trees):
-    per_leaf, other = np.zeros_like(leaf_sizes), 0
+    per_leaf, other = np.zeros_like(sizes), 0
     for tree in trees:
       if jax.tree_util.tree_structure(tree) == params_def:
-        per_leaf = per_leaf + leaf_sizes
+        per_leaf = per_leaf + sizes
       else:
-        other += _size(tree)
+        other += tree_size(tree)
     return per_leaf, other
 
   up_leaf, up_other = split(uploads.values())
@@ -57,7 +52,7 @@ def traffic(algorithm: Algorithm, server: ServerState, row: PyTree) -> Traffic:
   scalars = tuple(n for n, v in uploads.items() if compression.is_scalar_upload(v))
   return Traffic(up_leaf, up_other, down_leaf, down_other,
                  tuple(n for n in uploads if n not in scalars),
-                 sum(_size(uploads[n]) for n in scalars), uploads)
+                 sum(tree_size(uploads[n]) for n in scalars), uploads)
 
 
 def uplink_bits(traffic_: Traffic, compressor: Optional[compression.Compressor]) -> int:

@@ -211,7 +211,7 @@ def program(spec, parts: Parts, mesh=None):
   if mesh is None:
     mesh = client_mesh(opts.batch_size, parts, chunk_cap(opts))
   algorithm = spec.algorithm.build(fed.num_clients, float(np.mean(fed.client_sizes)))
-  compressor = spec.algorithm.uplink(algorithm)
+  compressor = spec.algorithm.compressor
   fedlama = spec.algorithm.selection.fedlama
   if fedlama is not None:
     return FedLamaProgram(opts, fedlama, algorithm, parts.model, parts.params, parts.model_state,

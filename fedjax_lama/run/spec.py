@@ -11,7 +11,7 @@ import copy
 import dataclasses
 import functools
 import json
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import ml_collections
 
@@ -56,7 +56,7 @@ class AlgorithmSpec:
   name: str                    # as given (an alias such as "fedlama" included)
   selection: registry.Selection
   build: Callable              # (num_clients, mean_client_examples) -> Algorithm
-  uplink: Callable             # Algorithm -> the uplink Compressor
+  compressor: Any              # the uplink Compressor (config.compressor)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +124,7 @@ def build_spec(config: ml_collections.ConfigDict) -> RunSpec:
       model=model_spec(config), records=record_options(config), plan=plan,
       algorithm=None if clock else AlgorithmSpec(
           config.algorithm, selection, functools.partial(registry.build_algorithm, config),
-          functools.partial(registry.uplink_compressor, config)),
+          registry.uplink_compressor(config)),
       options=None if clock else run_options(config, plan),
       clock=dataclasses.replace(clock_options, platform=plan) if clock else None)
 
