@@ -10,6 +10,7 @@ import os
 import chex
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
@@ -135,6 +136,17 @@ def test_preconditions_use_the_smallest_cohort():
   # A Bernoulli draw can hold a single client, which no f >= 1 of Krum survives.
   with pytest.raises(ConfigError, match="bernoulli"):
     spec_lib.build_spec(robust_config("krum", client_sampling="bernoulli"))
+
+
+def test_a_defence_with_differential_privacy_is_refused():
+  config = robust_config("krum")
+  with config.unlocked():
+    config.privacy = ml_collections.ConfigDict({"enabled": True})
+  with pytest.raises(ConfigError, match=r"config\.robust\.defence='krum' with "
+                                        r"config\.privacy\.enabled=True"):
+    robust_stage.read(config, "synchronous")
+  config.privacy.enabled = False
+  assert robust_stage.read(config, "synchronous").defence == "krum"
 
 
 def test_the_simulated_clock_refuses_the_section():
@@ -275,3 +287,37 @@ def test_label_flip_relabels_only_the_malicious_clients_examples():
 ], ids=["krum", "bulyan"])
 def test_the_command_line_refuses_a_broken_bound_in_one_line(tmp_path, args, names):
   cli._check_case(tmp_path, args, names)  # pylint: disable=protected-access
+
+
+# ---- composition ---------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_fedlama_runs_a_defence_behind_an_attack():
+  program = helpers.build(robust_config("median", "sign_flip", schedule="fedlama"), MESH)
+  assert type(program).__name__ == "FedLamaProgram"
+  state, outs = helpers.run(program)
+  assert all(np.all(np.isfinite(x)) for x in jax.tree_util.tree_leaves(_server(program, state)))
+  assert all(np.isfinite(o.train_loss) for o in outs)
+
+
+@pytest.mark.slow
+def test_vectorized_runs_with_a_defence_equal_sequential_runs(tmp_path):
+  configs = [_short(seed=s, **{"robust.defence": "multi_krum", "robust.f": 1})
+             for s in (0, 1)]
+  workdirs = [str(tmp_path / f"vec{s}") for s in (0, 1)]
+  together = training.train_many(configs, workdirs)
+  assert [o["vectorized_runs"] for o in together] == [2, 2]
+  for config, workdir, summary in zip(configs, workdirs, together):
+    alone = str(tmp_path / f"alone{config.seed}")
+    single = training.train_and_evaluate(config, alone)
+    assert single["final_test_accuracy"] == summary["final_test_accuracy"]
+    kept = [r["aggregator_kept"] for r in test_training._metrics(workdir)  # pylint: disable=protected-access
+            if "aggregator_kept" in r]
+    assert kept and all(len(k) == 7 for k in kept)  # n - f of the 8 clients
+
+
+@pytest.mark.slow
+def test_runs_with_an_attack_are_not_vectorized(tmp_path):
+  configs = [_short(seed=s, **{"robust.attack": "ipm", "robust.malicious_count": 2})
+             for s in (0, 1)]
+  outcomes = training.train_many(configs, [str(tmp_path / f"r{s}") for s in (0, 1)])
+  assert all("vectorized_runs" not in o for o in outcomes)
