@@ -86,6 +86,7 @@ def test_defence_none_is_the_default_run_bitwise(tmp_path):
           == test_training._metrics(str(tmp_path / "robust")))  # pylint: disable=protected-access
 
 
+@pytest.mark.slow
 def test_a_workdir_written_before_the_section_resumes(tmp_path):
   """An old workdir's config.json has no config.robust: resuming it is no change."""
   config = _short()
@@ -198,6 +199,7 @@ def test_centered_clipping_momentum_is_checkpointed(tmp_path):
   assert _bits(state["aggregation"]) != _bits(program.init_state()["aggregation"])
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_resumes_from_its_workdir(tmp_path):
   """Centered clipping with momentum behind an attack, through train_and_evaluate."""
   fields = {"robust.defence": "centered_clipping", "robust.radius": 0.5,
