@@ -139,6 +139,27 @@ def base_config() -> ml_collections.ConfigDict:
   # algorithm's own (QSGD with config.fedpaq.levels for fedpaq/fedcom), else "identity".
   # FedPAQ + FedLAMA (AAAI Table 4b) is algorithm="fedlama" with name="qsgd".
   c.compressor = ml_collections.ConfigDict({"name": "auto", "levels": 16, "block": "leaf"})
+  # Byzantine-robust aggregation of the model updates and the attacks it is tested against,
+  # off by default; read once by fedjax_lama/robust/stage.py (docs/guide.md, "Robust
+  # aggregation and attacks"). Options a rule or an attack does not read are ignored.
+  c.robust = ml_collections.ConfigDict({
+      "defence": "none",        # robust.stage.DEFENCES
+      "f": 0,                   # Byzantine clients per cohort the defence must tolerate
+      "num_selected": 0,        # multi_krum: updates averaged (0: n - f)
+      "beta": 0.1,              # trimmed_mean: fraction cut from each side, floor(beta n) >= f
+      "iterations": 0,          # geometric_median (0: 4), centered_clipping (0: 1)
+      "nu": 1e-6,               # geometric_median: smoothing of the Weiszfeld weights
+      "radius": 1.0,            # centered_clipping: clipping radius tau
+      "momentum": 0.0,          # centered_clipping: momentum of the centre, in [0, 1)
+      "bound": 1.0,             # norm_bounding: L2 bound of each update
+      "attack": "none",         # robust.stage.ATTACKS
+      "malicious_fraction": 0.0,  # floor(fraction * clients) malicious, fixed by config.seed
+      "malicious_count": 0,     # or this many (set exactly one of the two with an attack)
+      "scale": 1.0,             # sign_flip: the update sent is -scale * the honest one
+      "std": 1.0,               # gaussian: std of the coordinates sent
+      "z": 0.0,                 # alie: mean - z std (0: Baruch et al.'s z_max for the cohort)
+      "epsilon": 0.5,           # ipm: -epsilon * the honest mean
+  })
   # Run.
   c.eval_every = 1
   c.checkpoint_every = 10
@@ -296,7 +317,7 @@ MODE_FIELDS = {
         "rounds", "local_steps", "eval_every", "per_client_eval", "tensorboard", "schedule",
         "weighting", "server_lr", "weight_decay", "local_lr_decay", "local_lr_warmup_steps",
         "local_lr_decay_steps", "local_lr_decay_factor", "validation_fraction", "compressor",
-        "engine.clients_per_chunk", "engine.client_state_on_host"),
+        "engine.clients_per_chunk", "engine.client_state_on_host", "robust"),
     # A cohort drawn as a fraction of the clients (synchronous rounds, and FedAvg / FedProx
     # on the simulated clock); FedAT, TiFL, FedAsync and ASO-Fed set their own.
     "a cohort of config.active_ratio": ("client_sampling", "active_ratio"),

@@ -23,6 +23,7 @@ from typing import Any, Mapping, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedjax_lama import compression, rng
 from fedjax_lama.engine import reduce, stages
@@ -190,7 +191,8 @@ class RoundAggregation:
                                   per_client)
       reducer = r.reducer
       if reducer.reduction == stages.WHOLE_COHORT:
-        stacks[name] = stages.Stack(per_client, weights, client_mask)
+        stacks[name] = stages.Stack(per_client, weights, client_mask,
+                                    info.client_id.astype(jnp.int32))
       else:
         a = weights if reducer.weights == stages.ROUND_WEIGHTS else client_mask
         values[name] = reduce.weighted_sum(per_client, a)
@@ -226,6 +228,23 @@ class RoundAggregation:
       values[name] = reduced
     return (Aggregates(values, sums.participants, population, self.weighting), states,
             scalars)
+
+
+def stage_metrics(scalars: Mapping[str, Any], prefix: str = "aggregator_") -> dict:
+  """A round's stage scalars (on the host) as metrics.jsonl values, `prefix` + name: a 0-d
+  value as a float; an integer vector (client ids, -1 marking an empty slot: the clients a
+  selecting rule kept) as the sorted list of its entries >= 0."""
+  out = {}
+  for name, value in scalars.items():
+    value = np.asarray(value)
+    if value.ndim == 0:
+      out[prefix + name] = float(value)
+    elif value.ndim == 1 and np.issubdtype(value.dtype, np.integer):
+      out[prefix + name] = sorted(int(i) for i in value if i >= 0)
+    else:
+      raise ValueError(f"stage scalar {name!r} has shape {value.shape} ({value.dtype}); "
+                       "accepted: a 0-d value or a vector of integer ids")
+  return out
 
 
 def reduce_uploads(algorithm: Algorithm, uploads: dict, info: ClientInfo, model_state: PyTree,

@@ -8,7 +8,7 @@ around a mean):
     value = stage.client(value, state, key)                     one client, inside the vmapped
                                                                 client computation (optional)
     reduced = Sums(sum_i a_i v_i, sum_i a_i)                    stage.reduction == "streaming"
-            | Stack(v [C, ...], weights [C], mask [C])          stage.reduction == "whole_cohort"
+            | Stack(v [C, ...], weights [C], mask [C], ids [C]) stage.reduction == "whole_cohort"
     out, state, scalars = stage.server(reduced, state, key)     once per round
 
 Streaming stages see (weighted sum, weight) pairs, which the engine accumulates over chunks
@@ -55,6 +55,9 @@ class Stack(NamedTuple):
   values: PyTree       # leaves [C, ...], padded clients included
   weights: jax.Array   # [C]: the round's weights p_i, 0 for padded clients
   mask: jax.Array      # [C]: 1 for real clients, 0 for padded ones
+  # [C] int32: each row's client id (a stage that treats clients by who they are: the run's
+  # malicious clients, the ids a selecting rule kept); None where the caller has none.
+  client_ids: Optional[jax.Array] = None
 
 
 ClientFn = Callable[[PyTree, PyTree, jax.Array], PyTree]

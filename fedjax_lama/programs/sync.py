@@ -140,7 +140,7 @@ class SyncProgram(ProgramBase):
       loss, count = (float(v) for v in jax.device_get((totals.loss_sum, totals.count)))
     n = len(ids)
     extra = {"clients": n, **self.reporter.scalars(server)}
-    extra.update({f"aggregator_{k}": float(v) for k, v in jax.device_get(scalars).items()})
+    extra.update(aggregation.stage_metrics(jax.device_get(scalars)))
     t = self.traffic
     out = RoundOutput(loss / count if count else 0.0, count, t.up_per_leaf * n,
                       t.down_per_leaf * n, None, extra,

@@ -169,7 +169,7 @@ class VectorizedSyncProgram:
     outs = [RoundOutput(float(l / c) if c else 0.0, float(c), t.up_per_leaf * n,
                         t.down_per_leaf * n, None,
                         {"clients": n, **report,
-                         **{f"aggregator_{k}": float(v[i]) for k, v in scalars.items()}},
+                         **aggregation.stage_metrics({k: v[i] for k, v in scalars.items()})},
                         bits_up=self.bits_up_per_client * n, floats_up_other=t.up_other * n,
                         floats_down_other=t.down_other * n)
             for i, (l, c, n, report) in enumerate(zip(loss, count, sizes, reports))]

@@ -13,6 +13,8 @@ def _vectorizable(specs) -> bool:
   """Runs of one synchronous config differing only in seed and local_lr (and where it lands)."""
   if len(specs) < 2 or any(s.mode != "synchronous" for s in specs):
     return False
+  if any(s.robust is not None and s.robust.attack != "none" for s in specs):
+    return False  # each seed draws its own malicious clients: one program each
   ignore = set(VECTORIZABLE_FIELDS) | set(workdir_lib.RESUMABLE_CHANGES)
   same = lambda s: {k: v for k, v in s.records.config_json.items() if k not in ignore}
   return all(same(s) == same(specs[0]) for s in specs[1:])

@@ -21,6 +21,7 @@ from fedjax_lama.errors import ConfigError
 from fedjax_lama.fedlama.schedule import FedLamaProgram
 from fedjax_lama.programs.round_program import RunOptions
 from fedjax_lama.programs.sync import SyncProgram
+from fedjax_lama.robust import stage as robust_stage
 
 # What each model consumes (fedjax_lama.data.INPUT_KINDS); the others take images only.
 _MODEL_INPUTS = {
@@ -206,8 +207,9 @@ def chunk_cap(opts: RunOptions) -> int:
 def program(spec, parts: Parts, mesh=None):
   """The round program of the RunSpec's algorithm (and schedule) on this federation, on `mesh`
   (default: the devices `client_mesh` picks for one training call)."""
-  fed = parts.fed
+  fed = robust_stage.poisoned(spec.robust, parts.fed)  # what the clients train on
   opts = federated_options(spec.options, spec.data.augmentation, fed)
+  opts = robust_stage.with_stage(spec.robust, opts, fed.num_clients)
   if mesh is None:
     mesh = client_mesh(opts.batch_size, parts, chunk_cap(opts))
   algorithm = spec.algorithm.build(fed.num_clients, float(np.mean(fed.client_sizes)))

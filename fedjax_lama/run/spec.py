@@ -20,6 +20,7 @@ from fedjax_lama import federation, registry
 from fedjax_lama.engine import plan as plan_lib
 from fedjax_lama.fedlama import options as fedlama_options
 from fedjax_lama.programs.round_program import LearningRate, RunOptions
+from fedjax_lama.robust import stage as robust_stage
 from fedjax_lama.simulation import run_options as clock_lib
 
 MODES = ("synchronous", "fedlama", "clock")
@@ -93,6 +94,9 @@ class RunSpec:
   records: RecordOptions
   plan: plan_lib.PlatformPlan
   aggregation: str = "none"    # a run-level aggregation stage (none yet)
+  # config.robust (None: neither a defence nor an attack); its stage is built on the
+  # federation (parts.program: robust_stage.with_stage, robust_stage.poisoned).
+  robust: Optional[robust_stage.RobustSpec] = None
 
 
 def config_json(config) -> dict:
@@ -126,7 +130,8 @@ def build_spec(config: ml_collections.ConfigDict) -> RunSpec:
           config.algorithm, selection, functools.partial(registry.build_algorithm, config),
           registry.uplink_compressor(config)),
       options=None if clock else run_options(config, plan),
-      clock=dataclasses.replace(clock_options, platform=plan) if clock else None)
+      clock=dataclasses.replace(clock_options, platform=plan) if clock else None,
+      robust=robust_stage.read(config, mode))  # privacy and robust: refused together there
 
 
 def data_spec(config) -> DataSpec:

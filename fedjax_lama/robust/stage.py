@@ -1,0 +1,305 @@
+"""config.robust read once into the run's aggregation stage: an attack, then a defence.
+
+    spec = read(config, mode)                      in build_spec; None when both are "none"
+    opts = with_stage(spec, opts, num_clients)     RunOptions.aggregator = chain(attack, defence)
+    fed = poisoned(spec, fed)                      label flipping: the malicious clients'
+                                                   training labels, relabelled once
+
+The defence is the reducer of the model upload's aggregate (engine/aggregation.py): a rule that
+needs the cohort's stack (Krum, Multi-Krum, Bulyan, the coordinate median, the trimmed mean, the
+geometric median, centered clipping) is a whole-cohort stage; norm bounding streams (each
+client's update clipped, then the engine's weighted mean) unless an attack precedes it.
+
+The model-poisoning attack is a whole-cohort transform before the defence: the malicious rows
+of the cohort's stack are replaced by what the attackers send. The attacker is omniscient: the
+"a little is enough" and inner-product-manipulation uploads are computed from the honest
+uploads of the same round. Which clients are malicious is fixed for the run from config.seed
+(`attacks.malicious_clients`); they are sampled like everyone else, and the stage finds them
+by the stack's client ids.
+"""
+import dataclasses
+import math
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_lama.engine import reduce as reduce_lib
+from fedjax_lama.engine import stages
+from fedjax_lama.errors import ConfigError, HparamError
+from fedjax_lama.robust import attacks, defences
+
+# config.robust.defence -> the rule's name in robust.defences.
+DEFENCES = {"none": None, "krum": "krum", "multi_krum": "multi_krum", "bulyan": "bulyan",
+            "median": "median", "trimmed_mean": "trimmed_mean",
+            "geometric_median": "geometric_median", "centered_clipping": "centered_clipping",
+            "norm_bounding": "norm_bound"}
+# Attacks on the uploads (a stage), and on the malicious clients' data (DATA_ATTACKS).
+UPLOAD_ATTACKS = ("sign_flip", "gaussian", "alie", "ipm")
+DATA_ATTACKS = ("label_flip",)
+ATTACKS = ("none",) + UPLOAD_ATTACKS + DATA_ATTACKS
+_DEFAULT_ITERATIONS = {"geometric_median": 4, "centered_clipping": 1}
+
+
+@dataclasses.dataclass(frozen=True)
+class RobustSpec:
+  """config.robust, checked."""
+  defence: str                 # a key of DEFENCES
+  f: int
+  hparams: dict                # the rule's hyper-parameters (robust.defences.build)
+  attack: str                  # one of ATTACKS
+  malicious_fraction: Optional[float]
+  malicious_count: Optional[int]
+  attack_options: dict         # scale (sign_flip), std (gaussian), z (alie), epsilon (ipm)
+  seed: int
+  sampling: str                # config.client_sampling, for the smallest cohort
+  active_ratio: float
+
+  def malicious(self, num_clients: int) -> np.ndarray:
+    """[num_clients] bool: the run's malicious clients (none without an attack)."""
+    if self.attack == "none":
+      return np.zeros(num_clients, bool)
+    return attacks.malicious_clients(self.seed, num_clients, fraction=self.malicious_fraction,
+                                     count=self.malicious_count)
+
+  def smallest_cohort(self, num_clients: int) -> tuple[int, str]:
+    """(the fewest real clients a round can hold, how that follows from the config)."""
+    if self.sampling == "bernoulli":  # an empty draw trains nobody: one client is the least
+      return 1, "config.client_sampling='bernoulli' can draw a cohort of 1 client"
+    n = max(1, int(round(self.active_ratio * num_clients)))
+    return n, (f"config.active_ratio={self.active_ratio} of config.num_clients={num_clients} "
+               f"gives cohorts of n={n} clients")
+
+
+def _fail(field: str, value, accepted: str):
+  raise ConfigError(f"config.robust.{field}={value!r} is not accepted; accepted: {accepted}")
+
+
+def _is_count(x) -> bool:
+  return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x) -> bool:
+  return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _config_field(field: str) -> str:
+  """robust.defences' field names (num_byzantine, trimmed_mean.beta) as config.robust's."""
+  last = field.split(".")[-1]
+  return "f" if last == "num_byzantine" else last
+
+
+def read(config, mode: str) -> Optional[RobustSpec]:
+  """config.robust checked (ConfigError naming config.robust.<field>); None when it asks for
+  neither a defence nor an attack, so such a run is exactly the run without the section."""
+  section = config.get("robust")
+  if section is None:  # a config written before the section existed
+    return None
+  r = section
+  if r.defence not in DEFENCES:
+    _fail("defence", r.defence, ", ".join(map(repr, DEFENCES)))
+  if r.attack not in ATTACKS:
+    _fail("attack", r.attack, ", ".join(map(repr, ATTACKS)))
+  if r.defence == "none" and r.attack == "none":
+    return None
+  if mode == "clock":
+    raise ConfigError(
+        f"config.robust.defence={r.defence!r}, config.robust.attack={r.attack!r} are not "
+        "accepted on the simulated clock (config.system); accepted: 'none' there (robust "
+        "aggregation runs in synchronous rounds and under the FedLAMA schedule)")
+  # privacy and robust: DP noise on a robust aggregate is not composed yet.
+  privacy = config.get("privacy")
+  if r.defence != "none" and privacy is not None and privacy.get("enabled", False):
+    raise ConfigError(
+        f"config.robust.defence={r.defence!r} with config.privacy.enabled=True is not accepted "
+        "yet (the noise of DP-FedAvg is calibrated to a clipped mean, not to a robust "
+        "aggregate); accepted: one of the two")
+  if not (_is_count(r.f) and r.f >= 0):
+    _fail("f", r.f, "an int >= 0 (Byzantine clients per cohort)")
+  hparams = {}
+  name = DEFENCES[r.defence]
+  if name == "multi_krum" and r.num_selected:
+    hparams["num_selected"] = r.num_selected
+  elif name == "trimmed_mean":
+    hparams["beta"] = r.beta
+  elif name in _DEFAULT_ITERATIONS:
+    if not (_is_count(r.iterations) and r.iterations >= 0):
+      _fail("iterations", r.iterations, "an int >= 1, or 0 for the rule's default")
+    hparams["iterations"] = r.iterations or _DEFAULT_ITERATIONS[name]
+    if name == "geometric_median":
+      hparams["nu"] = r.nu
+    else:
+      hparams.update(radius=r.radius, momentum=r.momentum)
+  elif name == "norm_bound":
+    hparams["bound"] = r.bound
+  fraction = count = None
+  if r.attack != "none":
+    fraction_set, count_set = r.malicious_fraction != 0, r.malicious_count != 0
+    if fraction_set == count_set:
+      raise ConfigError(
+          f"config.robust.malicious_fraction={r.malicious_fraction!r} and "
+          f"config.robust.malicious_count={r.malicious_count!r} are not accepted with "
+          f"config.robust.attack={r.attack!r}; accepted: exactly one of them set (> 0)")
+    if fraction_set:
+      if not (_is_number(r.malicious_fraction) and 0 < r.malicious_fraction <= 1):
+        _fail("malicious_fraction", r.malicious_fraction, "a fraction in (0, 1]")
+      fraction = float(r.malicious_fraction)
+    else:
+      if not (_is_count(r.malicious_count) and 0 < r.malicious_count <= config.num_clients):
+        _fail("malicious_count", r.malicious_count,
+              f"an int in [1, config.num_clients={config.num_clients}]")
+      count = r.malicious_count
+  options = {"sign_flip": {"scale": r.scale}, "gaussian": {"std": r.std},
+             "alie": {"z": r.z}, "ipm": {"epsilon": r.epsilon}}.get(r.attack, {})
+  for key, value in options.items():
+    ok = _is_number(value) and (value >= 0 if key == "z" else value > 0)
+    if not ok:
+      _fail(key, value, "a number >= 0 (0: z_max)" if key == "z" else "a number > 0")
+  spec = RobustSpec(r.defence, r.f, hparams, r.attack, fraction, count, options, config.seed,
+                    config.client_sampling, float(config.active_ratio))
+  build_stage(spec, config.num_clients)  # every refusal before any data is loaded
+  return spec
+
+
+# ---- the stage ---------------------------------------------------------------------------------
+def _defence(spec: RobustSpec, num_clients: int) -> Optional[defences.Defence]:
+  name = DEFENCES[spec.defence]
+  if name is None:
+    return None
+  try:
+    rule = defences.build(name, spec.f, **spec.hparams)
+  except HparamError as e:
+    raise ConfigError(f"config.robust.{_config_field(e.field)}={e.value!r} is not accepted "
+                      f"with config.robust.defence={spec.defence!r}; accepted: {e.accepted}"
+                      ) from e
+  n, how = spec.smallest_cohort(num_clients)
+  try:
+    defences.check_preconditions(name, n, spec.f, beta=spec.hparams.get("beta"))
+  except HparamError as e:
+    raise ConfigError(
+        f"config.robust.f={spec.f} is not accepted with config.robust.defence="
+        f"{spec.defence!r}: {how}, and {e.accepted}; accepted: a smaller config.robust.f or "
+        "larger cohorts") from e
+  return rule
+
+
+def _kept_ids(info: dict, stack: stages.Stack) -> dict:
+  """The rule's scalars (0-d info) and, for a rule that selects clients, their ids (-1
+  elsewhere) as "kept"."""
+  out = {k: v for k, v in info.items() if jnp.ndim(v) == 0}
+  if "selected" in info and stack.client_ids is not None:
+    kept = jnp.asarray(info["selected"]) & (stack.mask > 0)
+    out["kept"] = jnp.where(kept, stack.client_ids, -1).astype(jnp.int32)
+  return out
+
+
+def defence_stage(rule: defences.Defence, streaming: bool) -> stages.Stage:
+  """The rule as the run's reducer: norm bounding (`streaming`) as a client clip before the
+  engine's mean, every other rule on the cohort's stack."""
+  if streaming:
+    clip = stages.make(f"{rule.name}[client]",
+                       client=lambda value, state, key: rule.client(value))
+    return stages.chain(clip, stages.mean())
+
+  def server(stack: stages.Stack, state, key):
+    del key
+    value, state, info = rule.aggregate(stack.values, stack.mask, stack.weights, state)
+    return value, state, _kept_ids(info, stack)
+
+  return stages.make(rule.name, init=rule.init, reduction=stages.WHOLE_COHORT, server=server)
+
+
+def whole_cohort_mean() -> stages.Stage:
+  """sum_i p_i v_i / sum_i p_i on the stack (the mean after an attack, with no defence)."""
+  def server(stack: stages.Stack, state, key):
+    del key
+    return reduce_lib.weighted_mean(stack.values, stack.weights), state, {}
+  return stages.make("mean[stack]", reduction=stages.WHOLE_COHORT, server=server)
+
+
+def _alie_z(spec: RobustSpec, num_clients: int) -> float:
+  """config.robust.z, or z_max of Baruch et al. (NeurIPS 2019) for the run's cohort and its
+  expected number of malicious clients."""
+  if spec.attack_options["z"] > 0:
+    return float(spec.attack_options["z"])
+  n, how = spec.smallest_cohort(num_clients)
+  share = spec.malicious(num_clients).mean()
+  f = max(1, int(round(share * n)))
+  try:
+    return attacks.little_is_enough_z(n, f)
+  except HparamError as e:
+    raise ConfigError(
+        f"config.robust.z=0 (z_max) is not accepted for config.robust.attack='alie': {how} "
+        f"with about f={f} malicious, and z_max needs {e.accepted}; accepted: a z > 0") from e
+
+
+def attack_stage(spec: RobustSpec, num_clients: int) -> stages.Stage:
+  """The model-poisoning attack as a whole-cohort transform: the malicious rows of the stack
+  replaced by what the attackers send (scalar: how many were in the round's cohort)."""
+  table = jnp.asarray(spec.malicious(num_clients))
+  kind, options = spec.attack, spec.attack_options
+  z = _alie_z(spec, num_clients) if kind == "alie" else None
+
+  def server(stack: stages.Stack, state, key):
+    if stack.client_ids is None:
+      raise ValueError("an attack stage needs the stack's client ids (Stack.client_ids)")
+    real = stack.mask > 0
+    bad = table[jnp.clip(stack.client_ids, 0, num_clients - 1)] & real
+    honest = real & ~bad
+    values = stack.values
+    if kind == "sign_flip":
+      sent = attacks.sign_flip(values, options["scale"])
+    elif kind == "gaussian":
+      row = jax.tree.map(lambda x: x[0], values)
+      keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(stack.client_ids)
+      sent = jax.vmap(lambda k: attacks.gaussian_noise(k, row, options["std"]))(keys)
+    elif kind == "alie":
+      sent = attacks.little_is_enough(values, honest, z)
+    else:  # ipm
+      sent = attacks.inner_product_manipulation(values, honest, options["epsilon"])
+    attacked = stack._replace(values=attacks.substitute(values, bad, sent))
+    return attacked, state, {"malicious": jnp.sum(bad).astype(jnp.float32)}
+
+  return stages.make(f"attack[{kind} seed={spec.seed}]", server=server)
+
+
+def build_stage(spec: Optional[RobustSpec], num_clients: int) -> Optional[stages.Stage]:
+  """The run's aggregation stage of `spec` on a federation of `num_clients` clients (None:
+  the algorithm's declared aggregation alone)."""
+  if spec is None:
+    return None
+  rule = _defence(spec, num_clients)
+  if spec.attack not in UPLOAD_ATTACKS:
+    return None if rule is None else defence_stage(rule, rule.reduce == stages.STREAMING)
+  # After an attack every reducer reads the stack (a streaming clip would run on the honest
+  # uploads before the attackers' replace them).
+  reducer = whole_cohort_mean() if rule is None else defence_stage(rule, False)
+  return stages.chain(attack_stage(spec, num_clients), reducer)
+
+
+def with_stage(spec: Optional[RobustSpec], opts, num_clients: int):
+  """RunOptions with the run's aggregation stage (unchanged without config.robust)."""
+  stage = build_stage(spec, num_clients)
+  return opts if stage is None else dataclasses.replace(opts, aggregator=stage)
+
+
+def poisoned(spec: Optional[RobustSpec], fed):
+  """The federation the clients train on: under label flipping, the training labels of the
+  examples the malicious clients hold sent l -> K - 1 - l (Fang et al., USENIX Security 2020),
+  a relabelled copy built once; otherwise `fed` itself."""
+  if spec is None or spec.attack != "label_flip":
+    return fed
+  labels = np.asarray(fed.dataset.train_y)
+  if labels.ndim != 1:
+    raise ConfigError(
+        "config.robust.attack='label_flip' needs one class label per example, but "
+        f"config.dataset has targets of shape {labels.shape[1:]} per example; accepted: a "
+        "classification dataset")
+  malicious = spec.malicious(fed.num_clients)
+  held = [np.asarray(c) for c, bad in zip(fed.client_train, malicious) if bad]
+  flipped = labels.copy()
+  if held:
+    rows = np.unique(np.concatenate(held))
+    flipped[rows] = np.asarray(attacks.flip_labels(labels[rows], int(fed.dataset.num_classes)))
+  return dataclasses.replace(fed, dataset=dataclasses.replace(fed.dataset, train_y=flipped))
