@@ -139,6 +139,26 @@ def base_config() -> ml_collections.ConfigDict:
   # algorithm's own (QSGD with config.fedpaq.levels for fedpaq/fedcom), else "identity".
   # FedPAQ + FedLAMA (AAAI Table 4b) is algorithm="fedlama" with name="qsgd".
   c.compressor = ml_collections.ConfigDict({"name": "auto", "levels": 16, "block": "leaf"})
+  # User-level differential privacy over the model updates (DP-FedAvg, McMahan et al.,
+  # ICLR 2018), off by default; read once into privacy.DpOptions (fedjax_lama/privacy/stage.py).
+  # Set noise_multiplier (sigma) or target_epsilon (sigma calibrated for config.rounds).
+  c.privacy = ml_collections.ConfigDict({
+      "enabled": False,
+      "noise_multiplier": ml_collections.FieldReference(None, field_type=float),
+      "target_epsilon": ml_collections.FieldReference(None, field_type=float),
+      "clip_norm": 1.0,          # C: L2 clip of each client's update (the initial clip if adaptive)
+      "clipping": "flat",        # "flat" | "per_layer"
+      "layer_split": "equal",    # per_layer: "equal", "size" or shares "0.25,0.75" (C_l^2 / C^2)
+      "delta": 1e-5,
+      "accountant": "rdp",       # "rdp" | "pld" (pld: Poisson cohorts only)
+      "adaptive": ml_collections.ConfigDict({
+          "enabled": False,      # Andrew et al., NeurIPS 2021: the clip tracks a norm quantile
+          "target_quantile": 0.5,
+          "learning_rate": 0.2,
+          # std of the noise on the count of unclipped clients; None: expected cohort / 20
+          "count_stddev": ml_collections.FieldReference(None, field_type=float),
+      }),
+  })
   # Run.
   c.eval_every = 1
   c.checkpoint_every = 10

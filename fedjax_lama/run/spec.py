@@ -19,6 +19,7 @@ from fedjax_lama import config as config_lib
 from fedjax_lama import federation, registry
 from fedjax_lama.engine import plan as plan_lib
 from fedjax_lama.fedlama import options as fedlama_options
+from fedjax_lama.privacy import stage as privacy_stage
 from fedjax_lama.programs.round_program import LearningRate, RunOptions
 from fedjax_lama.simulation import run_options as clock_lib
 
@@ -79,6 +80,7 @@ class RecordOptions:
   fedlama_total_steps: Optional[int]
   config_json: dict            # config.json of the workdir
   base_json: dict              # base_config()'s: fields added later that keep their default
+  privacy: Optional[object] = None  # privacy.DpOptions of a DP run: its epsilon is recorded
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,15 +119,16 @@ def build_spec(config: ml_collections.ConfigDict) -> RunSpec:
   selection = None if clock else registry.select(config)
   clock_options = registry.clock_options(config) if clock else None
   mode = "clock" if clock else "fedlama" if selection.fedlama is not None else "synchronous"
+  privacy = privacy_stage.options_from_config(config, mode)  # None: config.privacy is off
   plan = plan_lib.plan(kernels=config.engine.kernels,  # built once; the programs read it
                        client_map=config.engine.get("client_map", "auto"))
   return RunSpec(
       mode=mode, data=data_spec(config), federation=partition_spec(config),
-      model=model_spec(config), records=record_options(config), plan=plan,
+      model=model_spec(config), records=dataclasses.replace(record_options(config), privacy=privacy), plan=plan,
       algorithm=None if clock else AlgorithmSpec(
           config.algorithm, selection, functools.partial(registry.build_algorithm, config),
           functools.partial(registry.uplink_compressor, config)),
-      options=None if clock else run_options(config, plan),
+      options=None if clock else run_options(config, plan, privacy),
       clock=dataclasses.replace(clock_options, platform=plan) if clock else None)
 
 
@@ -153,9 +156,10 @@ def model_spec(config) -> ModelSpec:
   return ModelSpec(config.model, options, config.seed, config.dataset)
 
 
-def run_options(config, plan: plan_lib.PlatformPlan) -> RunOptions:
+def run_options(config, plan: plan_lib.PlatformPlan, privacy=None) -> RunOptions:
   """The typed options every round program takes (programs/round_program.py). The sampler's
-  clients and the augmentation are the federation's (`parts.federated_options`)."""
+  clients and the augmentation are the federation's (`parts.federated_options`); `privacy`
+  (DpOptions) makes user-level DP the run's aggregation stage."""
   on_host = config.engine.get("client_state_on_host", False)
   if not isinstance(on_host, bool):
     raise config_lib.ConfigError(f"config.engine.client_state_on_host={on_host!r} is not "
@@ -171,7 +175,8 @@ def run_options(config, plan: plan_lib.PlatformPlan) -> RunOptions:
                                  config.num_clients, config.seed),
       label_smoothing=config.label_smoothing, unroll=config.engine.unroll,
       clients_per_chunk=config.engine.clients_per_chunk, client_state_on_host=on_host,
-      augment=None, platform=plan, **registry.run_facts(config))
+      augment=None, platform=plan, **registry.run_facts(config),
+      aggregator=None if privacy is None else privacy_stage.dp_stage(privacy))
 
 
 def record_options(config) -> RecordOptions:
