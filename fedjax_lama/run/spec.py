@@ -117,9 +117,9 @@ def build_spec(config: ml_collections.ConfigDict) -> RunSpec:
   config_lib.validate(config)
   clock = registry.runs_on_clock(config)  # FedAT (Chai et al. 2021) and its baselines
   selection = None if clock else registry.select(config)
-  clock_options = registry.clock_options(config) if clock else None
   mode = "clock" if clock else "fedlama" if selection.fedlama is not None else "synchronous"
   privacy = privacy_stage.options_from_config(config, mode)  # None: config.privacy is off
+  clock_options = registry.clock_options(config) if clock else None
   plan = plan_lib.plan(kernels=config.engine.kernels,  # built once; the programs read it
                        client_map=config.engine.get("client_map", "auto"))
   return RunSpec(
