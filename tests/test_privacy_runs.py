@@ -266,3 +266,16 @@ def test_sigma_zero_reports_no_epsilon():
   options = spec_lib.build_spec(c).records.privacy
   assert privacy_stage.epsilon_after(options, 3) is None
   assert privacy_stage.epsilon_after(dataclasses.replace(options, noise_multiplier=1.0), 3) > 0
+
+
+def test_a_workdir_from_before_the_privacy_section_still_resumes(tmp_path):
+  c = tiny_config()
+  old = dict(spec_lib.build_spec(c).records.config_json)
+  del old["privacy"]  # config.json written before config.privacy existed
+  (tmp_path / "config.json").write_text(json.dumps(old))
+  assert training.check_workdir(str(tmp_path), c) is None
+  c.privacy.enabled = True
+  c.privacy.noise_multiplier = 1.0
+  c.weighting = "uniform"
+  with pytest.raises(ConfigError, match=r"different config \(fields: privacy, weighting\)"):
+    training.check_workdir(str(tmp_path), c)
