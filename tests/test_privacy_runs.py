@@ -279,3 +279,19 @@ def test_a_workdir_from_before_the_privacy_section_still_resumes(tmp_path):
   c.weighting = "uniform"
   with pytest.raises(ConfigError, match=r"different config \(fields: privacy, weighting\)"):
     training.check_workdir(str(tmp_path), c)
+
+
+def test_a_run_calibrated_to_a_target_epsilon_is_not_extended(tmp_path):
+  c = dp_config()
+  c.privacy.noise_multiplier = None
+  c.privacy.target_epsilon = 3.0
+  (tmp_path / "config.json").write_text(
+      json.dumps(spec_lib.build_spec(c).records.config_json))
+  c.rounds = 8
+  with pytest.raises(ConfigError, match=r"config\.privacy\.target_epsilon=3\.0 calibrated"):
+    training.check_workdir(str(tmp_path), c)
+  fixed = dp_config()  # a fixed sigma extends as any run
+  (tmp_path / "config.json").write_text(
+      json.dumps(spec_lib.build_spec(fixed).records.config_json))
+  fixed.rounds = 8
+  assert training.check_workdir(str(tmp_path), fixed) == 4
