@@ -357,6 +357,19 @@ def _describe_run(c) -> str:
   return how
 
 
+def _switched_off(c, path: str):
+  """The switch that leaves `path` unread, if any: config.privacy.* is read only with
+  privacy.enabled, config.privacy.adaptive.* only with privacy.adaptive.enabled too."""
+  if not path.startswith("privacy.") or path == "privacy.enabled":
+    return None
+  if not c.privacy.enabled:
+    return "privacy.enabled"
+  if (path.startswith("privacy.adaptive.") and path != "privacy.adaptive.enabled"
+      and not c.privacy.adaptive.enabled):
+    return "privacy.adaptive.enabled"
+  return None
+
+
 def check_overrides(c: ml_collections.ConfigDict, paths) -> None:
   """Refuses a field set on the command line (`paths`, e.g. "fedprox.mu") that the run
   described by `c` never reads, naming both the field and what makes it unread."""
@@ -367,6 +380,10 @@ def check_overrides(c: ml_collections.ConfigDict, paths) -> None:
     top = path.split(".")[0]
     if path in ("algorithm", "schedule", "system.clock"):
       continue
+    switch = _switched_off(c, path)
+    if switch is not None:
+      raise ConfigError(f"config.{path} has no effect while config.{switch}=False; set "
+                        f"--config.{switch}=True or remove it")
     if top in algorithm_sections and top not in sections:
       raise ConfigError(
           f"config.{path} has no effect with {_describe_run(c)}: config.{top}.* is read only "

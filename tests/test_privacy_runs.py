@@ -214,7 +214,8 @@ def test_algorithms_that_upload_the_delta_alone_accept_dp(name):
   assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(state["server"].params))
 
 
-@pytest.mark.parametrize("name,extra", [("scaffold", "'dc'"), ("fednova", "'a'")])
+@pytest.mark.parametrize("name,extra", [("scaffold", "'dc'"), ("fednova", "'a'"),
+                                        ("fedlamb", "'v'"), ("fedexp", "'sq_norm'")])
 def test_algorithms_with_more_uploads_are_refused_naming_them(name, extra):
   config = contract.config_for(name, weighting="uniform", num_clients=helpers.NUM_CLIENTS)
   config.privacy.enabled = True
@@ -295,3 +296,40 @@ def test_a_run_calibrated_to_a_target_epsilon_is_not_extended(tmp_path):
       json.dumps(spec_lib.build_spec(fixed).records.config_json))
   fixed.rounds = 8
   assert training.check_workdir(str(tmp_path), fixed) == 4
+
+
+def test_privacy_fields_set_while_privacy_is_off_are_refused():
+  from fedjax_lama import config as config_lib  # pylint: disable=g-import-not-at-top
+  off = tiny_config()
+  with pytest.raises(ConfigError, match=r"config\.privacy\.noise_multiplier has no effect "
+                                        r"while config\.privacy\.enabled=False"):
+    config_lib.check_overrides(off, ["privacy.noise_multiplier"])
+  config_lib.check_overrides(off, ["privacy.enabled"])
+  on = dp_config()
+  config_lib.check_overrides(on, ["privacy.enabled", "privacy.noise_multiplier",
+                                  "privacy.adaptive.enabled"])
+  with pytest.raises(ConfigError, match=r"config\.privacy\.adaptive\.target_quantile has no "
+                                        r"effect while config\.privacy\.adaptive\.enabled"):
+    config_lib.check_overrides(on, ["privacy.adaptive.target_quantile"])
+
+
+def test_per_layer_clipping_bounds_every_layer():
+  config = contract.config_for("fedavg", weighting="uniform", client_sampling="fixed",
+                               active_ratio=0.25, local_lr=1.0)
+  options = DpOptions(0.0, 0.3, privacy_stage.sampling_from_config(config),
+                      clipping="per_layer", layer_split="size")
+
+  def moves(stage):
+    program = _program(config, stage)
+    state, _ = helpers.run(program, 1)
+    return [float(np.linalg.norm(np.asarray(a) - np.asarray(b))) for a, b in zip(
+        jax.tree.leaves(state["server"].params), jax.tree.leaves(program.params))]
+
+  leaves = jax.tree.leaves(_program(config, None).params)
+  total = sum(np.size(x) for x in leaves)
+  layer_clips = [0.3 * np.sqrt(np.size(x) / total) for x in leaves]  # C_l^2 = C^2 d_l / d
+  clipped, plain = moves(privacy_stage.dp_stage(options)), moves(None)
+  assert any(p > c for p, c in zip(plain, layer_clips)), "the clip must bind for some layer"
+  # The mean of m updates whose leaf l is clipped to C_l moves leaf l by at most C_l.
+  for move, clip in zip(clipped, layer_clips):
+    assert move <= clip * (1 + 1e-5)
