@@ -91,6 +91,9 @@ def options_from_config(config, mode: str) -> Optional[DpOptions]:
                       "True or False")
   if not section.enabled:
     return None
+  # The accountant reports every evaluation: a missing dp-accounting stops the run here,
+  # before any data is loaded, with its one-line install hint.
+  from fedjax_lama.privacy import accounting  # pylint: disable=g-import-not-at-top,unused-import
   if mode == "clock":
     raise ConfigError(f"{_field('enabled')}=True is not accepted on the simulated clock "
                       "(its asynchronous updates are not accounted); accepted: synchronous "
@@ -117,7 +120,6 @@ def options_from_config(config, mode: str) -> Optional[DpOptions]:
       adaptive = AdaptiveClipOptions(section.adaptive.target_quantile,
                                      section.adaptive.learning_rate, float(count_stddev))
     if target is not None:
-      from fedjax_lama.privacy import accounting  # pylint: disable=g-import-not-at-top
       sigma = accounting.calibrate_noise_multiplier(sampling, target, section.delta,
                                                     config.rounds, section.accountant)
     return DpOptions(noise_multiplier=sigma, clip_norm=section.clip_norm, sampling=sampling,
