@@ -333,3 +333,20 @@ def test_per_layer_clipping_bounds_every_layer():
   # The mean of m updates whose leaf l is clipped to C_l moves leaf l by at most C_l.
   for move, clip in zip(clipped, layer_clips):
     assert move <= clip * (1 + 1e-5)
+
+
+@pytest.mark.slow
+def test_vectorized_dp_runs_write_what_sequential_runs_write(tmp_path):
+  configs = [dp_config(adaptive=True, seed=s, client_sampling="fixed") for s in (0, 1)]
+  vec_dirs = [str(tmp_path / f"vec{i}") for i in range(2)]
+  summaries = training.train_many(configs, vec_dirs)
+  assert all(s["vectorized_runs"] == 2 for s in summaries)
+  for i, c in enumerate(configs):
+    training.train_and_evaluate(c, str(tmp_path / f"seq{i}"))
+    vec, seq = _rows(vec_dirs[i]), _rows(tmp_path / f"seq{i}")
+    assert [r["dp_epsilon"] for r in vec] == [r["dp_epsilon"] for r in seq]
+    for key in ("test_loss", "train_loss", "aggregator_dp/clip_norm",
+                "aggregator_dp/unclipped_fraction"):
+      np.testing.assert_allclose([r[key] for r in vec], [r[key] for r in seq], rtol=1e-4,
+                                 err_msg=key)
+    assert summaries[i]["privacy"] == _summary(tmp_path / f"seq{i}")["privacy"]
