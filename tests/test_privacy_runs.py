@@ -214,6 +214,21 @@ def test_algorithms_that_upload_the_delta_alone_accept_dp(name):
   assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(state["server"].params))
 
 
+def test_per_layer_shares_need_one_per_leaf():
+  config = contract.config_for("fedavg", weighting="uniform", num_clients=helpers.NUM_CLIENTS)
+  config.privacy.enabled = True
+  config.privacy.noise_multiplier = 1.0
+  config.privacy.clipping = "per_layer"
+  config.privacy.layer_split = "0.5,0.5"  # TinyMLP has four leaves
+  fed = helpers.tiny_federation()
+  model = helpers.TinyMLP()
+  params = model.init(jax.random.PRNGKey(0), fed.dataset.train_x[:1])["params"]
+  with pytest.raises(ConfigError, match=r"config\.privacy\.layer_split='0\.5,0\.5' .*4 leaves"):
+    training.build_program(config, model, params, {}, fed, MESH)
+  config.privacy.layer_split = "0.25,0.25,0.25,0.25"
+  assert training.build_program(config, model, params, {}, fed, MESH).opts.aggregator
+
+
 @pytest.mark.parametrize("name,extra", [("scaffold", "'dc'"), ("fednova", "'a'"),
                                         ("fedlamb", "'v'"), ("fedexp", "'sq_norm'")])
 def test_algorithms_with_more_uploads_are_refused_naming_them(name, extra):

@@ -18,6 +18,9 @@ same whether the run was interrupted or not.
 """
 from typing import Optional
 
+import jax
+
+from fedjax_lama import federation
 from fedjax_lama.engine import stages
 from fedjax_lama.errors import ConfigError, HparamError
 from fedjax_lama.privacy import mechanisms
@@ -75,8 +78,9 @@ def sampling_from_config(config) -> SamplingOptions:
   """
   if config.client_sampling == "bernoulli":
     return SamplingOptions("poisson", config.num_clients, rate=float(config.active_ratio))
-  cohort = max(1, int(round(config.active_ratio * config.num_clients)))
-  return SamplingOptions("fixed", config.num_clients, cohort_size=cohort)
+  sampler = federation.Sampler("fixed", float(config.active_ratio), config.num_clients,
+                              config.seed)
+  return SamplingOptions("fixed", config.num_clients, cohort_size=sampler.cohort_size)
 
 
 def options_from_config(config, mode: str) -> Optional[DpOptions]:
@@ -140,6 +144,18 @@ def check_uploads(upload_names, algorithm_name: str) -> None:
         f"it uploads {', '.join(map(repr, extra))} besides the model delta, which the noise "
         "does not cover; accepted: algorithms that upload the model delta alone (fedavg, "
         "fedavgm, fedadam, fedprox, ...)")
+
+
+def check_layer_split(options: DpOptions, params) -> None:
+  """Explicit per-layer shares need one share per leaf of the model (checked before training,
+  where the stage would otherwise first see the model inside the compiled round)."""
+  if options.clipping != "per_layer" or isinstance(options.layer_split, str):
+    return
+  leaves = len(jax.tree.leaves(params))
+  if len(options.layer_split) != leaves:
+    raise ConfigError(f"{_field('layer_split')}={','.join(map(str, options.layer_split))!r} "
+                      f"is not accepted; accepted: one share per leaf of the model ({leaves} "
+                      "leaves), 'equal' or 'size'")
 
 
 def check_federation(options: DpOptions, num_clients: int) -> None:

@@ -215,6 +215,7 @@ def program(spec, parts: Parts, mesh=None):
   compressor = spec.algorithm.uplink(algorithm)
   if spec.records.privacy is not None:  # what the noise covers, before any training
     privacy_stage.check_federation(spec.records.privacy, fed.num_clients)
+    privacy_stage.check_layer_split(spec.records.privacy, parts.params)
     row = algorithm.row_init(parts.params) if algorithm.row_init is not None else {}
     uploads = traffic_lib.traffic(algorithm, algorithm.init_server(parts.params,
                                                                    parts.model_state), row)
