@@ -160,6 +160,26 @@ def base_config() -> ml_collections.ConfigDict:
       "z": 0.0,                 # alie: mean - z std (0: Baruch et al.'s z_max for the cohort)
       "epsilon": 0.5,           # ipm: -epsilon * the honest mean
   })
+  # User-level differential privacy over the model updates (DP-FedAvg, McMahan et al.,
+  # ICLR 2018), off by default; read once into privacy.DpOptions (fedjax_lama/privacy/stage.py).
+  # Set noise_multiplier (sigma) or target_epsilon (sigma calibrated for config.rounds).
+  c.privacy = ml_collections.ConfigDict({
+      "enabled": False,
+      "noise_multiplier": ml_collections.FieldReference(None, field_type=float),
+      "target_epsilon": ml_collections.FieldReference(None, field_type=float),
+      "clip_norm": 1.0,          # C: L2 clip of each client's update (the initial clip if adaptive)
+      "clipping": "flat",        # "flat" | "per_layer"
+      "layer_split": "equal",    # per_layer: "equal", "size" or shares "0.25,0.75" (C_l^2 / C^2)
+      "delta": 1e-5,
+      "accountant": "rdp",       # "rdp" | "pld" (pld: Poisson cohorts only)
+      "adaptive": ml_collections.ConfigDict({
+          "enabled": False,      # Andrew et al., NeurIPS 2021: the clip tracks a norm quantile
+          "target_quantile": 0.5,
+          "learning_rate": 0.2,
+          # std of the noise on the count of unclipped clients; None: expected cohort / 20
+          "count_stddev": ml_collections.FieldReference(None, field_type=float),
+      }),
+  })
   # Run.
   c.eval_every = 1
   c.checkpoint_every = 10
@@ -358,6 +378,19 @@ def _describe_run(c) -> str:
   return how
 
 
+def _switched_off(c, path: str):
+  """The switch that leaves `path` unread, if any: config.privacy.* is read only with
+  privacy.enabled, config.privacy.adaptive.* only with privacy.adaptive.enabled too."""
+  if not path.startswith("privacy.") or path == "privacy.enabled":
+    return None
+  if not c.privacy.enabled:
+    return "privacy.enabled"
+  if (path.startswith("privacy.adaptive.") and path != "privacy.adaptive.enabled"
+      and not c.privacy.adaptive.enabled):
+    return "privacy.adaptive.enabled"
+  return None
+
+
 def check_overrides(c: ml_collections.ConfigDict, paths) -> None:
   """Refuses a field set on the command line (`paths`, e.g. "fedprox.mu") that the run
   described by `c` never reads, naming both the field and what makes it unread."""
@@ -368,6 +401,10 @@ def check_overrides(c: ml_collections.ConfigDict, paths) -> None:
     top = path.split(".")[0]
     if path in ("algorithm", "schedule", "system.clock"):
       continue
+    switch = _switched_off(c, path)
+    if switch is not None:
+      raise ConfigError(f"config.{path} has no effect while config.{switch}=False; set "
+                        f"--config.{switch}=True or remove it")
     if top in algorithm_sections and top not in sections:
       raise ConfigError(
           f"config.{path} has no effect with {_describe_run(c)}: config.{top}.* is read only "

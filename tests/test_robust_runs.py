@@ -139,15 +139,16 @@ def test_preconditions_use_the_smallest_cohort():
     spec_lib.build_spec(robust_config("krum", client_sampling="bernoulli"))
 
 
-def test_a_defence_with_differential_privacy_is_refused():
-  config = robust_config("krum")
-  with config.unlocked():
-    config.privacy = ml_collections.ConfigDict({"enabled": True})
-  with pytest.raises(ConfigError, match=r"config\.robust\.defence='krum' with "
+@pytest.mark.parametrize("defence, attack", [("krum", "none"), ("none", "sign_flip")])
+def test_a_defence_or_an_attack_with_differential_privacy_is_refused(defence, attack):
+  config = robust_config(defence, attack=attack)
+  config.privacy.enabled = True
+  with pytest.raises(ConfigError, match=rf"config\.robust\.defence='{defence}', "
+                                        rf"config\.robust\.attack='{attack}' with "
                                         r"config\.privacy\.enabled=True"):
     robust_stage.read(config, "synchronous")
   config.privacy.enabled = False
-  assert robust_stage.read(config, "synchronous").defence == "krum"
+  assert robust_stage.read(config, "synchronous").defence == defence
 
 
 def test_the_simulated_clock_refuses_the_section():

@@ -31,6 +31,7 @@ from fedjax_lama import compression
 from fedjax_lama.engine import (aggregation, client_store, clients as clients_lib, evaluate, local,
                                 sharding, sync_round, traffic as traffic_lib)
 from fedjax_lama.engine.algorithm import Algorithm
+from fedjax_lama.privacy.stage import STAGE_NAME as DP_STAGE
 from fedjax_lama.programs.round_program import (ProgramBase, Reporter, RoundOutput, RunOptions,
                                                 pack, platform_plan, steps_per_round)
 
@@ -120,7 +121,10 @@ class SyncProgram(ProgramBase):
     store = self._adopt_rows(state["rows"])
     agg_state = state.get("aggregation", {})
     totals = None
-    for start in range(0, len(ids), self.chunk_size):
+    # Under user-level DP an empty Poisson draw still releases its noise (the accountant
+    # counts every round): one chunk of padding runs; otherwise the server stays as it was.
+    release_empty = self.opts.aggregator is not None and self.opts.aggregator.name == DP_STAGE
+    for start in range(0, max(len(ids), int(release_empty)), self.chunk_size):
       group = ids[start:start + self.chunk_size]
       packed = pack(self.opts, self.fed, group, round_idx, self.chunk_size, self.num_steps)
       cohort = sharding.shard_clients(packed, self.mesh)

@@ -108,13 +108,14 @@ def read(config, mode: str) -> Optional[RobustSpec]:
         f"config.robust.defence={r.defence!r}, config.robust.attack={r.attack!r} are not "
         "accepted on the simulated clock (config.system); accepted: 'none' there (robust "
         "aggregation runs in synchronous rounds and under the FedLAMA schedule)")
-  # privacy and robust: DP noise on a robust aggregate is not composed yet.
+  # Privacy and robustness do not compose yet: the run has one stage around the model upload.
   privacy = config.get("privacy")
-  if r.defence != "none" and privacy is not None and privacy.get("enabled", False):
+  if privacy is not None and privacy.get("enabled", False):
     raise ConfigError(
-        f"config.robust.defence={r.defence!r} with config.privacy.enabled=True is not accepted "
-        "yet (the noise of DP-FedAvg is calibrated to a clipped mean, not to a robust "
-        "aggregate); accepted: one of the two")
+        f"config.robust.defence={r.defence!r}, config.robust.attack={r.attack!r} with "
+        "config.privacy.enabled=True are not accepted yet (the noise of DP-FedAvg is "
+        "calibrated to a clipped mean, not to a robust aggregate or an attacked cohort); "
+        "accepted: config.privacy or config.robust, not both")
   if not (_is_count(r.f) and r.f >= 0):
     _fail("f", r.f, "an int >= 0 (Byzantine clients per cohort)")
   hparams = {}

@@ -16,9 +16,10 @@ from fedjax_lama import config as config_lib
 from fedjax_lama import data as fdata
 from fedjax_lama import federation, models, progress, rng
 from fedjax_lama.data import augment
-from fedjax_lama.engine import local, sharding
+from fedjax_lama.engine import local, sharding, traffic as traffic_lib
 from fedjax_lama.errors import ConfigError
 from fedjax_lama.fedlama.schedule import FedLamaProgram
+from fedjax_lama.privacy import stage as privacy_stage
 from fedjax_lama.programs.round_program import RunOptions
 from fedjax_lama.programs.sync import SyncProgram
 from fedjax_lama.robust import stage as robust_stage
@@ -214,6 +215,13 @@ def program(spec, parts: Parts, mesh=None):
     mesh = client_mesh(opts.batch_size, parts, chunk_cap(opts))
   algorithm = spec.algorithm.build(fed.num_clients, float(np.mean(fed.client_sizes)))
   compressor = spec.algorithm.compressor
+  if spec.records.privacy is not None:  # what the noise covers, before any training
+    privacy_stage.check_federation(spec.records.privacy, fed.num_clients)
+    privacy_stage.check_layer_split(spec.records.privacy, parts.params)
+    row = algorithm.row_init(parts.params) if algorithm.row_init is not None else {}
+    uploads = traffic_lib.traffic(algorithm, algorithm.init_server(parts.params,
+                                                                   parts.model_state), row)
+    privacy_stage.check_uploads(uploads.upload_shapes, spec.records.algorithm)
   fedlama = spec.algorithm.selection.fedlama
   if fedlama is not None:
     return FedLamaProgram(opts, fedlama, algorithm, parts.model, parts.params, parts.model_state,

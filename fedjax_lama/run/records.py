@@ -16,6 +16,7 @@ import numpy as np
 from fedjax_lama import checkpointing, comm, divergence, errors, metrics, plots, progress
 from fedjax_lama.engine import evaluate as evaluation
 from fedjax_lama.errors import TrainingError
+from fedjax_lama.privacy import stage as privacy_stage
 from fedjax_lama.run import workdir as workdir_lib
 
 
@@ -160,6 +161,9 @@ class Run:
     started = time.perf_counter()
     record = evaluate(self.records_options.eval_batch_size, self.program, state, self.fed,
                       round_idx, out, self.host, self.ledger, self.wall(), per_client=per_client)
+    if self.records_options.privacy is not None:  # the guarantee of the rounds done so far
+      record["dp_epsilon"] = privacy_stage.epsilon_after(self.records_options.privacy,
+                                                         round_idx + 1)
     self.eval_seconds = time.perf_counter() - started
     self._diverged(f"round {round_idx + 1}",
                    {k: record.get(k) for k in ("test_loss", "test_accuracy", "val_loss",
@@ -270,4 +274,6 @@ def _summary(options, records, ledger, program, state, wall_seconds) -> dict:
                    final_val_loss=last["val_loss"])
   summary.update({k: v for k, v in last.items() if k.startswith("client_")})
   summary.update(program.summary(state, ledger))
+  if options.privacy is not None:
+    summary["privacy"] = privacy_stage.summary(options.privacy, program.num_rounds)
   return summary

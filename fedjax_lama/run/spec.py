@@ -19,6 +19,7 @@ from fedjax_lama import config as config_lib
 from fedjax_lama import federation, registry
 from fedjax_lama.engine import plan as plan_lib
 from fedjax_lama.fedlama import options as fedlama_options
+from fedjax_lama.privacy import stage as privacy_stage
 from fedjax_lama.programs.round_program import LearningRate, RunOptions
 from fedjax_lama.robust import stage as robust_stage
 from fedjax_lama.simulation import run_options as clock_lib
@@ -80,6 +81,7 @@ class RecordOptions:
   fedlama_total_steps: Optional[int]
   config_json: dict            # config.json of the workdir
   base_json: dict              # base_config()'s: fields added later that keep their default
+  privacy: Optional[object] = None  # privacy.DpOptions of a DP run: its epsilon is recorded
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +95,6 @@ class RunSpec:
   clock: Optional[clock_lib.ClockOptions]   # the simulation's (clock)
   records: RecordOptions
   plan: plan_lib.PlatformPlan
-  aggregation: str = "none"    # a run-level aggregation stage (none yet)
   # config.robust (None: neither a defence nor an attack); its stage is built on the
   # federation (parts.program: robust_stage.with_stage, robust_stage.poisoned).
   robust: Optional[robust_stage.RobustSpec] = None
@@ -119,19 +120,21 @@ def build_spec(config: ml_collections.ConfigDict) -> RunSpec:
   config_lib.validate(config)
   clock = registry.runs_on_clock(config)  # FedAT (Chai et al. 2021) and its baselines
   selection = None if clock else registry.select(config)
-  clock_options = registry.clock_options(config) if clock else None
   mode = "clock" if clock else "fedlama" if selection.fedlama is not None else "synchronous"
+  privacy = privacy_stage.options_from_config(config, mode)  # None: config.privacy is off
+  clock_options = registry.clock_options(config) if clock else None
   plan = plan_lib.plan(kernels=config.engine.kernels,  # built once; the programs read it
                        client_map=config.engine.get("client_map", "auto"))
   return RunSpec(
       mode=mode, data=data_spec(config), federation=partition_spec(config),
-      model=model_spec(config), records=record_options(config), plan=plan,
+      model=model_spec(config), plan=plan,
+      records=dataclasses.replace(record_options(config), privacy=privacy),
       algorithm=None if clock else AlgorithmSpec(
           config.algorithm, selection, functools.partial(registry.build_algorithm, config),
           registry.uplink_compressor(config)),
-      options=None if clock else run_options(config, plan),
+      options=None if clock else run_options(config, plan, privacy),
       clock=dataclasses.replace(clock_options, platform=plan) if clock else None,
-      robust=robust_stage.read(config, mode))  # privacy and robust: refused together there
+      robust=robust_stage.read(config, mode))
 
 
 def data_spec(config) -> DataSpec:
@@ -158,9 +161,10 @@ def model_spec(config) -> ModelSpec:
   return ModelSpec(config.model, options, config.seed, config.dataset)
 
 
-def run_options(config, plan: plan_lib.PlatformPlan) -> RunOptions:
+def run_options(config, plan: plan_lib.PlatformPlan, privacy=None) -> RunOptions:
   """The typed options every round program takes (programs/round_program.py). The sampler's
-  clients and the augmentation are the federation's (`parts.federated_options`)."""
+  clients and the augmentation are the federation's (`parts.federated_options`); `privacy`
+  (DpOptions) makes user-level DP the run's aggregation stage."""
   on_host = config.engine.get("client_state_on_host", False)
   if not isinstance(on_host, bool):
     raise config_lib.ConfigError(f"config.engine.client_state_on_host={on_host!r} is not "
@@ -176,7 +180,8 @@ def run_options(config, plan: plan_lib.PlatformPlan) -> RunOptions:
                                  config.num_clients, config.seed),
       label_smoothing=config.label_smoothing, unroll=config.engine.unroll,
       clients_per_chunk=config.engine.clients_per_chunk, client_state_on_host=on_host,
-      augment=None, platform=plan, **registry.run_facts(config))
+      augment=None, platform=plan, **registry.run_facts(config),
+      aggregator=None if privacy is None else privacy_stage.dp_stage(privacy))
 
 
 def record_options(config) -> RecordOptions:

@@ -1,0 +1,201 @@
+"""User-level DP as the run's aggregation stage, read from config.privacy.
+
+`options_from_config` reads config.privacy once (build_spec) into DpOptions, refusing the
+runs the accountant cannot describe; `dp_stage` turns them into the engine's stage
+(engine/stages.py) that the run sets as RunOptions.aggregator:
+
+    client(delta_i)  -> {"update": clip(delta_i), "unclipped": 1[||delta_i|| <= C]}
+    reduction        streaming, weights=PARTICIPANTS: sum over the real clients, over any
+                     number of chunks and shards
+    server(sum)      (sum_i clip(delta_i) + N(0, sigma^2 C^2)) / (q N), noised once per round
+                     (DP-FedAvg, McMahan et al., ICLR 2018); under adaptive clipping the clip
+                     moves toward the target quantile (Andrew et al., NeurIPS 2021)
+
+The stage's state is the current clip (DpState), kept in the program state under
+state["aggregation"] and checkpointed with it, so a resumed run continues the clip's path
+exactly. Its keys come from rng.STREAM_AGGREGATE (per round), so the noise of round r is the
+same whether the run was interrupted or not.
+"""
+from typing import Optional
+
+import jax
+
+from fedjax_lama import federation
+from fedjax_lama.engine import stages
+from fedjax_lama.errors import ConfigError, HparamError
+from fedjax_lama.privacy import mechanisms
+from fedjax_lama.privacy.dp_options import (AdaptiveClipOptions, DpOptions, SamplingOptions)
+
+STAGE_NAME = "user_level_dp"
+# TF Privacy's default noise on the count of unclipped clients: the expected cohort / 20.
+COUNT_STDDEV_PER_CLIENT = 1 / 20
+
+
+def dp_stage(options: DpOptions) -> stages.Stage:
+  """DP-FedAvg's aggregation of the model upload as an engine Stage (see the module doc)."""
+  dp = mechanisms.user_level_dp(options)
+
+  def init(params):
+    del params  # the state is the clip alone
+    return dp.init()
+
+  def client(value, state, key):
+    return dp.client(value, state, key)
+
+  def server(sums: stages.Sums, state, key):
+    # sums.weight is the number of participants; the estimator divides by the expected
+    # cohort instead (a fixed denominator bounds one client's effect by C / (q N)).
+    return dp.server(sums.total, state, key)
+
+  return stages.make(STAGE_NAME, init=init, client=client, reduction=stages.STREAMING,
+                     server=server, weights=stages.PARTICIPANTS)
+
+
+def _field(name: str) -> str:
+  return f"config.privacy.{name}"
+
+
+def _layer_split(text):
+  """"equal", "size" or comma-separated shares "0.25,0.75" as DpOptions takes them."""
+  if not isinstance(text, str):
+    raise ConfigError(f"{_field('layer_split')}={text!r} is not accepted; accepted: 'equal', "
+                      "'size' or comma-separated shares C_l^2 / C^2 ('0.25,0.75')")
+  if text in ("equal", "size"):
+    return text
+  try:
+    return tuple(float(s) for s in text.split(","))
+  except ValueError:
+    raise ConfigError(f"{_field('layer_split')}={text!r} is not accepted; accepted: 'equal', "
+                      "'size' or comma-separated shares C_l^2 / C^2 ('0.25,0.75')") from None
+
+
+def sampling_from_config(config) -> SamplingOptions:
+  """The cohorts the run draws, as the accountant sees them.
+
+  config.client_sampling="bernoulli" is Poisson sampling with q = config.active_ratio (the
+  federation's Bernoulli sampler, the same draws); "fixed" is round(active_ratio N) clients
+  without replacement, accounted as such (replace-one adjacency), never as Poisson.
+  """
+  if config.client_sampling == "bernoulli":
+    return SamplingOptions("poisson", config.num_clients, rate=float(config.active_ratio))
+  sampler = federation.Sampler("fixed", float(config.active_ratio), config.num_clients,
+                              config.seed)
+  return SamplingOptions("fixed", config.num_clients, cohort_size=sampler.cohort_size)
+
+
+def options_from_config(config, mode: str) -> Optional[DpOptions]:
+  """config.privacy as DpOptions (None when off), or one ConfigError naming the field.
+
+  `mode`: the run's mode (run/spec.py MODES). With a target epsilon, sigma is calibrated
+  before training for config.rounds rounds with the configured accountant.
+  """
+  section = config.privacy
+  if not isinstance(section.enabled, bool):
+    raise ConfigError(f"{_field('enabled')}={section.enabled!r} is not accepted; accepted: "
+                      "True or False")
+  if not section.enabled:
+    return None
+  # The accountant reports every evaluation: a missing dp-accounting stops the run here,
+  # before any data is loaded, with its one-line install hint.
+  from fedjax_lama.privacy import accounting  # pylint: disable=g-import-not-at-top,unused-import
+  if mode == "clock":
+    raise ConfigError(f"{_field('enabled')}=True is not accepted on the simulated clock "
+                      "(its asynchronous updates are not accounted); accepted: synchronous "
+                      "rounds")
+  if mode == "fedlama":
+    raise ConfigError(f"{_field('enabled')}=True is not accepted with config.schedule="
+                      f"{config.get('schedule', 'none')!r} (FedLAMA's per-layer releases are "
+                      "not wired to the accountant yet); accepted: config.schedule='none'")
+  if config.weighting != "uniform":
+    raise ConfigError(f"config.weighting={config.weighting!r} is not accepted with "
+                      "config.privacy.enabled=True (a client's weight would reveal its data "
+                      "size and unbound its effect); accepted: 'uniform'")
+  sigma, target = section.noise_multiplier, section.target_epsilon
+  if (sigma is None) == (target is None):
+    raise ConfigError(f"{_field('noise_multiplier')}={sigma!r} and "
+                      f"{_field('target_epsilon')}={target!r}: set exactly one of them")
+  try:
+    sampling = sampling_from_config(config)
+    adaptive = None
+    if section.adaptive.enabled:
+      count_stddev = section.adaptive.count_stddev
+      if count_stddev is None:
+        count_stddev = COUNT_STDDEV_PER_CLIENT * sampling.expected_cohort
+      adaptive = AdaptiveClipOptions(section.adaptive.target_quantile,
+                                     section.adaptive.learning_rate, float(count_stddev))
+    if target is not None:
+      sigma = accounting.calibrate_noise_multiplier(sampling, target, section.delta,
+                                                    config.rounds, section.accountant)
+    return DpOptions(noise_multiplier=sigma, clip_norm=section.clip_norm, sampling=sampling,
+                     delta=section.delta, clipping=section.clipping,
+                     layer_split=_layer_split(section.layer_split), adaptive=adaptive,
+                     accountant=section.accountant)
+  except HparamError as e:  # its message names privacy.<field>
+    raise ConfigError(f"config.{e}") from None
+
+
+def check_uploads(upload_names, algorithm_name: str) -> None:
+  """Refuses an algorithm that uploads more than the model delta: the noise covers that one
+  upload, so every other upload (SCAFFOLD's dc, FedNova's a, ...) would leave in the clear."""
+  extra = sorted(n for n in upload_names if n != "delta")
+  if extra:
+    raise ConfigError(
+        f"config.algorithm={algorithm_name!r} is not accepted with config.privacy.enabled=True: "
+        f"it uploads {', '.join(map(repr, extra))} besides the model delta, which the noise "
+        "does not cover; accepted: algorithms that upload the model delta alone (fedavg, "
+        "fedavgm, fedadam, fedprox, ...)")
+
+
+def check_layer_split(options: DpOptions, params) -> None:
+  """Explicit per-layer shares need one share per leaf of the model (checked before training,
+  where the stage would otherwise first see the model inside the compiled round)."""
+  if options.clipping != "per_layer" or isinstance(options.layer_split, str):
+    return
+  leaves = len(jax.tree.leaves(params))
+  if len(options.layer_split) != leaves:
+    raise ConfigError(f"{_field('layer_split')}={','.join(map(str, options.layer_split))!r} "
+                      f"is not accepted; accepted: one share per leaf of the model ({leaves} "
+                      "leaves), 'equal' or 'size'")
+
+
+def check_federation(options: DpOptions, num_clients: int) -> None:
+  """The accountant's population is config.num_clients; a partition that gives another
+  number of clients (the natural ones) would change q N."""
+  if num_clients != options.sampling.num_clients:
+    raise ConfigError(
+        f"config.num_clients={options.sampling.num_clients} is not accepted with "
+        f"config.privacy.enabled=True: the partition gave {num_clients} clients; accepted: "
+        f"config.num_clients={num_clients}")
+
+
+# ---- what the run reports --------------------------------------------------------------------
+ADJACENCY = {"poisson": "add_or_remove_one", "fixed": "replace_one"}
+SAMPLING_SCHEMES = {"poisson": "poisson", "fixed": "fixed_size_without_replacement"}
+
+
+def epsilon_after(options: DpOptions, rounds: int) -> Optional[float]:
+  """epsilon at options.delta after `rounds` rounds (accounting.options_epsilon), computed on
+  the host from the rounds done; None without noise (sigma = 0: no finite guarantee)."""
+  if options.noise_multiplier == 0:
+    return None
+  from fedjax_lama.privacy import accounting  # pylint: disable=g-import-not-at-top
+  return accounting.options_epsilon(options, rounds).epsilon
+
+
+def summary(options: DpOptions, rounds: int) -> dict:
+  """The guarantee of `rounds` rounds and everything it depends on, for summary.json."""
+  from fedjax_lama.privacy import accounting  # pylint: disable=g-import-not-at-top
+  sampling = options.sampling
+  out = {
+      "epsilon": epsilon_after(options, rounds), "delta": options.delta, "rounds": rounds,
+      "noise_multiplier": float(options.noise_multiplier), "clip_norm": options.clip_norm,
+      "clipping": options.clipping, "adaptive_clipping": options.adaptive is not None,
+      "adjacency": ADJACENCY[sampling.kind], "sampling": SAMPLING_SCHEMES[sampling.kind],
+      "sampling_fraction": sampling.sampling_fraction, "num_clients": sampling.num_clients,
+      "expected_cohort": sampling.expected_cohort, "accountant": options.accountant,
+      "library": accounting.LIBRARY, "library_version": accounting.LIBRARY_VERSION,
+  }
+  if options.adaptive is not None:
+    out["update_noise_multiplier"] = options.update_noise_multiplier
+    out["count_stddev"] = options.adaptive.count_stddev
+  return out
