@@ -113,7 +113,7 @@ def _program(config, stage):
   algorithm = registry.build_algorithm(config, fed.num_clients, float(np.mean(fed.client_sizes)))
   opts = dataclasses.replace(training.run_options(config, fed), aggregator=stage)
   return SyncProgram(opts, algorithm, model, params, {}, fed, MESH,
-                     registry.uplink_compressor(config, algorithm))
+                     registry.uplink_compressor(config))
 
 
 def _recorded_deltas(config):
