@@ -165,3 +165,72 @@ def robust_aggregate(rule: str, uploads: Sequence[Sequence[np.ndarray]],
   if rule == "trimmed_mean":
     return aggregate.aggregate_trimmed_avg(results, proportiontocut=proportiontocut)
   raise ValueError(f"rule {rule!r} is not driven here; accepted: {', '.join(ROBUST_RULES)}")
+
+
+# Flower's central DP with server-side fixed clipping (flwr.server.strategy.
+# DifferentialPrivacyServerSideFixedClipping around FedAvg), driven on fixed uploads. In each
+# round it clips every upload's update y_i - x (x: the model it sent in configure_fit) to
+# L2 norm C in float64, lets FedAvg average the clipped models weighted by example counts over
+# the k clients that came, and adds N(0, (sigma C / m)^2) per coordinate, m its
+# num_sampled_clients (supercore/differential_privacy.py compute_stdv).
+class _NoClients:
+  """The client manager FedAvg.configure_fit asks: `available` clients, none sampled (the
+  uploads are handed to aggregate_fit directly)."""
+
+  def __init__(self, available: int):
+    self.available = available
+
+  def num_available(self) -> int:
+    return self.available
+
+  def sample(self, num_clients, min_num_clients=None, criterion=None):
+    del num_clients, min_num_clients, criterion
+    return []
+
+
+def dp_fixed_clipping_stddev(noise_multiplier: float, clip_norm: float,
+                             num_sampled_clients: int) -> float:
+  """Flower's noise stddev on the averaged model: sigma C / m."""
+  _flwr()
+  from flwr.supercore import differential_privacy  # pylint: disable=g-import-not-at-top
+  return differential_privacy.compute_stdv(noise_multiplier, clip_norm, num_sampled_clients)
+
+
+def run_dp_fixed_clipping(initial: Sequence[np.ndarray],
+                          uploads_per_round: Sequence[Sequence[Sequence[np.ndarray]]],
+                          num_examples_per_round: Sequence[Sequence[int]], *,
+                          noise_multiplier: float, clip_norm: float,
+                          num_sampled_clients: int, seed: int = 0) -> list[list[np.ndarray]]:
+  """Runs DifferentialPrivacyServerSideFixedClipping(FedAvg) on fixed uploads.
+
+  Every round calls the wrapper's configure_fit (which records the model the clients'
+  updates are taken against) and then aggregate_fit with that round's uploads.
+
+  Args:
+    initial: the initial server arrays.
+    uploads_per_round: for each round, the arrays of each client that came (its model after
+      local training); a round may have fewer clients than num_sampled_clients.
+    num_examples_per_round: for each round, each upload's example count (FedAvg's weights).
+    noise_multiplier, clip_norm, num_sampled_clients: the wrapper's sigma, C and m.
+    seed: numpy's global seed, which Flower's noise draws from (np.random.normal).
+
+  Returns:
+    The server arrays after each round.
+  """
+  flwr = _flwr()
+  strategy = flwr.server.strategy
+  inner = strategy.FedAvg(initial_parameters=flwr.common.ndarrays_to_parameters(
+      [np.asarray(x) for x in initial]), fraction_fit=1.0, fraction_evaluate=0.0,
+                          min_fit_clients=1, min_available_clients=1)
+  dp = strategy.DifferentialPrivacyServerSideFixedClipping(
+      inner, noise_multiplier=noise_multiplier, clipping_norm=clip_norm,
+      num_sampled_clients=num_sampled_clients)
+  np.random.seed(seed)
+  params = dp.initialize_parameters(_NoClients(num_sampled_clients))
+  history = []
+  for r, (uploads, counts) in enumerate(zip(uploads_per_round, num_examples_per_round,
+                                            strict=True), start=1):
+    dp.configure_fit(r, params, _NoClients(num_sampled_clients))
+    params, _ = dp.aggregate_fit(r, _fit_results(uploads, counts), [])
+    history.append(flwr.common.parameters_to_ndarrays(params))
+  return history
