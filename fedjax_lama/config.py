@@ -140,10 +140,10 @@ def base_config() -> ml_collections.ConfigDict:
   # FedPAQ + FedLAMA (AAAI Table 4b) is algorithm="fedlama" with name="qsgd".
   c.compressor = ml_collections.ConfigDict({"name": "auto", "levels": 16, "block": "leaf"})
   # Byzantine-robust aggregation of the model updates and the attacks it is tested against,
-  # off by default; read once by fedjax_lama/robust/stage.py (docs/guide.md, "Robust
+  # off by default; read once by fedjax_lama/robust/robust_stage.py (docs/guide.md, "Robust
   # aggregation and attacks"). Options a rule or an attack does not read are ignored.
   c.robust = ml_collections.ConfigDict({
-      "defence": "none",        # robust.stage.DEFENCES
+      "defence": "none",        # robust.robust_stage.DEFENCES
       "f": 0,                   # Byzantine clients per cohort the defence must tolerate
       "num_selected": 0,        # multi_krum: updates averaged (0: n - f)
       "beta": 0.1,              # trimmed_mean: fraction cut from each side, floor(beta n) >= f
@@ -152,7 +152,7 @@ def base_config() -> ml_collections.ConfigDict:
       "radius": 1.0,            # centered_clipping: clipping radius tau
       "momentum": 0.0,          # centered_clipping: momentum of the centre, in [0, 1)
       "bound": 1.0,             # norm_bounding: L2 bound of each update
-      "attack": "none",         # robust.stage.ATTACKS
+      "attack": "none",         # robust.robust_stage.ATTACKS
       "malicious_fraction": 0.0,  # floor(fraction * clients) malicious, fixed by config.seed
       "malicious_count": 0,     # or this many (set exactly one of the two with an attack)
       "scale": 1.0,             # sign_flip: the update sent is -scale * the honest one
@@ -161,7 +161,7 @@ def base_config() -> ml_collections.ConfigDict:
       "epsilon": 0.5,           # ipm: -epsilon * the honest mean
   })
   # User-level differential privacy over the model updates (DP-FedAvg, McMahan et al.,
-  # ICLR 2018), off by default; read once into privacy.DpOptions (fedjax_lama/privacy/stage.py).
+  # ICLR 2018), off by default; read once into privacy.DpOptions (fedjax_lama/privacy/dp_stage.py).
   # Set noise_multiplier (sigma) or target_epsilon (sigma calibrated for config.rounds).
   c.privacy = ml_collections.ConfigDict({
       "enabled": False,

@@ -24,7 +24,7 @@ from fedjax_lama import registry, training
 from fedjax_lama.engine import sharding, stages
 from fedjax_lama.errors import ConfigError
 from fedjax_lama.privacy import accounting
-from fedjax_lama.privacy import stage as privacy_stage
+from fedjax_lama.privacy import dp_stage as privacy_stage
 from fedjax_lama.privacy.dp_options import AdaptiveClipOptions, DpOptions, SamplingOptions
 from fedjax_lama.programs.sync import SyncProgram
 from fedjax_lama.run import spec as spec_lib
@@ -89,6 +89,7 @@ def test_reported_epsilon_equals_accountings(tmp_path, sampling):
   assert _summary(tmp_path)["privacy"] == privacy
 
 
+@pytest.mark.slow
 def test_target_epsilon_is_calibrated_for_the_configured_rounds():
   c = dp_config()
   c.privacy.noise_multiplier = None
@@ -297,6 +298,7 @@ def test_a_workdir_from_before_the_privacy_section_still_resumes(tmp_path):
     training.check_workdir(str(tmp_path), c)
 
 
+@pytest.mark.slow
 def test_a_run_calibrated_to_a_target_epsilon_is_not_extended(tmp_path):
   c = dp_config()
   c.privacy.noise_multiplier = None

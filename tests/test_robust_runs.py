@@ -18,7 +18,7 @@ from fedjax_lama import checkpointing, training
 from fedjax_lama.engine import aggregation, sharding, stages
 from fedjax_lama.errors import ConfigError
 from fedjax_lama.robust import attacks
-from fedjax_lama.robust import stage as robust_stage
+from fedjax_lama.robust import robust_stage
 from fedjax_lama.run import spec as spec_lib
 from tests import test_algorithm_contract as contract
 from tests import test_cli_errors as cli

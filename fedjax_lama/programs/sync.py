@@ -31,7 +31,7 @@ from fedjax_lama import compression
 from fedjax_lama.engine import (aggregation, client_store, clients as clients_lib, evaluate, local,
                                 sharding, sync_round, traffic as traffic_lib)
 from fedjax_lama.engine.algorithm import Algorithm
-from fedjax_lama.privacy.stage import STAGE_NAME as DP_STAGE
+from fedjax_lama.privacy.dp_stage import STAGE_NAME as DP_STAGE
 from fedjax_lama.programs.round_program import (ProgramBase, Reporter, RoundOutput, RunOptions,
                                                 pack, platform_plan, steps_per_round)
 

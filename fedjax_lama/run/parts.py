@@ -19,10 +19,10 @@ from fedjax_lama.data import augment
 from fedjax_lama.engine import local, sharding, traffic as traffic_lib
 from fedjax_lama.errors import ConfigError
 from fedjax_lama.fedlama.schedule import FedLamaProgram
-from fedjax_lama.privacy import stage as privacy_stage
+from fedjax_lama.privacy import dp_stage as privacy_stage
 from fedjax_lama.programs.round_program import RunOptions
 from fedjax_lama.programs.sync import SyncProgram
-from fedjax_lama.robust import stage as robust_stage
+from fedjax_lama.robust import robust_stage
 
 # What each model consumes (fedjax_lama.data.INPUT_KINDS); the others take images only.
 _MODEL_INPUTS = {

@@ -16,7 +16,7 @@ import numpy as np
 from fedjax_lama import checkpointing, comm, divergence, errors, metrics, plots, progress
 from fedjax_lama.engine import evaluate as evaluation
 from fedjax_lama.errors import TrainingError
-from fedjax_lama.privacy import stage as privacy_stage
+from fedjax_lama.privacy import dp_stage as privacy_stage
 from fedjax_lama.run import workdir as workdir_lib
 
 

@@ -19,9 +19,9 @@ from fedjax_lama import config as config_lib
 from fedjax_lama import federation, registry
 from fedjax_lama.engine import plan as plan_lib
 from fedjax_lama.fedlama import options as fedlama_options
-from fedjax_lama.privacy import stage as privacy_stage
+from fedjax_lama.privacy import dp_stage as privacy_stage
 from fedjax_lama.programs.round_program import LearningRate, RunOptions
-from fedjax_lama.robust import stage as robust_stage
+from fedjax_lama.robust import robust_stage
 from fedjax_lama.simulation import run_options as clock_lib
 
 MODES = ("synchronous", "fedlama", "clock")

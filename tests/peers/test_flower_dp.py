@@ -8,7 +8,7 @@ Identical inputs, float64 on both sides: the same initial arrays and, in every r
 same fixed client uploads (each client's model after local training). Flower's
 DifferentialPrivacyServerSideFixedClipping wraps FedAvg and gets the uploads through
 configure_fit and aggregate_fit (third_party/flower_peer.py `run_dp_fixed_clipping`). Ours
-drives the stage of config.privacy (privacy/stage.py `dp_stage`) as the engine does: the
+drives the stage of config.privacy (privacy/dp_stage.py `dp_stage`) as the engine does: the
 stage's client part clips each update y_i - x against the current server model x, the
 clipped updates are summed over the real clients of a padded cohort (padded slots hold NaN
 and weigh 0), the server part divides the sum by the expected cohort, and FedAvg adds the
@@ -45,7 +45,7 @@ import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax.numpy as jnp  # pylint: disable=wrong-import-position
 
 from fedjax_lama.engine import stages  # pylint: disable=wrong-import-position
-from fedjax_lama.privacy import dp_options, mechanisms, stage  # pylint: disable=wrong-import-position
+from fedjax_lama.privacy import dp_options, dp_stage, mechanisms  # pylint: disable=wrong-import-position
 from third_party import flower_peer  # pylint: disable=wrong-import-position
 
 pytestmark = pytest.mark.slow
@@ -134,7 +134,7 @@ def our_round(dp, state, server_model, clients, present, key):
 
 def ours(rounds, present_per_round, *, noise_multiplier=0.0, convert_to_arrived=False):
   """Our server model after each round; `convert_to_arrived` scales each update by m / k."""
-  dp = stage.dp_stage(dp_options_for(noise_multiplier))
+  dp = dp_stage.dp_stage(dp_options_for(noise_multiplier))
   model = as_tree(initial())
   state = dp.init(model)
   history, all_norms = [], []
@@ -226,7 +226,7 @@ def test_noise_stddev_is_flowers_sigma_c_over_m():
   expected = flower_peer.dp_fixed_clipping_stddev(sigma, CLIP, COHORT)
   assert expected == pytest.approx(sigma * CLIP / COHORT, rel=1e-12)
   # Ours: the server part on a zero sum.
-  dp = stage.dp_stage(dp_options_for(sigma))
+  dp = dp_stage.dp_stage(dp_options_for(sigma))
   zero = {"update": {"w": jnp.zeros(coordinates)}, "unclipped": jnp.float32(0)}
   noised, _, _ = dp.server(stages.Sums(zero, jnp.float32(COHORT)), dp.init(None),
                            jax.random.PRNGKey(7))
