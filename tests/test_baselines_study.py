@@ -19,6 +19,7 @@ def _summaries(runs):
                 if f == "summary.json")
 
 
+@pytest.mark.slow
 def test_compare_tunes_reports_sensitivity_and_reuses_runs(tmp_path):
   out, runs = str(tmp_path / "report"), str(tmp_path / "runs")
   args = dict(base=tiny_base(), algorithms=["fedavg", "fedadam"], lrs=[0.03, 0.3],

@@ -113,6 +113,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_clock_trainer_runs_each_call_on_the_devices_that_leave_it_unpadded():
   """Two CPU devices: a call of 1 job, which a second device would pad, runs on one device,
   reading the replicated tables without a copy; calls of 2 to 5 jobs (buckets 2, 4, 4, 8 on

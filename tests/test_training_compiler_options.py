@@ -65,7 +65,8 @@ def test_the_options_are_known_to_this_xla():
   np.testing.assert_array_equal(f(np.ones(3, np.float32)), 2.0)
 
 
-@pytest.mark.parametrize("model_name", ["leaf_cnn", "mnist_mlp"])
+@pytest.mark.parametrize("model_name", [pytest.param("leaf_cnn", marks=pytest.mark.slow),
+                                        "mnist_mlp"])
 def test_the_options_leave_an_engine_round_bit_for_bit_unchanged(model_name, monkeypatch):
   """A FedAvg round of the engine (the benchmark's workload: 4 clients x 3 steps x 8) gives
   the same parameters, bit for bit, compiled with the options and without."""
