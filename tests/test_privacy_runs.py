@@ -31,6 +31,7 @@ from fedjax_lama.run import spec as spec_lib
 from tests import test_algorithm_contract as contract
 from tests import test_cli_errors as cli
 from tests import test_sharding as helpers
+from tests.test_training import _metrics as _rows  # pylint: disable=protected-access
 from tests.test_training import tiny_config
 
 MESH = sharding.client_mesh(jax.devices()[:1])
@@ -47,14 +48,6 @@ def dp_config(sigma=2.0, adaptive=False, **overrides):
     c.privacy.adaptive.enabled = True
     c.privacy.adaptive.count_stddev = 2.0
   return c
-
-
-def _rows(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    rows = [json.loads(line) for line in f]
-  for r in rows:
-    r.pop("wall_seconds")
-  return rows
 
 
 def _summary(workdir):
