@@ -278,13 +278,18 @@ def test_stage_state_is_checkpointed_and_restored_exactly(tmp_path, schedule):
     outs.append(out)
   if schedule == "none":
     assert all(o.extra["aggregator_momentum_norm"] > 0 for o in outs)
-  state = program.init_state()
-  state, _ = program.run_round(state, 0)
-  ckpt = checkpointing.Checkpointer(str(tmp_path / "ckpt"))
+  assert_resumes_after_round_zero(program, straight, tmp_path / "ckpt")
+
+
+def assert_resumes_after_round_zero(program, straight, ckpt_dir, rounds=3):
+  """Round 0, an orbax checkpoint and a restore, then the other rounds: bit for bit the
+  `straight` state of `rounds` uninterrupted rounds, with stage state that moved."""
+  state, _ = program.run_round(program.init_state(), 0)
+  ckpt = checkpointing.Checkpointer(str(ckpt_dir))
   ckpt.save(0, state, {"round": 0})
   state, _ = ckpt.restore(0, program.init_state())
   ckpt.close()
-  for r in range(1, 3):
+  for r in range(1, rounds):
     state, _ = program.run_round(state, r)
   assert contract._bits(state) == contract._bits(straight)  # pylint: disable=protected-access
   assert contract._bits(state["aggregation"]) != contract._bits(  # pylint: disable=protected-access

@@ -14,12 +14,13 @@ import ml_collections
 import numpy as np
 import pytest
 
-from fedjax_lama import checkpointing, training
+from fedjax_lama import training
 from fedjax_lama.engine import aggregation, sharding, stages
 from fedjax_lama.errors import ConfigError
 from fedjax_lama.robust import attacks
 from fedjax_lama.robust import robust_stage
 from fedjax_lama.run import spec as spec_lib
+from tests import test_aggregation_stage as aggregation_stage
 from tests import test_algorithm_contract as contract
 from tests import test_cli_errors as cli
 from tests import test_sharding as helpers
@@ -189,15 +190,7 @@ def test_centered_clipping_momentum_is_checkpointed(tmp_path):
   straight = state
   for r in range(3):
     straight, _ = program.run_round(straight, r)
-  state, _ = program.run_round(program.init_state(), 0)
-  ckpt = checkpointing.Checkpointer(str(tmp_path / "ckpt"))
-  ckpt.save(0, state, {"round": 0})
-  state, _ = ckpt.restore(0, program.init_state())
-  ckpt.close()
-  for r in range(1, 3):
-    state, _ = program.run_round(state, r)
-  assert _bits(state) == _bits(straight)
-  assert _bits(state["aggregation"]) != _bits(program.init_state()["aggregation"])
+  aggregation_stage.assert_resumes_after_round_zero(program, straight, tmp_path / "ckpt")
 
 
 @pytest.mark.slow
