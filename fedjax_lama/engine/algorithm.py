@@ -152,6 +152,10 @@ Finish = Callable[[LocalState, ClientContext, ClientInfo], tuple[dict, PyTree]]
 ServerUpdate = Callable[[ServerState, Aggregates], ServerState]
 # server -> (the params the run evaluates, {metric name: scalar} for the round's record)
 Report = Callable[[ServerState], tuple[PyTree, Mapping[str, jax.Array]]]
+# (the evaluated params, model_state, one client's row) -> (that client's personal params,
+# model_state): the model a personalized method serves the client (FedPer's shared body
+# with the client's own head, Ditto's personal model, APFL's mixture).
+Personalize = Callable[[PyTree, PyTree, PyTree], tuple[PyTree, PyTree]]
 
 # The upload that is the model displacement y - x, by convention (FedLAMA's d_l reads it).
 MODEL_UPLOAD = "delta"
@@ -270,6 +274,9 @@ class Algorithm:
   downloads: tuple = ("params",)
   layerwise: Union[bool, str] = True     # may a layer-wise schedule run it? (str: why not)
   report: Report = report_model          # what the run evaluates, and scalars it logs
+  # Each client's own model for per-client evaluation; None: every client is served the
+  # evaluated global model (the non-personalized methods).
+  personalize: Optional[Personalize] = None
 
   def __post_init__(self):
     if "params" not in self.downloads:
