@@ -159,6 +159,10 @@ def base_config() -> ml_collections.ConfigDict:
       "std": 1.0,               # gaussian: std of the coordinates sent
       "z": 0.0,                 # alie: mean - z std (0: Baruch et al.'s z_max for the cohort)
       "epsilon": 0.5,           # ipm: -epsilon * the honest mean
+      "target_label": 0,        # backdoor: the class triggered images are sent to
+      "poison_fraction": 0.5,   # backdoor: share of each malicious client's examples, (0, 1]
+      "boost": 0.0,             # backdoor: upload boost gamma (0: n / server_lr, replacement)
+      "trigger_size": 3,        # backdoor: side of the checkerboard trigger, in pixels
   })
   # User-level differential privacy over the model updates (DP-FedAvg, McMahan et al.,
   # ICLR 2018), off by default; read once into privacy.DpOptions (fedjax_lama/privacy/dp_stage.py).

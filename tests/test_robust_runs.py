@@ -47,6 +47,8 @@ def robust_config(defence="none", attack="none", **overrides):
             "robust.attack": attack, **DEFENCES.get(defence, {})}
   if attack != "none":
     fields["robust.malicious_count"] = 8
+  if attack == "backdoor":  # the tiny federation's 2x2 images take a 1-pixel trigger
+    fields["robust.trigger_size"] = 1
   return helpers.tiny_config(**{**fields, **overrides})
 
 
@@ -212,7 +214,7 @@ def test_an_interrupted_run_resumes_from_its_workdir(tmp_path):
 
 
 # ---- attacks ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("attack", ["alie", "label_flip"] + [
+@pytest.mark.parametrize("attack", ["alie", "label_flip", "backdoor"] + [
     pytest.param(a, marks=pytest.mark.slow) for a in ("sign_flip", "gaussian", "ipm")])
 def test_an_attack_without_defence_moves_the_model(attack):
   honest, _ = helpers.run(helpers.build(robust_config(rounds=1), MESH))

@@ -70,6 +70,7 @@ class ClientPhase:
 
   def __init__(self, loss_fn: local.LossFn, algorithm: Algorithm, learning_rate: Callable, *,
                seed: int, unroll=1, augment: Optional[Callable] = None,
+               poison: Optional[Callable] = None,
                compressor: Optional[compression.Compressor] = None,
                shared_per_client: bool = False, state_axes: Optional[LocalState] = None,
                client_devices: Optional[int] = None, plan: Optional[PlatformPlan] = None):
@@ -78,7 +79,8 @@ class ClientPhase:
     self.compressor = compressor
     self.client_map = local.resolve_client_map(plan.client_map if plan is not None else None)
     self._train = local.vmap_clients(
-        local.make_client_train(loss_fn, algorithm, learning_rate, augment=augment, unroll=unroll),
+        local.make_client_train(loss_fn, algorithm, learning_rate, augment=augment, unroll=unroll,
+                                poison=poison),
         shared_per_client, client_map=self.client_map, state_axes=state_axes,
         devices=client_devices,
         scan_group_bytes=plan.scan_group_bytes if plan is not None else None)

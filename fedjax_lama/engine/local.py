@@ -164,7 +164,7 @@ def make_loss_fn(model, has_model_state: bool, label_smoothing: float = 0.0,
 def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
                       learning_rate: Callable[[jax.Array], jax.Array], *,
                       augment: Optional[Callable[[jax.Array, jax.Array], jax.Array]] = None,
-                      unroll: int | bool = 1):
+                      unroll: int | bool = 1, poison: Optional[Callable] = None):
   """Builds `client_train(state, ctx, data_x, data_y, batch, step_offset, key_offset=0)
   -> (state, StepStats summed over steps)` for ONE client (`batch`: its ClientBatch).
 
@@ -179,6 +179,9 @@ def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
 
   batch.indices[S, B] are rows of the device-resident training arrays (data_x, data_y);
   the gather happens inside the step, so only indices cross the host boundary.
+  `poison(x, y, indices, client_id) -> (x, y)` (a data attack, the backdoor's trigger) rewrites
+  the step's batch after augmentation, so a triggered example keeps the trigger where the
+  evaluation stamps it.
   """
   local_tx, grad_oracle, correct = algorithm.local.tx, algorithm.grad, algorithm.correct
   rule = algorithm.local.rule
@@ -196,6 +199,8 @@ def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
       y = data_y[idx]
       if augment is not None:
         x = augment(x, jax.random.fold_in(k, 1))
+      if poison is not None:
+        x, y = poison(x, y, idx, ctx.client_id)
       value_and_grad = jax.value_and_grad(
           lambda p: loss_fn(p, carry.model_state, x, y, emask, k), has_aux=True)
       (loss, (new_model_state, correct_count)), grads, opt_state = grad_oracle(

@@ -28,7 +28,7 @@ from fedjax_lama.engine.plan import PlatformPlan
 
 def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, learning_rate: Callable, *,
                    seed: int, weighting: str, local_steps: int, population: int, unroll=1,
-                   augment: Optional[Callable] = None,
+                   augment: Optional[Callable] = None, poison: Optional[Callable] = None,
                    compressor: Optional[compression.Compressor] = None, jit: bool = True,
                    client_devices: Optional[int] = None, plan: Optional[PlatformPlan] = None,
                    aggregator: Optional[stages.Stage] = None, name: str = "this algorithm"):
@@ -45,10 +45,11 @@ def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, learning_rate: C
   algorithm's declaration alone); its state, `aggregation.RoundAggregation.init`, is passed
   as `agg_state` to both functions. server_update(server, sums) gives the new server state;
   server_update(server, sums, agg_state, round_idx) gives (server, agg_state, scalars); the
-  round index keys the stages' server-side draws.
+  round index keys the stages' server-side draws. poison: a data attack on the clients'
+  batches inside the local step (local.make_client_train).
   """
   phase = ClientPhase(loss_fn, algorithm, learning_rate, seed=seed, unroll=unroll,
-                      augment=augment, compressor=compressor,
+                      augment=augment, poison=poison, compressor=compressor,
                       state_axes=fresh_state_axes(algorithm), client_devices=client_devices,
                       plan=plan)
   agg = aggregation.RoundAggregation(algorithm, aggregator, seed=seed, weighting=weighting,

@@ -150,6 +150,7 @@ class FedLamaProgram(ProgramBase):
     self.plan = platform_plan(opts)
     self.phase = clients_lib.ClientPhase(loss_fn, algorithm, self.learning_rate, seed=opts.seed,
                                        unroll=opts.unroll, augment=opts.augment,
+                                       poison=opts.poison,
                                        compressor=self.compressor, client_devices=mesh.size,
                                        plan=self.plan)
     # Bits of each leaf of one client's uploads (block "leaf": additive over leaves, 5.12).
@@ -164,7 +165,7 @@ class FedLamaProgram(ProgramBase):
     self.window_fn = local.jit_training(
         self._window, plan=self.plan, donate_argnums=(0,),
         out_shardings=(state_shardings, clients, replicated, replicated, replicated,
-                       replicated))
+                       replicated, replicated))
 
   # ---- state ---------------------------------------------------------------------------
   def _fresh_opt_states(self, ctx: ClientContext):
@@ -218,6 +219,7 @@ class FedLamaProgram(ProgramBase):
     since_steps, since_size, since_m = (state.since_steps, state.since_step_size,
                                         state.since_momentum)
     stats_sum = jnp.zeros(4)  # loss_sum, correct, count, unused
+    window_scalars = {}  # the run stage's scalars of the window's last sub-round
     key = rng.round_key(self.opts.seed, rng.STREAM_TRAIN, window)
     for r in range(self.phi):  # static: phi sub-rounds, each a rolled scan inside
       c = jax.tree.map(lambda a: a[r], cohorts)
@@ -264,8 +266,13 @@ class FedLamaProgram(ProgramBase):
                                leaf_mask=sync_leaf if agg.stage is not None else None)
       sums = agg.reduce(uploads, info, slots.model_state, weights, c.client_mask, agg_state,
                         sub_round)
-      aggregates, new_agg_state, _ = agg.finish(sums, self.fed.num_clients, agg_state,
-                                                sub_round)
+      aggregates, new_agg_state, scalars = agg.finish(sums, self.fed.num_clients, agg_state,
+                                                      sub_round)
+      if r == self.phi - 1:
+        # Multipliers are 1 or phi, so the last sub-round synchronises every layer: its
+        # stage saw whole uploads, as a synchronous round's does. Earlier sub-rounds see
+        # only the layers of multiplier 1 (zeros elsewhere): their scalars are not recorded.
+        window_scalars = scalars
       agg_state = jax.tree.map(lambda a, b: jnp.where(jnp.any(sync), a, b), new_agg_state,
                                agg_state)
       new_server = alg.update_server(server, aggregates)
@@ -295,7 +302,7 @@ class FedLamaProgram(ProgramBase):
       new_mult = jnp.where(window >= fl.warmup_windows, selected, self.base).astype(jnp.int32)
     new_state = FedLamaState(slots, server, d, new_mult, counts, state.window + 1,
                              since_steps, since_size, since_m)
-    return new_state, rows, agg_state, stats_sum, mult, sync
+    return new_state, rows, agg_state, stats_sum, mult, sync, window_scalars
 
   # ---- host side -------------------------------------------------------------------------
   def _pack_window(self, window: int) -> cohort_lib.Cohort:
@@ -329,8 +336,8 @@ class FedLamaProgram(ProgramBase):
     mult = np.asarray(fstate.multipliers)
     counts_before = np.asarray(fstate.sync_counts)
     agg_state = state.get("aggregation", {})
-    fstate, rows, agg_state, stats, _, _ = self.window_fn(fstate, rows, agg_state, self.data_x,
-                                                          self.data_y, cohorts, window)
+    fstate, rows, agg_state, stats, _, _, scalars = self.window_fn(
+        fstate, rows, agg_state, self.data_x, self.data_y, cohorts, window)
     if store is not None:
       store.scatter(ids, mask, rows)
     stats = np.asarray(stats)
@@ -358,6 +365,9 @@ class FedLamaProgram(ProgramBase):
              "fedlama_relaxed_share": float(self.spec.sizes[relaxed].sum() / self.spec.sizes.sum()),
              "comm_ratio": comm_ratio,
              "bn_stat_floats": self._bn_floats(n_real)}
+    # The run stage's scalars (aggregator_kept, aggregator_malicious, ...) of the window's
+    # last sub-round, where every layer synchronises.
+    extra.update(aggregation.stage_metrics(jax.device_get(scalars)))
     loss = stats[0] / stats[2] if stats[2] else 0.0
     bits_up = int(np.sum(leaf_syncs * self.leaf_bits)) * n_real
     new_state = {"fedlama": fstate, "rows": store.rows if store is not None else {}}

@@ -110,6 +110,10 @@ class RunOptions:
   # algorithm and under the FedLAMA schedule (engine/stages.py: a clip, a coordinate median,
   # a chain of them); None: each algorithm's declared aggregation alone.
   aggregator: Optional[stages.Stage] = None
+  # A data attack on the clients' batches inside the jitted local step (the backdoor's trigger
+  # on the malicious clients' examples, robust_stage.with_poison): poison(x, y, indices,
+  # client_id) -> (x, y); None: the clients train on their data as it is.
+  poison: Optional[Callable] = None
 
   def __post_init__(self):
     if self.one_step is not None and self.one_step not in ONE_STEP_KINDS:

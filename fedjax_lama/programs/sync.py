@@ -76,7 +76,8 @@ class SyncProgram(ProgramBase):
     train_chunk, server_update = sync_round.make_round_fns(
         loss_fn, algorithm, learning_rate, seed=opts.seed, weighting=opts.weighting,
         local_steps=self.num_steps, population=fed.num_clients, unroll=opts.unroll,
-        compressor=self.compressor, augment=opts.augment, client_devices=mesh.size, jit=False,
+        compressor=self.compressor, augment=opts.augment, poison=opts.poison,
+        client_devices=mesh.size, jit=False,
         plan=self.plan, aggregator=opts.aggregator, name=opts.algorithm_name)
     replicated = sharding.replicated_sharding(mesh)
     clients = sharding.clients_sharding(mesh)

@@ -4,6 +4,8 @@
     opts = with_stage(spec, opts, num_clients)     RunOptions.aggregator = chain(attack, defence)
     fed = poisoned(spec, fed)                      label flipping: the malicious clients'
                                                    training labels, relabelled once
+    opts = with_poison(spec, opts, fed)            the backdoor: RunOptions.poison stamps the
+                                                   trigger inside the jitted local step
 
 The defence is the reducer of the model upload's aggregate (engine/aggregation.py): a rule that
 needs the cohort's stack (Krum, Multi-Krum, Bulyan, the coordinate median, the trimmed mean, the
@@ -16,15 +18,24 @@ of the cohort's stack are replaced by what the attackers send. The attacker is o
 uploads of the same round. Which clients are malicious is fixed for the run from config.seed
 (`attacks.malicious_clients`); they are sampled like everyone else, and the stage finds them
 by the stack's client ids.
+
+The backdoor (Bagdasaryan, Veit, Hua, Estrin, Shmatikov, "How To Backdoor Federated Learning",
+AISTATS 2020) is both: a data attack, where a fixed share of each malicious client's examples
+gets a pixel-pattern trigger and the target label inside the jitted local step (no host work
+per round, the same rows every round), and an upload attack, where the malicious rows of the
+stack are boosted (model replacement) before the defence. Its success is measured by the
+run's records (`Backdoor.test_set`: the test examples of other classes, triggered).
 """
 import dataclasses
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_lama import data as fdata
+from fedjax_lama import rng
 from fedjax_lama.engine import reduce as reduce_lib
 from fedjax_lama.engine import stages
 from fedjax_lama.errors import ConfigError, HparamError
@@ -37,8 +48,67 @@ DEFENCES = {"none": None, "krum": "krum", "multi_krum": "multi_krum", "bulyan": 
             "norm_bounding": "norm_bound"}
 # Attacks on the uploads (a stage), and on the malicious clients' data (DATA_ATTACKS).
 UPLOAD_ATTACKS = ("sign_flip", "gaussian", "alie", "ipm")
-DATA_ATTACKS = ("label_flip",)
+DATA_ATTACKS = ("label_flip", "backdoor")
 ATTACKS = ("none",) + UPLOAD_ATTACKS + DATA_ATTACKS
+# Attacks with a stage before the defence (the backdoor's boost of its poisoned updates).
+STAGE_ATTACKS = UPLOAD_ATTACKS + ("backdoor",)
+# Models whose inputs are not images (run/parts.py's table): no trigger can be stamped.
+_NON_IMAGE_MODELS = ("logreg", "lstm_lm")
+# Stream of the host-side draw of each malicious client's poisoned examples.
+STREAM_BACKDOOR = 102
+# Where the trigger starts, in pixels from the top and left edges.
+TRIGGER_OFFSET = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Backdoor:
+  """config.robust's backdoor options, checked (Bagdasaryan et al., AISTATS 2020)."""
+  target_label: int
+  poison_fraction: float
+  trigger_size: int
+
+  @staticmethod
+  def poisoned_count(num_examples: int, fraction: float) -> int:
+    """How many of a client's `num_examples` carry the trigger: fraction * num_examples
+    rounded half up, at least 1 (a malicious client with data always poisons some)."""
+    if num_examples == 0:
+      return 0
+    return min(num_examples, max(1, math.floor(fraction * num_examples + 0.5)))
+
+  def check_data(self, dataset) -> None:
+    """ConfigError naming config.robust.<field> unless the dataset is images of one class
+    label per example with the target among its classes and room for the trigger."""
+    x, y = np.shape(dataset.train_x), np.shape(dataset.train_y)
+    if dataset.input_kind != fdata.INPUT_IMAGE or len(x) != 4 or len(y) != 1:
+      raise ConfigError(
+          f"config.robust.attack='backdoor' is not accepted for config.dataset="
+          f"{dataset.name!r}: it gives {dataset.input_kind!r} inputs of shape {x[1:]} with "
+          f"targets of shape {y[1:]} per example; accepted: an image dataset with one class "
+          "label per example (the trigger is a pixel pattern)")
+    classes = int(dataset.num_classes)
+    if not self.target_label < classes:
+      _fail("target_label", self.target_label,
+            f"a class in [0, {classes}) of config.dataset={dataset.name!r}")
+    room = min(x[1], x[2]) - TRIGGER_OFFSET
+    if not self.trigger_size <= room:
+      _fail("trigger_size", self.trigger_size,
+            f"an int in [1, {room}] for the {x[1]}x{x[2]} images of config.dataset="
+            f"{dataset.name!r} (the trigger starts {TRIGGER_OFFSET} pixel from the corner)")
+
+  def trigger(self, dataset) -> dict:
+    """`attacks.pixel_trigger`'s options: a checkerboard of trigger_size pixels set to the
+    largest training input (white on the images as they are normalised), so training and
+    evaluation stamp the same pixels with the same value."""
+    return {"pattern": attacks.checkerboard(self.trigger_size),
+            "value": float(np.max(dataset.train_x)), "offset": TRIGGER_OFFSET}
+
+  def test_set(self, dataset) -> tuple[np.ndarray, np.ndarray]:
+    """The backdoor's test set: the test examples whose label is not the target, triggered
+    and labelled with the target; the accuracy on it is the attack's success rate."""
+    keep = np.asarray(dataset.test_y) != self.target_label
+    x = np.asarray(attacks.pixel_trigger(np.asarray(dataset.test_x)[keep],
+                                         **self.trigger(dataset)))
+    return x, np.full(int(keep.sum()), self.target_label, np.asarray(dataset.test_y).dtype)
 _DEFAULT_ITERATIONS = {"geometric_median": 4, "centered_clipping": 1}
 
 
@@ -51,10 +121,12 @@ class RobustSpec:
   attack: str                  # one of ATTACKS
   malicious_fraction: Optional[float]
   malicious_count: Optional[int]
-  attack_options: dict         # scale (sign_flip), std (gaussian), z (alie), epsilon (ipm)
+  attack_options: dict         # scale (sign_flip), std (gaussian), z (alie), epsilon (ipm),
+                               # boost and server_lr (backdoor)
   seed: int
   sampling: str                # config.client_sampling, for the smallest cohort
   active_ratio: float
+  backdoor: Optional[Backdoor] = None  # the backdoor's data options (attack "backdoor")
 
   def malicious(self, num_clients: int) -> np.ndarray:
     """[num_clients] bool: the run's malicious clients (none without an attack)."""
@@ -152,15 +224,41 @@ def read(config, mode: str) -> Optional[RobustSpec]:
               f"an int in [1, config.num_clients={config.num_clients}]")
       count = r.malicious_count
   options = {"sign_flip": {"scale": r.scale}, "gaussian": {"std": r.std},
-             "alie": {"z": r.z}, "ipm": {"epsilon": r.epsilon}}.get(r.attack, {})
+             "alie": {"z": r.z}, "ipm": {"epsilon": r.epsilon},
+             "backdoor": {"boost": r.get("boost", 0.0)}}.get(r.attack, {})
+  zero_means = {"z": "z_max", "boost": "n / config.server_lr, model replacement"}
   for key, value in options.items():
-    ok = _is_number(value) and (value >= 0 if key == "z" else value > 0)
+    ok = _is_number(value) and (value >= 0 if key in zero_means else value > 0)
     if not ok:
-      _fail(key, value, "a number >= 0 (0: z_max)" if key == "z" else "a number > 0")
+      _fail(key, value, f"a number >= 0 (0: {zero_means[key]})" if key in zero_means
+            else "a number > 0")
+  backdoor = _read_backdoor(config) if r.attack == "backdoor" else None
+  if backdoor is not None:  # eta of the replacement boost n / eta (None: the default, 1)
+    options["server_lr"] = 1.0 if config.server_lr is None else float(config.server_lr)
   spec = RobustSpec(r.defence, r.f, hparams, r.attack, fraction, count, options, config.seed,
-                    config.client_sampling, float(config.active_ratio))
+                    config.client_sampling, float(config.active_ratio), backdoor)
   build_stage(spec, config.num_clients)  # every refusal before any data is loaded
   return spec
+
+
+def _read_backdoor(config) -> Backdoor:
+  """config.robust's backdoor options checked as far as the config allows (the classes and
+  the image size are checked on the data, `Backdoor.check_data`)."""
+  r = config.robust
+  if config.model in _NON_IMAGE_MODELS:
+    raise ConfigError(
+        f"config.robust.attack='backdoor' is not accepted with config.model={config.model!r}"
+        f" on config.dataset={config.dataset!r}, which reads text or tokens; accepted: an "
+        "image dataset and model (the trigger is a pixel pattern)")
+  target, fraction, size = (r.get("target_label", 0), r.get("poison_fraction", 0.5),
+                            r.get("trigger_size", 3))
+  if not (_is_count(target) and target >= 0):
+    _fail("target_label", target, "a class: an int >= 0 below the dataset's classes")
+  if not (_is_number(fraction) and 0 < fraction <= 1):
+    _fail("poison_fraction", fraction, "a fraction in (0, 1]")
+  if not (_is_count(size) and size >= 1):
+    _fail("trigger_size", size, "an int >= 1 (pixels)")
+  return Backdoor(target, float(fraction), size)
 
 
 # ---- the stage ---------------------------------------------------------------------------------
@@ -237,7 +335,13 @@ def _alie_z(spec: RobustSpec, num_clients: int) -> float:
 
 def attack_stage(spec: RobustSpec, num_clients: int) -> stages.Stage:
   """The model-poisoning attack as a whole-cohort transform: the malicious rows of the stack
-  replaced by what the attackers send (scalar: how many were in the round's cohort)."""
+  replaced by what the attackers send (scalar: how many were in the round's cohort).
+
+  The backdoor sends its own (poisoned) update boosted by gamma: config.robust.boost, or with
+  boost 0 model replacement's gamma = n / eta (Bagdasaryan et al., AISTATS 2020, Sec. 3.2: the
+  attacker submits gamma (X - G) so that G + eta / n * sum of the n updates is about X), n the
+  round's real clients and eta config.server_lr (1 when unset, FedAvg's default; set the boost
+  for a server optimizer whose default differs). Scalar "boost": the gamma of the round."""
   table = jnp.asarray(spec.malicious(num_clients))
   kind, options = spec.attack, spec.attack_options
   z = _alie_z(spec, num_clients) if kind == "alie" else None
@@ -257,10 +361,17 @@ def attack_stage(spec: RobustSpec, num_clients: int) -> stages.Stage:
       sent = jax.vmap(lambda k: attacks.gaussian_noise(k, row, options["std"]))(keys)
     elif kind == "alie":
       sent = attacks.little_is_enough(values, honest, z)
+    elif kind == "backdoor":
+      gamma = (jnp.asarray(options["boost"], jnp.float32) if options["boost"] > 0 else
+               jnp.sum(real).astype(jnp.float32) / options["server_lr"])
+      sent = jax.tree.map(lambda x: (gamma * x).astype(x.dtype), values)
     else:  # ipm
       sent = attacks.inner_product_manipulation(values, honest, options["epsilon"])
     attacked = stack._replace(values=attacks.substitute(values, bad, sent))
-    return attacked, state, {"malicious": jnp.sum(bad).astype(jnp.float32)}
+    scalars = {"malicious": jnp.sum(bad).astype(jnp.float32)}
+    if kind == "backdoor":
+      scalars["boost"] = gamma
+    return attacked, state, scalars
 
   return stages.make(f"attack[{kind} seed={spec.seed}]", server=server)
 
@@ -271,7 +382,7 @@ def build_stage(spec: Optional[RobustSpec], num_clients: int) -> Optional[stages
   if spec is None:
     return None
   rule = _defence(spec, num_clients)
-  if spec.attack not in UPLOAD_ATTACKS:
+  if spec.attack not in STAGE_ATTACKS:
     return None if rule is None else defence_stage(rule, rule.reduce == stages.STREAMING)
   # After an attack every reducer reads the stack (a streaming clip would run on the honest
   # uploads before the attackers' replace them).
@@ -304,3 +415,45 @@ def poisoned(spec: Optional[RobustSpec], fed):
     rows = np.unique(np.concatenate(held))
     flipped[rows] = np.asarray(attacks.flip_labels(labels[rows], int(fed.dataset.num_classes)))
   return dataclasses.replace(fed, dataset=dataclasses.replace(fed.dataset, train_y=flipped))
+
+
+def poisoned_rows(spec: RobustSpec, fed) -> np.ndarray:
+  """[train examples] bool: the examples the backdoor triggers. Of each malicious client's
+  n_i examples, `Backdoor.poisoned_count(n_i, poison_fraction)` drawn without replacement
+  from (config.seed, STREAM_BACKDOOR, client id): the same rows in every round and on
+  resume. (Partitions give each example to one client, so a row is one client's.)"""
+  rows = np.zeros(len(fed.dataset.train_y), bool)
+  for client in np.flatnonzero(spec.malicious(fed.num_clients)):
+    held = np.asarray(fed.client_train[client])
+    k = Backdoor.poisoned_count(len(held), spec.backdoor.poison_fraction)
+    chosen = rng.numpy_rng(spec.seed, STREAM_BACKDOOR, int(client)).choice(
+        len(held), size=k, replace=False)
+    rows[held[chosen]] = True
+  return rows
+
+
+def backdoor_poison(malicious: np.ndarray, rows: np.ndarray, target_label: int,
+                    trigger: dict) -> Callable:
+  """RunOptions.poison of the backdoor: poison(x, y, indices, client_id) -> (x, y) on one
+  local step's batch (x [B, H, W, C], y [B], `indices` [B] the batch's rows of the training
+  arrays), inside the jitted step. An example is triggered and relabelled `target_label`
+  when `rows[index]` and the training client is malicious (`malicious[client_id]`)."""
+  malicious, rows = jnp.asarray(malicious, bool), jnp.asarray(rows, bool)
+  last = malicious.shape[0] - 1
+
+  def poison(x, y, indices, client_id):
+    chosen = rows[indices] & malicious[jnp.clip(client_id, 0, last)]
+    return attacks.backdoor_examples(x, y, chosen, target_label, **trigger)
+
+  return poison
+
+
+def with_poison(spec: Optional[RobustSpec], opts, fed):
+  """RunOptions with the backdoor's poisoning of the malicious clients' batches (unchanged
+  for every other attack); the data are checked first (`Backdoor.check_data`)."""
+  if spec is None or spec.backdoor is None:
+    return opts
+  spec.backdoor.check_data(fed.dataset)
+  poison = backdoor_poison(spec.malicious(fed.num_clients), poisoned_rows(spec, fed),
+                           spec.backdoor.target_label, spec.backdoor.trigger(fed.dataset))
+  return dataclasses.replace(opts, poison=poison)

@@ -211,6 +211,7 @@ def program(spec, parts: Parts, mesh=None):
   fed = robust_stage.poisoned(spec.robust, parts.fed)  # what the clients train on
   opts = federated_options(spec.options, spec.data.augmentation, fed)
   opts = robust_stage.with_stage(spec.robust, opts, fed.num_clients)
+  opts = robust_stage.with_poison(spec.robust, opts, fed)  # the backdoor's trigger
   if mesh is None:
     mesh = client_mesh(opts.batch_size, parts, chunk_cap(opts))
   algorithm = spec.algorithm.build(fed.num_clients, float(np.mean(fed.client_sizes)))

@@ -47,6 +47,9 @@ class Run:
     self.start_round, self.wall_offset = 0, 0.0
     self.host = {"best_test_accuracy": None, "loss_sum": 0.0, "loss_count": 0.0}
     self.records, self.tensorboard = [], None
+    # The backdoor's test set (robust_stage.Backdoor.test_set), triggered once on the host.
+    self.backdoor_test = (records.backdoor.test_set(fed.dataset)
+                          if records.backdoor is not None else None)
 
   def restore(self, state, extended_from: Optional[int] = None):
     """The state to continue from: the latest checkpoint's, else `state` (a fresh start).
@@ -160,7 +163,8 @@ class Run:
                   ", with per-client accuracy" if per_client else "")
     started = time.perf_counter()
     record = evaluate(self.records_options.eval_batch_size, self.program, state, self.fed,
-                      round_idx, out, self.host, self.ledger, self.wall(), per_client=per_client)
+                      round_idx, out, self.host, self.ledger, self.wall(), per_client=per_client,
+                      backdoor_test=self.backdoor_test)
     if self.records_options.privacy is not None:  # the guarantee of the rounds done so far
       record["dp_epsilon"] = privacy_stage.epsilon_after(self.records_options.privacy,
                                                          round_idx + 1)
@@ -217,9 +221,11 @@ def _records_up_to(writer: metrics.JsonlWriter, done: int, primary: bool) -> lis
 
 
 def evaluate(eval_batch_size, program, state, fed, round_idx, out, host, ledger, wall_seconds,
-             per_client) -> dict:
+             per_client, backdoor_test=None) -> dict:
   """The record of round `round_idx`: test (and validation) metrics of the global model, the
-  training loss averaged since the last evaluation, the traffic so far."""
+  training loss averaged since the last evaluation, the traffic so far. `backdoor_test`:
+  (x, y) of the backdoor's triggered test examples, whose accuracy is recorded as
+  "backdoor_accuracy" (the attack's success rate)."""
   params, model_state = program.eval_params(state)
   ds = fed.dataset
   res = evaluation.evaluate(program.eval_fn, params, model_state, ds.test_x, ds.test_y,
@@ -232,6 +238,9 @@ def evaluate(eval_batch_size, program, state, fed, round_idx, out, host, ledger,
       "round": round_idx + 1, "local_steps": program.local_steps_done(round_idx),
       "test_accuracy": res.accuracy, "test_loss": res.loss, "train_loss": train_loss,
       "wall_seconds": wall_seconds, **ledger.totals(), **out.extra}
+  if backdoor_test is not None:  # the same batched evaluation as the test accuracy
+    record["backdoor_accuracy"] = evaluation.evaluate(
+        program.eval_fn, params, model_state, *backdoor_test, eval_batch_size).accuracy
   if fed.validation is not None:
     val = evaluation.evaluate(program.eval_fn, params, model_state, fed.validation.x,
                               fed.validation.y, eval_batch_size)
@@ -268,6 +277,9 @@ def _summary(options, records, ledger, program, state, wall_seconds) -> dict:
       **ledger.totals(), "comm_floats_up_per_layer": dict(zip(ledger.names, ledger.up.tolist())),
       "comm_floats_down_per_layer": dict(zip(ledger.names, ledger.down.tolist())),
   }
+  if "backdoor_accuracy" in last:
+    attacked = [r["backdoor_accuracy"] for r in records]
+    summary.update(final_backdoor_accuracy=attacked[-1], best_backdoor_accuracy=max(attacked))
   if "val_accuracy" in last:
     val = [r["val_accuracy"] for r in records]
     summary.update(final_val_accuracy=val[-1], best_val_accuracy=max(val),

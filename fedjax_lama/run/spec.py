@@ -82,6 +82,8 @@ class RecordOptions:
   config_json: dict            # config.json of the workdir
   base_json: dict              # base_config()'s: fields added later that keep their default
   privacy: Optional[object] = None  # privacy.DpOptions of a DP run: its epsilon is recorded
+  # robust_stage.Backdoor of a run under the backdoor attack: its success rate is recorded.
+  backdoor: Optional[object] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,16 +127,18 @@ def build_spec(config: ml_collections.ConfigDict) -> RunSpec:
   clock_options = registry.clock_options(config) if clock else None
   plan = plan_lib.plan(kernels=config.engine.kernels,  # built once; the programs read it
                        client_map=config.engine.get("client_map", "auto"))
+  robust = robust_stage.read(config, mode)
   return RunSpec(
       mode=mode, data=data_spec(config), federation=partition_spec(config),
       model=model_spec(config), plan=plan,
-      records=dataclasses.replace(record_options(config), privacy=privacy),
+      records=dataclasses.replace(record_options(config), privacy=privacy,
+                                  backdoor=robust.backdoor if robust is not None else None),
       algorithm=None if clock else AlgorithmSpec(
           config.algorithm, selection, functools.partial(registry.build_algorithm, config),
           registry.uplink_compressor(config)),
       options=None if clock else run_options(config, plan, privacy),
       clock=dataclasses.replace(clock_options, platform=plan) if clock else None,
-      robust=robust_stage.read(config, mode))
+      robust=robust)
 
 
 def data_spec(config) -> DataSpec:
