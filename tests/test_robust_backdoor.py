@@ -301,9 +301,8 @@ def test_the_data_must_be_images_with_the_target_among_their_classes():
                   "--config.robust.target_label=10"],
                  ["config.robust.target_label=10", "[0, 10)", "'digits'"],
                  marks=pytest.mark.slow),
-    pytest.param(["--config.robust.attack=backdoor", "--config.robust.malicious_count=2",
-                  "--config.model=lstm_lm", "--config.dataset=shakespeare",
-                  "--config.partition=natural", "--config.model_options={}"],
+    pytest.param(["--config=configs/shakespeare_lstm.py", "--config.robust.attack=backdoor",
+                  "--config.robust.malicious_count=2"],
                  ["config.robust.attack='backdoor'", "config.model='lstm_lm'"],
                  marks=pytest.mark.slow),
 ], ids=["poison_fraction", "target_label", "text"])
@@ -414,9 +413,10 @@ def test_fedlama_records_the_defence_scalars_of_the_window(phi):
 
 
 # ---- every defence: 8 devices equal 1 ----------------------------------------------------------------
-# FedAvg with each defence (no attack), and Krum behind the backdoor; the default suite runs
-# DEFAULT_CASES, the rest under -m slow.
-DEFAULT_CASES = ("krum", "krum+backdoor")
+# FedAvg with each defence (no attack), and Krum behind the backdoor (its trigger and boost on
+# a cohort of 10 padded to 16 over 8 devices); the default suite runs DEFAULT_CASES, the rest
+# under -m slow.
+DEFAULT_CASES = ("krum+backdoor",)
 CASES = tuple(robust_runs.DEFENCES) + ("krum+backdoor",)
 
 
