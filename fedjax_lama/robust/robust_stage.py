@@ -50,6 +50,7 @@ DEFENCES = {"none": None, "krum": "krum", "multi_krum": "multi_krum", "bulyan": 
 UPLOAD_ATTACKS = ("sign_flip", "gaussian", "alie", "ipm")
 DATA_ATTACKS = ("label_flip", "backdoor")
 ATTACKS = ("none",) + UPLOAD_ATTACKS + DATA_ATTACKS
+_DEFAULT_ITERATIONS = {"geometric_median": 4, "centered_clipping": 1}
 # Attacks with a stage before the defence (the backdoor's boost of its poisoned updates).
 STAGE_ATTACKS = UPLOAD_ATTACKS + ("backdoor",)
 # Models whose inputs are not images (run/parts.py's table): no trigger can be stamped.
@@ -109,7 +110,6 @@ class Backdoor:
     x = np.asarray(attacks.pixel_trigger(np.asarray(dataset.test_x)[keep],
                                          **self.trigger(dataset)))
     return x, np.full(int(keep.sum()), self.target_label, np.asarray(dataset.test_y).dtype)
-_DEFAULT_ITERATIONS = {"geometric_median": 4, "centered_clipping": 1}
 
 
 @dataclasses.dataclass(frozen=True)
