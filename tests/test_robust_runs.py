@@ -142,7 +142,8 @@ def test_preconditions_use_the_smallest_cohort():
     spec_lib.build_spec(robust_config("krum", client_sampling="bernoulli"))
 
 
-@pytest.mark.parametrize("defence, attack", [("krum", "none"), ("none", "sign_flip")])
+@pytest.mark.parametrize("defence, attack", [("krum", "none"), ("none", "sign_flip"),
+                                             ("none", "backdoor")])
 def test_a_defence_or_an_attack_with_differential_privacy_is_refused(defence, attack):
   config = robust_config(defence, attack=attack)
   config.privacy.enabled = True
