@@ -237,16 +237,25 @@ def _alie_z(spec: RobustSpec, num_clients: int) -> float:
 
 def attack_stage(spec: RobustSpec, num_clients: int) -> stages.Stage:
   """The model-poisoning attack as a whole-cohort transform: the malicious rows of the stack
-  replaced by what the attackers send (scalar: how many were in the round's cohort)."""
-  table = jnp.asarray(spec.malicious(num_clients))
+  replaced by what the attackers send (scalar: how many were in the round's cohort).
+
+  The run's malicious clients are the stage's state ({"malicious": [num_clients] bool}, never
+  changed), not a constant of its program: runs that differ only in seed, each with its own
+  attackers, then share one program (run/many.py vectorizes them).
+  """
+  table = np.asarray(spec.malicious(num_clients))
   kind, options = spec.attack, spec.attack_options
   z = _alie_z(spec, num_clients) if kind == "alie" else None
+
+  def init(params):
+    del params
+    return {"malicious": jnp.asarray(table)}
 
   def server(stack: stages.Stack, state, key):
     if stack.client_ids is None:
       raise ValueError("an attack stage needs the stack's client ids (Stack.client_ids)")
     real = stack.mask > 0
-    bad = table[jnp.clip(stack.client_ids, 0, num_clients - 1)] & real
+    bad = state["malicious"][jnp.clip(stack.client_ids, 0, num_clients - 1)] & real
     honest = real & ~bad
     values = stack.values
     if kind == "sign_flip":
@@ -262,7 +271,7 @@ def attack_stage(spec: RobustSpec, num_clients: int) -> stages.Stage:
     attacked = stack._replace(values=attacks.substitute(values, bad, sent))
     return attacked, state, {"malicious": jnp.sum(bad).astype(jnp.float32)}
 
-  return stages.make(f"attack[{kind} seed={spec.seed}]", server=server)
+  return stages.make(f"attack[{kind}]", init=init, server=server)
 
 
 def build_stage(spec: Optional[RobustSpec], num_clients: int) -> Optional[stages.Stage]:
