@@ -21,9 +21,11 @@ whose bound does not accept that f at n (Bulyan: n >= 4f + 3) gets the largest f
 and the report says so.
 
 Runs live under --runs_dir (a workdir per run) and are reused or resumed, so an interrupted
-study continues where it stopped. --shard=I/N trains only the cells I, I + N, ... (after the
-learning rate is picked: run --tune_only first), so that several processes can share a
-machine; a run without --shard then writes the report from the finished runs. Writes
+study continues where it stopped. --processes=N trains the cells in N processes at once
+after the learning rate is picked (each compiles its own programs, so N cores compile in
+parallel while the processes share the accelerator), then reports; --shard=I/N is one such
+process (cells I, I + N, ...; after --tune_only), and a run without --shard then writes the
+report from the finished runs. Writes
 <out>.md (a section ready for docs/results.md), <out>.json (every run's summary) and
 <out>_accuracy.png (and <out>_backdoor.png when the runs report a backdoor's success).
 """
@@ -442,6 +444,35 @@ def parse_shard(text: str) -> tuple[int, int]:
   return shard
 
 
+def run_shards(processes: int, argv: Sequence[str]) -> None:
+  """This command again as `processes` processes, --shard=I/N each, at once; returns when all
+  finished (their output in <runs_dir>/shard<I>.log), raising if one failed. The processes
+  share the machine's accelerator, so none preallocates its memory."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  runs_dir = FLAGS.runs_dir or FLAGS.out + "_runs"
+  os.makedirs(runs_dir, exist_ok=True)
+  args, skip = [], False
+  for a in argv:  # every flag but --processes (given as --processes=N or --processes N)
+    if not skip and not a.startswith("--processes"):
+      args.append(a)
+    skip = a == "--processes"
+  env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+  children = []
+  for i in range(processes):
+    log = open(os.path.join(runs_dir, f"shard{i}.log"), "w")  # pylint: disable=consider-using-with
+    command = [sys.executable, "-m", "experiments.robust_study", *args,
+               f"--shard={i}/{processes}"]
+    children.append((subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env),
+                     log))
+  failed = []
+  for i, (child, log) in enumerate(children):
+    if child.wait() != 0:
+      failed.append(f"{os.path.join(runs_dir, f'shard{i}.log')} (exit {child.returncode})")
+    log.close()
+  if failed:
+    raise RuntimeError("shards failed: " + ", ".join(failed))
+
+
 def main(argv):
   """The command line (flags below)."""
   del argv
@@ -466,6 +497,8 @@ def main(argv):
   if FLAGS.shard:
     study.run(runs_dir, lr, parse_shard(FLAGS.shard))
     return
+  if FLAGS.processes > 1:
+    run_shards(FLAGS.processes, sys.argv[1:])
   results = study.run(runs_dir, lr)
   print(write(study, results, lr, scores, FLAGS.out,
               " ".join(["python -m experiments.robust_study"] + sys.argv[1:])))
@@ -492,4 +525,6 @@ if __name__ == "__main__":
                        "steps, 2 rounds (or --rounds), the first seed and rate.")
   flags.DEFINE_string("shard", "", "I/N: train only cells I, I + N, ... and write no report.")
   flags.DEFINE_boolean("tune_only", False, "Pick the learning rate and stop.")
+  flags.DEFINE_integer("processes", 1, "After tuning, train the cells in this many processes "
+                       "at once (--shard each), then report; compilation runs in parallel.")
   app.run(main)
