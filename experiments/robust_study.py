@@ -208,9 +208,12 @@ def backdoor_key(results: dict) -> Optional[str]:
 
 
 def finals(results: dict, key: str = "final_test_accuracy") -> dict:
-  """{cell: [value per seed, None for a diverged run or a run without `key`]}."""
+  """{cell: [value per seed, None for a diverged run]} of the cells whose runs report `key`
+  (a backdoor's success may be measured under its own attack only)."""
+  reports = lambda runs: all("diverged" in r or key in r for r in runs) and any(
+      key in r for r in runs) or all("diverged" in r for r in runs)
   return {cell: [r.get(key) if "diverged" not in r else None for r in runs]
-          for cell, runs in results.items()}
+          for cell, runs in results.items() if reports(runs)}
 
 
 def _cell_text(values) -> str:
@@ -222,9 +225,9 @@ def _cell_text(values) -> str:
 
 
 def table(values: dict, defences, attacks) -> str:
-  """Defences down, attacks across: mean ± std over seeds."""
+  """Defences down, attacks across: mean ± std over seeds ("-": a cell not in `values`)."""
   rows = [[defence_label(d)] + [_cell_text(values[(d, a.label)]) if (d, a.label) in values
-                                else "not run" for a in attacks] for d in defences]
+                                else "-" for a in attacks] for d in defences]
   return sweep.markdown_table(["defence \\ attack"] + [a.label for a in attacks], rows)
 
 

@@ -105,6 +105,8 @@ def test_a_backdoor_metric_adds_its_table_and_heatmap(tmp_path):
                               "final_backdoor_success": success, "backdoor_note": "x"}
   results = {(d, a.label): [run(0.7, 0.1 * i), {"diverged": "nan"}]
              for i, (d, a) in enumerate(study.cells())}
+  # A cell whose runs measure no backdoor is "-" in its table, not a divergence.
+  results[("none", "none")] = [{"final_test_accuracy": 0.8, "wall_seconds": 1.0}] * 2
   assert robust_study.backdoor_key(results) == "final_backdoor_success"
   out = str(tmp_path / "r")
   text = robust_study.write(study, results, 0.1, {0.1: 0.5}, out)
@@ -112,6 +114,7 @@ def test_a_backdoor_metric_adds_its_table_and_heatmap(tmp_path):
   rows = _table_rows(text, "`final_backdoor_success` of summary.json (mean ± std over "
                            "seeds):")
   assert rows[0] == ["defence \\ attack", "none", "label_flip"]
+  assert rows[1] == ["mean (none)", "-", "0.1000 ± 0.0000 (1 diverged)"]
   assert rows[2] == ["median", "0.2000 ± 0.0000 (1 diverged)", "0.3000 ± 0.0000 (1 diverged)"]
   assert robust_study.backdoor_key({("none", "none"): [{"final_test_accuracy": 1.0}]}) is None
 
