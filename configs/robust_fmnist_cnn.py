@@ -7,7 +7,8 @@ mean's learning rate is picked there). 20 % of the clients are malicious when an
 defence is set to tolerate f = 4 per cohort, which each rule's bound accepts at n = 20
 (Krum and Multi-Krum n > 2f + 2 = 10, Bulyan n >= 4f + 3 = 19, the medians n > 2f = 8, the
 trimmed mean with beta = 0.2: floor(0.2 * 20) = 4 >= f). experiments/robust_study.py sets
-config.robust.defence and config.robust.attack per cell (and f, from the same rule). Files: <data_dir>/fashion_mnist/.
+config.robust.defence and config.robust.attack per cell (and f, from the same rule).
+Files: <data_dir>/fashion_mnist/.
 """
 from fedjax_lama.config import base_config
 

@@ -329,8 +329,8 @@ def test_vectorized_runs_with_an_attack_equal_sequential_runs(attack, tmp_path):
     alone = str(tmp_path / f"alone{config.seed}")
     single = training.train_and_evaluate(config, alone)
     assert single["final_test_accuracy"] == summary["final_test_accuracy"]
-    # Every metric equal; the training loss to float rounding (the vectorized program sums
-    # it in float32, the sequential run's records in float64).
+    # Every metric equal; the training loss to float rounding (the vectorized program
+    # averages it in float32).
     rows, alone_rows = (test_training._metrics(w) for w in (workdir, alone))  # pylint: disable=protected-access
     losses = lambda rs: [r.pop("train_loss") for r in rs]
     np.testing.assert_allclose(losses(rows), losses(alone_rows), rtol=1e-5)
