@@ -46,5 +46,5 @@ def get_config():
   # update is zero, and a round with more attackers walks it backwards.
   c.robust.scale = 4.0
   # norm_bounding's bound, centered_clipping's radius and gaussian's std stay the library's
-  # defaults (1.0), not tuned to this model's update norms.
+  # defaults, 1.0 each, not tuned to this model's update norms.
   return c
