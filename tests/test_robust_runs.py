@@ -316,8 +316,26 @@ def test_vectorized_runs_with_a_defence_equal_sequential_runs(tmp_path):
 
 
 @pytest.mark.slow
-def test_runs_with_an_attack_are_not_vectorized(tmp_path):
-  configs = [_short(seed=s, **{"robust.attack": "ipm", "robust.malicious_count": 2})
-             for s in (0, 1)]
-  outcomes = training.train_many(configs, [str(tmp_path / f"r{s}") for s in (0, 1)])
-  assert all("vectorized_runs" not in o for o in outcomes)
+@pytest.mark.parametrize("attack", ["gaussian", "label_flip"])
+def test_vectorized_runs_with_an_attack_equal_sequential_runs(attack, tmp_path):
+  """Each seed draws its own attackers (the stage's state, or its relabelled data), yet the
+  seeds train as one program and each equals its run alone."""
+  fields = {"robust.attack": attack, "robust.malicious_count": 3, "robust.defence": "median",
+            "robust.f": 1}
+  configs = [_short(seed=s, **fields) for s in (0, 1)]
+  workdirs = [str(tmp_path / f"vec{s}") for s in (0, 1)]
+  together = training.train_many(configs, workdirs)
+  assert [o["vectorized_runs"] for o in together] == [2, 2]
+  malicious = [robust_stage.read(c, "synchronous").malicious(c.num_clients) for c in configs]
+  assert not np.array_equal(*malicious)  # the two seeds' attackers differ
+  for config, workdir, summary in zip(configs, workdirs, together):
+    alone = str(tmp_path / f"alone{config.seed}")
+    single = training.train_and_evaluate(config, alone)
+    assert single["final_test_accuracy"] == summary["final_test_accuracy"]
+    # Every metric equal; the training loss to float rounding (the vectorized program
+    # averages it in float32).
+    rows, alone_rows = (test_training._metrics(w) for w in (workdir, alone))  # pylint: disable=protected-access
+    losses = lambda rs: [r.pop("train_loss") for r in rs]
+    np.testing.assert_allclose(losses(rows), losses(alone_rows), rtol=1e-5)
+    assert rows == alone_rows
+    assert any(r.get("aggregator_malicious", 0) > 0 for r in rows) or attack == "label_flip"

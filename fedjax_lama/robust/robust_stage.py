@@ -341,16 +341,25 @@ def attack_stage(spec: RobustSpec, num_clients: int) -> stages.Stage:
   boost 0 model replacement's gamma = n / eta (Bagdasaryan et al., AISTATS 2020, Sec. 3.2: the
   attacker submits gamma (X - G) so that G + eta / n * sum of the n updates is about X), n the
   round's real clients and eta config.server_lr (1 when unset, FedAvg's default; set the boost
-  for a server optimizer whose default differs). Scalar "boost": the gamma of the round."""
-  table = jnp.asarray(spec.malicious(num_clients))
+  for a server optimizer whose default differs). Scalar "boost": the gamma of the round.
+
+  The run's malicious clients are the stage's state ({"malicious": [num_clients] bool}, never
+  changed), not a constant of its program: runs that differ only in seed, each with its own
+  attackers, then share one program (run/many.py vectorizes them).
+  """
+  table = np.asarray(spec.malicious(num_clients))
   kind, options = spec.attack, spec.attack_options
   z = _alie_z(spec, num_clients) if kind == "alie" else None
+
+  def init(params):
+    del params
+    return {"malicious": jnp.asarray(table)}
 
   def server(stack: stages.Stack, state, key):
     if stack.client_ids is None:
       raise ValueError("an attack stage needs the stack's client ids (Stack.client_ids)")
     real = stack.mask > 0
-    bad = table[jnp.clip(stack.client_ids, 0, num_clients - 1)] & real
+    bad = state["malicious"][jnp.clip(stack.client_ids, 0, num_clients - 1)] & real
     honest = real & ~bad
     values = stack.values
     if kind == "sign_flip":
@@ -373,7 +382,7 @@ def attack_stage(spec: RobustSpec, num_clients: int) -> stages.Stage:
       scalars["boost"] = gamma
     return attacked, state, scalars
 
-  return stages.make(f"attack[{kind} seed={spec.seed}]", server=server)
+  return stages.make(f"attack[{kind}]", init=init, server=server)
 
 
 def build_stage(spec: Optional[RobustSpec], num_clients: int) -> Optional[stages.Stage]:

@@ -13,8 +13,10 @@ def _vectorizable(specs) -> bool:
   """Runs of one synchronous config differing only in seed and local_lr (and where it lands)."""
   if len(specs) < 2 or any(s.mode != "synchronous" for s in specs):
     return False
-  if any(s.robust is not None and s.robust.attack != "none" for s in specs):
-    return False  # each seed draws its own malicious clients: one program each
+  if any(s.robust is not None and s.robust.attack == "backdoor" for s in specs):
+    # The backdoor's poisoning of its clients' batches is a constant of each run's program
+    # (RunOptions.poison, from that seed's attackers): one program per run.
+    return False
   ignore = set(VECTORIZABLE_FIELDS) | set(workdir_lib.RESUMABLE_CHANGES)
   same = lambda s: {k: v for k, v in s.records.config_json.items() if k not in ignore}
   return all(same(s) == same(specs[0]) for s in specs[1:])
@@ -85,8 +87,9 @@ def train_many(configs, workdirs) -> list:
     return _one_after_another(configs, workdirs)
   vec = VectorizedSyncProgram([p.opts for p in programs], programs[0].algorithm,
                               prepared[0].model, [p.params for p in prepared],
-                              [p.model_state for p in prepared], [p.fed for p in prepared], mesh,
-                              programs[0].compressor)
+                              [p.model_state for p in prepared],
+                              [p.fed for p in programs],  # what the clients train on
+                              mesh, programs[0].compressor)
   for s, w in zip(specs, workdirs):
     workdir_lib.check_workdir(w, s.records, s.mode)
   runs = [records_lib.Run(s.records, w, _RunView(vec, i), p.fed, p.params)
