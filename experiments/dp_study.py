@@ -6,7 +6,10 @@ r"""Accuracy against the privacy budget: DP-FedAvg (fixed and adaptive clip) and
 
 Rows (configs/dp_fmnist.py, Fashion-MNIST over 2,000 clients):
   * DP-FedAvg with a fixed clip C (McMahan, Ramage, Talwar, Zhang, ICLR 2018: clip each
-    client's update to C, sum with unit weights, add N(0, sigma^2 C^2), divide by q N);
+    client's update to C, sum with unit weights, add N(0, sigma^2 C^2), divide by q N). C is
+    the median norm of the clients' updates in the non-private run at the tuned rate (the
+    value Andrew et al.'s quantile-0.5 clip settles at in a run without noise), chosen like
+    the learning rate on runs that spend no budget; --clip_norm sets it instead;
   * DP-FedAvg with the clip tracking the median update norm (Andrew, Thakkar, McMahan,
     Ramaswamy, NeurIPS 2021: target quantile 0.5, geometric rate 0.2, the count noised with
     std q N / 20, the update noise raised so that both releases together cost sigma);
@@ -338,8 +341,8 @@ def reading(results: dict, epsilons: Sequence[float]) -> str:
     per_eps = results["methods"][method.label]
     at = lambda e: (np.mean(_finals(per_eps[eps_label(e)]["runs"]))
                     if _finals(per_eps[eps_label(e)]["runs"]) else None)
-    points = [(e, at(e)) for e in ([finite[0], finite[-1]] if finite else []) + (
-        [INF] if INF in epsilons else [])]
+    ends = sorted({finite[0], finite[-1]}) if finite else []
+    points = [(e, at(e)) for e in ends + ([INF] if INF in epsilons else [])]
     parts.append(f"{method.title}: " + ", ".join(
         f"{'no noise' if e == INF else f'ε {e:g}'} {a:.4f}" if a is not None else
         f"{'no noise' if e == INF else f'ε {e:g}'} diverged" for e, a in points))
@@ -423,7 +426,8 @@ QUICK = {"dataset": "digits", "model": "mlp", "partition": "iid", "num_clients":
          "active_ratio": 0.5, "rounds": 4, "local_steps": 2, "batch_size": 8,
          "eval_every": 2, "checkpoint_every": 2, "eval_batch_size": 500,
          "validation_fraction": 0.2}
-QUICK_EPSILONS, QUICK_SEEDS, QUICK_LRS = (4.0, INF), (0,), (0.1,)
+# Two seeds, so that the smoke run also trains a row's seeds as one vectorized computation.
+QUICK_EPSILONS, QUICK_SEEDS, QUICK_LRS = (4.0, INF), (0, 1), (0.1,)
 
 
 def quick_config(base):
@@ -464,10 +468,11 @@ def define_flags() -> None:
   flags.DEFINE_float("clip_norm", 0.0, "Fixed clip of the fixed-clip rows (0: each base "
                      "algorithm's median update norm without noise, measured at its tuned rate).")
   flags.DEFINE_bool("quick", False, "A smoke run in seconds: digits, 20 clients, 4 rounds, "
-                    "epsilons 4 and inf, seed 0, lr 0.1 (overrides --seeds, --epsilons, --lrs).")
+                    "epsilons 4 and inf, seeds 0 and 1, lr 0.1 (overrides --seeds, --epsilons, --lrs).")
 
 
 def main(argv) -> None:
+  del argv  # the report quotes sys.argv, flags included
   from fedjax_lama.cli import logs  # pylint: disable=g-import-not-at-top
   logs.progress_only()
   # dp-accounting warns for every RDP order it drops while calibrating; the orders it keeps
@@ -487,7 +492,7 @@ def main(argv) -> None:
                       full_lrs=lrs if FLAGS.quick else FULL_LRS,
                       clip_norm=FLAGS.clip_norm or None)
   print(write_report(base, results, epsilons, seeds, lrs, FLAGS.tune_seed, FLAGS.out,
-                     _command(argv)))
+                     _command(sys.argv)))
 
 
 if __name__ == "__main__":
