@@ -1,6 +1,6 @@
 r"""Accuracy against the privacy budget: DP-FedAvg (fixed and adaptive clip) and DP-FedAdam.
 
-  python -m experiments.dp_study --config.data_dir=DATA --runs_dir=RUNS/dp_fmnist \
+  python -m experiments.dp_study --config.data_dir=DATA --runs_dir=runs/dp_fmnist \
       --out=experiments/results/dp_fmnist
   python -m experiments.dp_study --quick --runs_dir=/tmp/dp_quick --out=/tmp/dp_quick/report
 
@@ -462,7 +462,7 @@ def define_flags() -> None:
                     "Target epsilons; 'inf' is the run without noise (sigma 0, clip kept).")
   flags.DEFINE_integer("rounds", 0, "Rounds of every run (0: the config's); sigma is "
                        "calibrated for this many.")
-  flags.DEFINE_list("lrs", ["0.03", "0.1", "0.3"], "Local learning-rate grid of the "
+  flags.DEFINE_list("lrs", ["0.1", "0.3", "1"], "Local learning-rate grid of the "
                     "non-private tuning (widened into 0.01 ... 1 at an edge).")
   flags.DEFINE_integer("tune_seed", 0, "Seed of the tuning runs (reused as a final run).")
   flags.DEFINE_float("clip_norm", 0.0, "Fixed clip of the fixed-clip rows (0: each base "
