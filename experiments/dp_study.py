@@ -40,8 +40,8 @@ equal sizes) gives q N = 100 at q = 0.05, where 100 rounds calibrate to sigma fr
 of one round, so the budget range shows a trend without thousands of clients per round.
 delta = 1e-5 is below 1/N.
 
-Writes <out>.md (a section ready for docs/results.md: setting, command, table, figure,
-reading), <out>.json (every run's summary without its records, and the tuning scores) and
+Writes <out>.md (a section ready for docs/results.md: setting, command, table, figure
+linked from docs/, reading), <out>.json (every run's summary without its records, and the tuning scores) and
 <out>.png (final test accuracy against epsilon, one line per row, error bars over seeds).
 Runs live under --runs_dir, one workdir per run, reused or resumed (experiments/sweep.py);
 the seeds of one row and epsilon, and the rates of one tuning grid, train together as one
@@ -52,6 +52,7 @@ import json
 import math
 import os
 import sys
+import time
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -346,6 +347,9 @@ def reading(results: dict, epsilons: Sequence[float]) -> str:
     parts.append(f"{method.title}: " + ", ".join(
         f"{'no noise' if e == INF else f'ε {e:g}'} {a:.4f}" if a is not None else
         f"{'no noise' if e == INF else f'ε {e:g}'} diverged" for e, a in points))
+  for name, (title, _) in REFERENCES.items():
+    finals = _finals(results["references"][name]["runs"])
+    parts.append(f"{title}: " + (f"{np.mean(finals):.4f}" if finals else "diverged"))
   return "Reading (mean final test accuracy): " + "; ".join(parts) + "."
 
 
@@ -377,27 +381,40 @@ def setting_text(base, seeds, lrs, tune_seed, results) -> str:
 
 
 def clips_text(results) -> str:
-  parts = []
-  for name, c in results["clips"].items():
-    source = ("set by --clip_norm" if c["from"] == "--clip_norm" else
-              "the median update norm of its non-private run at the tuned rate (the adaptive "
-              "clip's value at the last 3 evaluations of a run without noise, tuning seed)")
-    parts.append(f"fixed C = {c['clip_norm']:.3g} for {name} ({source})")
-  return "; ".join(parts)
+  values = ", ".join(f"{name} {c['clip_norm']:.3g}" for name, c in results["clips"].items())
+  if all(c["from"] == "--clip_norm" for c in results["clips"].values()):
+    return f"fixed C ({values}) set by --clip_norm"
+  return (f"fixed C ({values}): the median update norm of each algorithm's non-private run at "
+          "its tuned rate (where the adaptive clip settles without noise, mean of its last 3 "
+          "evaluations, tuning seed)")
 
 
-def write_report(base, results, epsilons, seeds, lrs, tune_seed, out, command) -> str:
+# The section is written to be pasted into docs/results.md: its figure link starts there.
+DOCS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
+
+
+def figure_link(path: str) -> str:
+  return os.path.relpath(os.path.abspath(path), DOCS_DIR).replace(os.sep, "/")
+
+
+def write_report(base, results, epsilons, seeds, lrs, tune_seed, out, command,
+                 elapsed: Optional[float] = None) -> str:
   """<out>.md (a results section), <out>.json (every summary), <out>.png (the figure)."""
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   plot(out + ".png", results, epsilons)
-  wall = sum(r.get("wall_seconds", 0) for group in _all_groups(results) for r in group)
+  # Runs trained together report the group's time each: split it among them.
+  wall = sum(r.get("wall_seconds", 0) / r.get("vectorized_runs", 1)
+             for group in _all_groups(results) for r in group)
   text = "\n".join([
       "## Differential privacy: accuracy against ε", "",
       setting_text(base, seeds, lrs, tune_seed, results), "",
       f"Command: `{command}`", "",
-      f"Machine: {sweep.machine()}. Wall time of the runs: {wall / 60:.1f} min in total.", "",
+      f"Machine: {sweep.machine()}. Time of the reported runs: {wall / 60:.1f} min (a group "
+      "trained together counted once; the tuning runs of the rates not kept are not counted)"
+      + (f"; this invocation took {elapsed / 60:.1f} min (finished runs reused)."
+         if elapsed is not None else "."), "",
       table(results, epsilons, base), "",
-      f"![final test accuracy against ε]({os.path.basename(out)}.png)", "",
+      f"![final test accuracy against ε]({figure_link(out + '.png')})", "",
       reading(results, epsilons), ""])
   with open(out + ".md", "w") as f:
     f.write(text)
@@ -488,11 +505,12 @@ def main(argv) -> None:
   if FLAGS.rounds:
     base.rounds = FLAGS.rounds
   runs_dir = FLAGS.runs_dir or FLAGS.out + "_runs"
+  start = time.perf_counter()
   results = run_study(base, epsilons, seeds, lrs, FLAGS.tune_seed, runs_dir,
                       full_lrs=lrs if FLAGS.quick else FULL_LRS,
                       clip_norm=FLAGS.clip_norm or None)
   print(write_report(base, results, epsilons, seeds, lrs, FLAGS.tune_seed, FLAGS.out,
-                     _command(sys.argv)))
+                     _command(sys.argv), elapsed=time.perf_counter() - start))
 
 
 if __name__ == "__main__":
