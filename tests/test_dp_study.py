@@ -99,8 +99,9 @@ def test_epsilons_parse_inf_and_refuse_the_rest():
 
 
 def test_command_hides_the_data_and_runs_directories():
-  assert dp_study._command(["dp_study.py", "--config.data_dir=/x/data",  # pylint: disable=protected-access
-                            "--runs_dir=/tmp/a/dp_runs", "--seeds=0"]) == (
+  command = dp_study._command  # pylint: disable=protected-access
+  assert command(["dp_study.py", "--config.data_dir=/x/data", "--runs_dir=/tmp/a/dp_runs",
+                  "--seeds=0"]) == (
       "python -m experiments.dp_study --config.data_dir=DATA --runs_dir=RUNS/dp_runs --seeds=0")
 
 
