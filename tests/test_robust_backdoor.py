@@ -32,6 +32,7 @@ from fedjax_lama.engine import evaluate as evaluation
 from fedjax_lama.engine import local, sharding, stages
 from fedjax_lama.engine.algorithm import ClientContext, LocalState
 from fedjax_lama.errors import ConfigError
+from fedjax_lama.programs.round_program import RoundOutput
 from fedjax_lama.robust import attacks, robust_stage
 from fedjax_lama.run import records as records_lib
 from fedjax_lama.run import spec as spec_lib
@@ -109,8 +110,8 @@ def test_only_the_malicious_clients_examples_are_poisoned_in_the_share_asked():
     assert rows[held].sum() == expected
   assert rows.sum() == sum(robust_stage.Backdoor.poisoned_count(len(fed.client_train[c]), 0.3)
                            for c in np.flatnonzero(malicious))
-  np.testing.assert_array_equal(robust_stage.poisoned_rows(spec, fed), rows)  # a function of
-  # the seed
+  # A function of the seed: the same rows again, other rows under another seed.
+  np.testing.assert_array_equal(robust_stage.poisoned_rows(spec, fed), rows)
   other = _spec(backdoor_config(seed=1, **{"robust.malicious_count": 5,
                                            "robust.poison_fraction": 0.3}))
   assert not np.array_equal(robust_stage.poisoned_rows(other, fed), rows)
@@ -244,7 +245,7 @@ def test_the_success_rate_of_a_hand_built_model():
   fed = federation.Federation(ds, [np.arange(1)], None)
   backdoor = robust_stage.Backdoor(0, 0.5, 3)
   host = {"best_test_accuracy": None, "loss_sum": 0.0, "loss_count": 0.0}
-  out = helpers_round_output()
+  out = _round_output()
   record = records_lib.evaluate(4, _Program(), None, fed, 0, out, host, _Ledger(), 0.0,
                                 per_client=False, backdoor_test=backdoor.test_set(ds))
   assert record["backdoor_accuracy"] == pytest.approx(3 / 5)
@@ -255,8 +256,8 @@ def test_the_success_rate_of_a_hand_built_model():
   assert "backdoor_accuracy" not in clean
 
 
-def helpers_round_output():
-  from fedjax_lama.programs.round_program import RoundOutput  # pylint: disable=g-import-not-at-top
+def _round_output():
+  """An empty round's output (the record's training loss and extra fields)."""
   return RoundOutput(0.0, 0.0, np.zeros(0), np.zeros(0), None, {})
 
 
