@@ -161,7 +161,7 @@ def base_config() -> ml_collections.ConfigDict:
       "epsilon": 0.5,           # ipm: -epsilon * the honest mean
       "target_label": 0,        # backdoor: the class triggered images are sent to
       "poison_fraction": 0.5,   # backdoor: share of each malicious client's examples, (0, 1]
-      "boost": 0.0,             # backdoor: upload boost gamma (0: n / server_lr, replacement)
+      "boost": 0.0,             # backdoor: upload boost gamma (0: n / (server_lr m), replacement)
       "trigger_size": 3,        # backdoor: side of the checkerboard trigger, in pixels
   })
   # User-level differential privacy over the model updates (DP-FedAvg, McMahan et al.,

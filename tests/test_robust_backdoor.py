@@ -186,8 +186,9 @@ def test_the_malicious_rows_are_boosted_before_the_mean(boost, server_lr):
   out, _, scalars = stage.server(
       stages.Stack(jax.tree.map(jnp.asarray, values), jnp.asarray(weights), jnp.asarray(mask),
                    jnp.asarray(ids)), stage.init(None), jax.random.PRNGKey(0))
-  # numpy reference: gamma = the boost, or model replacement's n / eta (n = 5 real clients).
-  gamma = boost if boost > 0 else 5 / (server_lr or 1.0)
+  # numpy reference: gamma = the boost, or model replacement's n / (eta m) (n = 5 real
+  # clients, m = 2 of them malicious).
+  gamma = boost if boost > 0 else 5 / ((server_lr or 1.0) * 2)
   for name, v in values.items():
     sent = v.astype(np.float64).copy()
     sent[:2] *= gamma
@@ -195,9 +196,9 @@ def test_the_malicious_rows_are_boosted_before_the_mean(boost, server_lr):
     np.testing.assert_allclose(np.asarray(out[name]), expected, rtol=1e-5, atol=1e-6)
   assert float(scalars["boost"]) == pytest.approx(gamma)
   assert float(scalars["malicious"]) == 2.0
-  # model_replacement's gamma is the same n / eta.
+  # model_replacement's gamma is the same n / (eta m).
   if boost == 0:
-    ref = attacks.model_replacement({"w": jnp.ones(())}, 5, server_lr or 1.0)["w"]
+    ref = attacks.model_replacement({"w": jnp.ones(())}, 5, server_lr or 1.0, 2)["w"]
     assert float(ref) == pytest.approx(gamma)
 
 

@@ -223,16 +223,21 @@ def backdoor_examples(images: jax.Array, labels: jax.Array, poisoned: jax.Array,
   return images, labels
 
 
-def model_replacement(delta: PyTree, num_clients: int, server_lr: float = 1.0) -> PyTree:
-  """The backdoored update boosted by gamma = n / eta, so it replaces the global model.
+def model_replacement(delta: PyTree, num_clients: int, server_lr: float = 1.0,
+                      num_attackers: int = 1) -> PyTree:
+  """The backdoored update boosted by gamma = n / (eta m), so it replaces the global model.
 
   Bagdasaryan et al., AISTATS 2020, model replacement: the attacker submits gamma (X - G) for its
   backdoored model X and the global model G, with gamma = n / eta (n clients averaged, eta the
   server learning rate), so that G + eta/n * gamma (X - G) = X when the other updates cancel.
-  `delta` is X - G (the upload in update form). Not omniscient (it needs n and eta only).
+  With m colluding attackers in the round each divides its boost by m, so that together they
+  land the mean on the average of their backdoored models rather than m times past it.
+  `delta` is X - G (the upload in update form). Not omniscient (it needs n, eta and m only).
   """
   require(isinstance(num_clients, int) and num_clients >= 1, "num_clients", num_clients,
           "an int >= 1")
   require(server_lr > 0, "server_lr", server_lr, "a number > 0")
-  gamma = num_clients / server_lr
+  require(isinstance(num_attackers, int) and num_attackers >= 1, "num_attackers", num_attackers,
+          "an int >= 1")
+  gamma = num_clients / (server_lr * num_attackers)
   return jax.tree.map(lambda x: gamma * x, delta)

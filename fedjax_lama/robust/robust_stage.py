@@ -226,7 +226,7 @@ def read(config, mode: str) -> Optional[RobustSpec]:
   options = {"sign_flip": {"scale": r.scale}, "gaussian": {"std": r.std},
              "alie": {"z": r.z}, "ipm": {"epsilon": r.epsilon},
              "backdoor": {"boost": r.get("boost", 0.0)}}.get(r.attack, {})
-  zero_means = {"z": "z_max", "boost": "n / config.server_lr, model replacement"}
+  zero_means = {"z": "z_max", "boost": "n / (config.server_lr m), model replacement"}
   for key, value in options.items():
     ok = _is_number(value) and (value >= 0 if key in zero_means else value > 0)
     if not ok:
@@ -338,10 +338,11 @@ def attack_stage(spec: RobustSpec, num_clients: int) -> stages.Stage:
   replaced by what the attackers send (scalar: how many were in the round's cohort).
 
   The backdoor sends its own (poisoned) update boosted by gamma: config.robust.boost, or with
-  boost 0 model replacement's gamma = n / eta (Bagdasaryan et al., AISTATS 2020, Sec. 3.2: the
+  boost 0 model replacement's gamma = n / (eta m) (Bagdasaryan et al., AISTATS 2020, Sec. 3.2: the
   attacker submits gamma (X - G) so that G + eta / n * sum of the n updates is about X), n the
-  round's real clients and eta config.server_lr (1 when unset, FedAvg's default; set the boost
-  for a server optimizer whose default differs). Scalar "boost": the gamma of the round.
+  round's real clients, m the attackers among them (colluding, they share the replacement) and
+  eta config.server_lr (1 when unset, FedAvg's default; set the boost for a server optimizer
+  whose default differs). Scalar "boost": the gamma of the round.
 
   The run's malicious clients are the stage's state ({"malicious": [num_clients] bool}, never
   changed), not a constant of its program: runs that differ only in seed, each with its own
@@ -372,7 +373,8 @@ def attack_stage(spec: RobustSpec, num_clients: int) -> stages.Stage:
       sent = attacks.little_is_enough(values, honest, z)
     elif kind == "backdoor":
       gamma = (jnp.asarray(options["boost"], jnp.float32) if options["boost"] > 0 else
-               jnp.sum(real).astype(jnp.float32) / options["server_lr"])
+               jnp.sum(real).astype(jnp.float32)
+               / (options["server_lr"] * jnp.maximum(jnp.sum(bad), 1).astype(jnp.float32)))
       sent = jax.tree.map(lambda x: (gamma * x).astype(x.dtype), values)
     else:  # ipm
       sent = attacks.inner_product_manipulation(values, honest, options["epsilon"])
