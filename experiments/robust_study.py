@@ -349,8 +349,9 @@ def claims(values: dict, attacks: Sequence[Attack]) -> list:
 
 
 # ---- the report ---------------------------------------------------------------------------------
-def _link(path: str, doc_dir: str) -> str:
-  return os.path.relpath(os.path.abspath(path), os.path.abspath(doc_dir))
+def _link(path: str, doc_dir: Optional[str]) -> str:
+  """`path` as linked from `doc_dir` (None: the report's own directory, beside the figure)."""
+  return os.path.relpath(os.path.abspath(path), os.path.abspath(doc_dir or os.path.dirname(path)))
 
 
 def setting(study: Study, lr: float, scores: Optional[dict]) -> list:
@@ -386,7 +387,7 @@ def setting(study: Study, lr: float, scores: Optional[dict]) -> list:
 
 
 def report(study: Study, results: dict, lr: float, scores: Optional[dict], out: str,
-           command: str = "", doc_dir: str = "docs") -> str:
+           command: str = "", doc_dir: Optional[str] = None) -> str:
   """The markdown section; writes the heatmaps beside `out`."""
   accuracy = finals(results)
   base = study.base
@@ -421,7 +422,7 @@ def report(study: Study, results: dict, lr: float, scores: Optional[dict], out: 
 
 
 def write(study: Study, results: dict, lr: float, scores: Optional[dict], out: str,
-          command: str = "", doc_dir: str = "docs") -> str:
+          command: str = "", doc_dir: Optional[str] = None) -> str:
   """<out>.md, <out>.json and the heatmaps; returns the markdown."""
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   text = report(study, results, lr, scores, out, command, doc_dir)
