@@ -15,8 +15,10 @@ algorithm fails `test_every_algorithm_is_in_exactly_one_dp_group` until it is pl
   - chunked rounds (a Poisson draw above the chunk capacity) equal one chunk;
   - 8 fake CPU devices equal 1 (tests/test_sharding.py's subprocesses, the clip included).
 FedAvg (flat and adaptive) and FedAdam run in the default suite (8 devices: FedAvg adaptive
-and FedAdam; train_and_evaluate: FedAvg adaptive), every other case under `-m slow`. The refusals of the privacy options go through experiments/main.py: exit status 2
-and exactly one `error:` line naming the fields (a representative few by default).
+and FedAdam; train_and_evaluate: FedAvg adaptive), every other case under `-m slow`.
+The refusals of the privacy options (and the refused algorithms) also go through
+experiments/main.py: exit status 2 and exactly one `error:` line naming the fields (a
+representative few by default); a delta above 1/N warns in one line.
 """
 import re
 
