@@ -93,6 +93,11 @@ NOT_LAYERWISE = [n for n in NAMES if not _layerwise(n)]
 def config_for(name: str, fedlama: bool = False, **overrides):
   """A tiny config of algorithm `name` (under the FedLAMA schedule if asked)."""
   c = helpers.tiny_config(**{"local_momentum": 0.9, **overrides})
+  return with_algorithm(c, name, fedlama)
+
+
+def with_algorithm(c, name: str, fedlama: bool = False):
+  """`c` running algorithm `name` with the table's settings (HPARAMS, COMMON)."""
   c.algorithm = name
   for key, value in HPARAMS.get(name, {}).items():
     c[name][key] = value

@@ -137,6 +137,7 @@ def _run_main(args, env_extra=None):
 
 
 def _check_case(tmp_path, args, names):
+  """Runs one case and checks it; returns the process's output (stdout, then stderr)."""
   paths = _config_files(tmp_path)
   workdir = tmp_path / "existing"
   workdir.mkdir()
@@ -160,6 +161,7 @@ def _check_case(tmp_path, args, names):
   for name in names:
     assert name.format(**fill) in errors[0], (name, errors[0])
   assert _snapshot(tmp_path) == before  # nothing written, nothing lost
+  return output
 
 
 @pytest.mark.parametrize("case_id,args,names", CASES, ids=[c[0] for c in CASES])

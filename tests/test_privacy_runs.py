@@ -5,12 +5,12 @@ Checked:
   accounting's figure for its (q, sigma, T), Poisson and fixed-size cohorts;
 - sigma = 0 is exactly numpy's clip-then-sum over the expected cohort of the clients' deltas,
   the deltas recorded by the same program under a whole-cohort stage;
-- a DP run interrupted and resumed ends bit-identical to an uninterrupted one, adaptive
-  clipping included (the clip is stage state, checkpointed);
 - chunked rounds equal one chunk, and a Poisson draw above the chunk capacity trains every
   sampled client;
 - FedAvg, FedAvgM, FedAdam and FedProx accept DP;
-- every refusal is one line naming the field (and one CLI case exits 2 with one error line).
+- every refusal is one line naming the field.
+Resuming (adaptive clipping included), compiling once, 8 devices and the refusals through the
+command line, over every algorithm of the contract table: tests/test_privacy_contract.py.
 """
 import dataclasses
 import json
@@ -29,7 +29,6 @@ from fedjax_lama.privacy.dp_options import AdaptiveClipOptions, DpOptions, Sampl
 from fedjax_lama.programs.sync import SyncProgram
 from fedjax_lama.run import spec as spec_lib
 from tests import test_algorithm_contract as contract
-from tests import test_cli_errors as cli
 from tests import test_sharding as helpers
 from tests.test_training import _metrics as _rows  # pylint: disable=protected-access
 from tests.test_training import tiny_config
@@ -155,21 +154,7 @@ def test_sigma_zero_is_numpy_clip_then_sum_over_the_expected_cohort(sampling):
   assert treedef == jax.tree.structure(state["server"].params)
 
 
-# ---- resumption, chunks ------------------------------------------------------------------------
-def test_interrupted_and_resumed_run_is_bit_identical_adaptive_clipping_included(tmp_path):
-  c = dp_config(adaptive=True)
-  whole, parts = str(tmp_path / "whole"), str(tmp_path / "parts")
-  training.train_and_evaluate(c, whole)
-  interrupted = training.train_and_evaluate(c, parts, stop_after_round=1)
-  assert interrupted == {"interrupted_after_round": 1}
-  training.train_and_evaluate(c, parts)
-  rows = _rows(whole)
-  assert rows == _rows(parts)
-  clips = [r["aggregator_dp/clip_norm"] for r in rows]
-  assert clips[-1] != 0.5, "adaptive clipping must move the clip"
-  assert _summary(whole) == _summary(parts)
-
-
+# ---- chunks ------------------------------------------------------------------------
 def _params_after(config, options, rounds=2):
   program = _program(config, privacy_stage.dp_stage(options))
   state, outs = helpers.run(program, rounds)
@@ -263,12 +248,6 @@ def test_dp_on_the_simulated_clock_is_refused():
   # build_spec passes the run's mode; a clock config valid in every other respect gets here.
   with pytest.raises(ConfigError, match=r"config\.privacy\.enabled=True .*simulated clock"):
     privacy_stage.options_from_config(dp_config(), "clock")
-
-
-def test_cli_refuses_dp_with_examples_weighting_in_one_line(tmp_path):
-  cli._check_case(tmp_path, ["--config.privacy.enabled=True",  # pylint: disable=protected-access
-                             "--config.privacy.noise_multiplier=1.0"],
-                  ["config.weighting='examples'"])
 
 
 def test_sigma_zero_reports_no_epsilon():

@@ -133,16 +133,23 @@ def _case(kind, cohort, mesh):
   kind: "fedavg" (per-client rows on device), "fedavg_host" (rows on host) or "fedlama".
   """
   ratio = cohort / NUM_CLIENTS
-  if kind.startswith(("algo-", "lama-")):  # the contract table (tests/test_algorithm_contract.py)
+  if kind.startswith(("algo-", "lama-", "dp-", "dpadaptive-")):
+    # The contract table (tests/test_algorithm_contract.py), with DP on for "dp-" and
+    # "dpadaptive-" (tests/test_privacy_contract.py; the clip, the stage's state, compared too).
     from tests import test_algorithm_contract as contract  # pylint: disable=g-import-not-at-top
     name = kind.split("-", 1)[1]
-    config = contract.config_for(name, kind.startswith("lama-"), active_ratio=ratio,
-                                 weighting="uniform")
+    if kind.startswith("dp"):
+      from tests import test_privacy_contract as dp  # pylint: disable=g-import-not-at-top
+      config = dp.dp_config_for(name, kind.startswith("dpadaptive-"), active_ratio=ratio)
+    else:
+      config = contract.config_for(name, kind.startswith("lama-"), active_ratio=ratio,
+                                   weighting="uniform")
     program = build(config, mesh)
     state, outs = run(program)
     server = state["fedlama"].server if kind.startswith("lama-") else state["server"]
     rows = program.store.to_numpy() if program.store is not None else {}
-    return _flat(server) + _flat(rows), [o.train_loss for o in outs], []
+    stage = state.get("aggregation", {}) if kind.startswith("dp") else {}
+    return _flat(server) + _flat(rows) + _flat(stage), [o.train_loss for o in outs], []
   if kind == "fedlama":
     program = build(tiny_config(algorithm="fedlama", active_ratio=ratio, weighting="uniform"),
                     mesh)

@@ -22,6 +22,7 @@ import jax
 
 from fedjax_lama import federation
 from fedjax_lama.engine import stages
+from fedjax_lama.engine.algorithm import MODEL_UPLOAD
 from fedjax_lama.errors import ConfigError, HparamError
 from fedjax_lama.privacy import mechanisms
 from fedjax_lama.privacy.dp_options import (AdaptiveClipOptions, DpOptions, SamplingOptions)
@@ -103,9 +104,13 @@ def options_from_config(config, mode: str) -> Optional[DpOptions]:
                       "(its asynchronous updates are not accounted); accepted: synchronous "
                       "rounds")
   if mode == "fedlama":
+    # The accountant counts one Gaussian release of the whole model per round; FedLAMA
+    # synchronises each layer set on its own interval, and every such synchronisation would be
+    # a release of its own to compose.
     raise ConfigError(f"{_field('enabled')}=True is not accepted with config.schedule="
-                      f"{config.get('schedule', 'none')!r} (FedLAMA's per-layer releases are "
-                      "not wired to the accountant yet); accepted: config.schedule='none'")
+                      f"{config.get('schedule', 'none')!r}: each synchronisation of a layer set "
+                      "is a separate release that the accountant (one release of the whole "
+                      "model per round) would have to count; accepted: config.schedule='none'")
   if config.weighting != "uniform":
     raise ConfigError(f"config.weighting={config.weighting!r} is not accepted with "
                       "config.privacy.enabled=True (a client's weight would reveal its data "
@@ -134,16 +139,47 @@ def options_from_config(config, mode: str) -> Optional[DpOptions]:
     raise ConfigError(f"config.{e}") from None
 
 
-def check_uploads(upload_names, algorithm_name: str) -> None:
-  """Refuses an algorithm that uploads more than the model delta: the noise covers that one
-  upload, so every other upload (SCAFFOLD's dc, FedNova's a, ...) would leave in the clear."""
-  extra = sorted(n for n in upload_names if n != "delta")
+def check_uploads(upload_names, algorithm_name: str, aggregate_names=()) -> None:
+  """Refuses an algorithm whose server sees the clients through more than the noised mean of
+  the model delta: the noise covers that one aggregate, so any other upload (SCAFFOLD's dc,
+  FedNova's a, ...) or any other aggregate the server reads of the delta (FedDyn's
+  alpha_delta, FedCM's D) would leave in the clear; an algorithm that uploads no delta
+  (FedADMM, FedSpeed's "active" average) gives the noise nothing to cover.
+
+  Args:
+    upload_names: the names of one client's uploads (engine/traffic.py).
+    algorithm_name: config.algorithm, for the message.
+    aggregate_names: the names of the aggregates the server update reads
+      (Algorithm.aggregations_for).
+  """
+  accepted = ("accepted: algorithms that upload the model delta alone and read nothing but "
+              "its mean (fedavg, fedavgm, fedadam, fedprox, ...)")
+  refused = f"config.algorithm={algorithm_name!r} is not accepted with config.privacy.enabled=True"
+  if MODEL_UPLOAD not in upload_names:
+    raise ConfigError(
+        f"{refused}: it uploads {', '.join(map(repr, sorted(upload_names)))} and no model delta "
+        f"{MODEL_UPLOAD!r} (y - x) for the noise to cover; {accepted}")
+  extra = sorted(n for n in upload_names if n != MODEL_UPLOAD)
   if extra:
     raise ConfigError(
-        f"config.algorithm={algorithm_name!r} is not accepted with config.privacy.enabled=True: "
-        f"it uploads {', '.join(map(repr, extra))} besides the model delta, which the noise "
-        "does not cover; accepted: algorithms that upload the model delta alone (fedavg, "
-        "fedavgm, fedadam, fedprox, ...)")
+        f"{refused}: it uploads {', '.join(map(repr, extra))} besides the model delta, which the "
+        f"noise does not cover; {accepted}")
+  extra = sorted(n for n in aggregate_names if n != MODEL_UPLOAD)
+  if extra:
+    raise ConfigError(
+        f"{refused}: its server also reads {', '.join(map(repr, extra))}, an aggregate of the "
+        f"clients' deltas without the noise; {accepted}")
+
+
+def check_model_state(model_state, model_name: str) -> None:
+  """Refuses a model with BatchNorm running statistics: a synchronous round averages the
+  participants' statistics into the server's with neither clip nor noise."""
+  if jax.tree.leaves(model_state):
+    raise ConfigError(
+        f"config.model={model_name!r} is not accepted with config.privacy.enabled=True: its "
+        "BatchNorm running statistics are averaged over the cohort without clip or noise; "
+        "accepted: a model without running statistics (GroupNorm or no normalisation, e.g. "
+        "resnet18_gn, mlp)")
 
 
 def check_layer_split(options: DpOptions, params) -> None:

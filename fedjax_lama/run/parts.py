@@ -222,7 +222,9 @@ def program(spec, parts: Parts, mesh=None):
     row = algorithm.row_init(parts.params) if algorithm.row_init is not None else {}
     uploads = traffic_lib.traffic(algorithm, algorithm.init_server(parts.params,
                                                                    parts.model_state), row)
-    privacy_stage.check_uploads(uploads.upload_shapes, spec.records.algorithm)
+    privacy_stage.check_uploads(uploads.upload_shapes, spec.records.algorithm,
+                                algorithm.aggregations_for(uploads.upload_shapes))
+    privacy_stage.check_model_state(parts.model_state, spec.model.name)
   fedlama = spec.algorithm.selection.fedlama
   if fedlama is not None:
     return FedLamaProgram(opts, fedlama, algorithm, parts.model, parts.params, parts.model_state,
