@@ -15,6 +15,8 @@ def _vectorizable(specs) -> bool:
     return False
   if any(s.robust is not None and s.robust.attack != "none" for s in specs):
     return False  # each seed draws its own malicious clients: one program each
+  if any(s.records.config_json.get("local_test_fraction", 0.0) > 0 for s in specs):
+    return False  # personal models and fine-tuning are evaluated by each run's own program
   ignore = set(VECTORIZABLE_FIELDS) | set(workdir_lib.RESUMABLE_CHANGES)
   same = lambda s: {k: v for k, v in s.records.config_json.items() if k not in ignore}
   return all(same(s) == same(specs[0]) for s in specs[1:])
