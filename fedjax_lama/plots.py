@@ -99,8 +99,10 @@ def client_accuracy_figure(accuracy: dict, title: str):
     values = np.sort(np.asarray(values, np.float64)[np.isfinite(values)])
     if values.size == 0:
       continue
-    share = np.arange(1, values.size + 1) / values.size
-    ax.step(share, values, where="post", label=f"{model} model ({values.size} clients)")
+    # Client k (sorted) spans [k/N, (k+1)/N): a step per client across the whole axis.
+    share = np.arange(values.size + 1) / values.size
+    ax.step(share, np.append(values, values[-1]), where="post",
+            label=f"{model} model ({values.size} clients)")
   ax.set_xlabel("fraction of clients (sorted by accuracy)")
   ax.set_ylabel("client test accuracy")
   ax.set_xlim(0.0, 1.0)
