@@ -331,3 +331,72 @@ def test_refusals_name_the_field(overrides, field, accepted):
     config_lib.validate(c)
   message = str(e.value)
   assert field in message and accepted in message and "\n" not in message
+
+
+@pytest.mark.slow
+def test_interrupted_run_resumes_the_per_client_metrics_exactly(tmp_path):
+  """SCAFFOLD's rows on host, per-client evaluation with fine-tuning at every evaluation:
+  a run cut after round 2 and resumed writes the records of an uninterrupted one."""
+  c = _tiny(rounds=4, algorithm="scaffold", per_client_eval="every", finetune_steps=2,
+            **{"engine.client_state_on_host": True})
+  full = training.train_and_evaluate(c, str(tmp_path / "full"))
+  assert training.train_and_evaluate(c, str(tmp_path / "cut"), stop_after_round=2) == {
+      "interrupted_after_round": 2}
+  resumed = training.train_and_evaluate(c, str(tmp_path / "cut"))
+
+  def metrics(workdir):
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+      return [{k: v for k, v in json.loads(line).items() if k != "wall_seconds"} for line in f]
+
+  assert metrics(tmp_path / "full") == metrics(tmp_path / "cut")
+  name = personal_eval.metric_name("personal", "mean")
+  assert name in metrics(tmp_path / "full")[0]
+  assert full[name] == resumed[name]
+
+
+# ---- 8 devices = 1 ------------------------------------------------------------------------
+def _device_case(out_path: str) -> None:
+  """Subprocess entry: the personalize + fine-tuning evaluation on every CPU device of this
+  process (FEDJAX_TEST_CPU_DEVICES, set before any device exists), on both store placements."""
+  jax.config.update("jax_num_cpu_devices", int(os.environ["FEDJAX_TEST_CPU_DEVICES"]))
+  mesh = sharding.client_mesh(jax.devices())
+  x, y, parts = _known_federation()
+  train_x, train_y, train_parts = _train_data()
+  biases = np.random.default_rng(1).normal(0.0, 2.0, (len(parts), 2)).astype(np.float32)
+  report = {}
+  for on_host in (False, True):
+    store = client_store.ClientStore({"b": biases}, mesh, on_host=on_host)
+    evaluator = personal_eval.PersonalEvaluator(
+        evaluate.make_eval_fn(MODEL, False), mesh, test_x=x, test_y=y, test_parts=parts,
+        clients_per_chunk=3, personalize=_bias_personalize,
+        loss_fn=local.make_loss_fn(MODEL, False), train_x=train_x, train_y=train_y,
+        train_parts=train_parts, finetune_steps=2, finetune_lr=0.5, batch_size=3, seed=7)
+    sums = evaluator(IDENTITY, {}, store, round_idx=3)
+    report[str(on_host)] = {model: [a.tolist() for a in s] for model, s in sums.items()}
+  with open(out_path, "w") as f:
+    json.dump(report, f)
+
+
+@pytest.mark.slow
+def test_eight_devices_equal_one(tmp_path):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  procs = {}
+  for devices in (1, 8):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", FEDJAX_TEST_CPU_DEVICES=str(devices),
+               PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
+    procs[devices] = subprocess.Popen(
+        [sys.executable, "-m", "tests.test_personal_eval", str(tmp_path / f"{devices}.json")],
+        cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  for devices, proc in procs.items():
+    _, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0, f"{devices} devices:\n{err[-4000:]}"
+  one, eight = (json.loads((tmp_path / f"{d}.json").read_text()) for d in (1, 8))
+  assert one == eight
+  assert one["False"] == one["True"]  # device store = host store
+
+
+if __name__ == "__main__":
+  import sys  # pylint: disable=g-import-not-at-top
+  _device_case(sys.argv[1])

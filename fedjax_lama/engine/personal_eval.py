@@ -16,8 +16,8 @@ client rows are gathered from the run's ClientStore (device or host) chunk by ch
 the training rounds gather their cohort's rows. Fine-tuning reuses the engine's local step
 (`local.make_client_train` with plain SGD at a constant rate) and its batching
 (`data.pack_cohort` on a stream of its own, so its batches are a pure function of (seed,
-round, client) and never those of training). With k = 0 no step runs: the personal model
-is the personalized (or global) model itself, bit for bit.
+round, client) and never those of training). With k = 0 the scan has no step: the personal
+model is the personalized (or global) model itself, bit for bit.
 
 Metrics per client are sums: the summed loss, the correct examples (tokens for next-token
 targets), and the scored examples (tokens), from which `summarize` takes the across-client
@@ -104,7 +104,10 @@ class PersonalEvaluator:
     self.test_y = sharding.replicate(np.asarray(test_y, np.int32), mesh)
     self.personalize, self.finetune_steps = personalize, int(finetune_steps)
     self.train_parts, self.batch_size, self.seed = train_parts, int(batch_size), int(seed)
-    if self.finetune_steps:
+    # Fine-tuning is configured when its loss and data are given; k = 0 then runs the same
+    # code over an empty step axis (the model comes back as it went in).
+    self.finetunes = loss_fn is not None and train_parts is not None
+    if self.finetunes:
       self.train_x = sharding.replicate(np.asarray(train_x), mesh)
       self.train_y = sharding.replicate(np.asarray(train_y, np.int32), mesh)
       rate = float(finetune_lr)
@@ -139,9 +142,9 @@ class PersonalEvaluator:
 
     self._chunk = jax.jit(chunk_fn, static_argnums=12)
 
-  def _finetune_batches(self, ids: np.ndarray, real: int, round_idx: int):
+  def _finetune_batches(self, ids: np.ndarray, real: int, round_idx: int, personal: bool):
     """The chunk's fine-tuning batches (local.ClientBatch [C, k, B]) and example counts."""
-    if not self.finetune_steps:
+    if not (self.finetunes and personal):
       return None, np.zeros(len(ids), np.float32)
     parts = [self.train_parts[i] for i in ids[:real]]
     packed = fdata.pack_cohort(parts, list(ids[:real]), batch_size=self.batch_size,
@@ -175,7 +178,7 @@ class PersonalEvaluator:
       ids[real:] = start
       indices = np.where(np.arange(self.chunk)[:, None] < real, self.indices[ids], 0)
       mask = np.where(np.arange(self.chunk)[:, None] < real, self.mask[ids], 0.0)
-      batch, num_examples = self._finetune_batches(ids, real, round_idx)
+      batch, num_examples = self._finetune_batches(ids, real, round_idx, personal)
       rows = store.gather(ids.astype(np.int32)) if (store is not None and personal) else {}
       mapped = sharding.shard_clients(
           (indices.astype(np.int32), mask.astype(np.float32), batch, num_examples,
