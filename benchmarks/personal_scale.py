@@ -10,7 +10,8 @@ classes) and a tiny MLP (16 -> 16 -> 4). Two runs on the same federation and coh
 - a personalized run: SCAFFOLD's params-shaped row c_i per client kept in the host store
   (config.engine.client_state_on_host; one model's worth of floats per client, the size of
   a Ditto or FedRep personal model), and per-client evaluation of every client's personal
-  model, here x + c_i (a stand-in for `Algorithm.personalize`), plus 2 fine-tuning steps.
+  model, here x + c_i (a stand-in for `Algorithm.personalize` that reads the row), plus 2
+  fine-tuning steps. The personal run's round time includes SCAFFOLD's correction.
 
 Printed per N: the host store's bytes, the process's peak host memory (max RSS), device
 memory in use where the backend reports it, the round time (best of the repeats after a
@@ -109,7 +110,7 @@ def run_one(num_clients: int, cohort: int, repeats: int) -> dict:
           evaluate.make_eval_fn(model, False), mesh, test_x=fed.dataset.train_x,
           test_y=fed.dataset.train_y, test_parts=fed.client_test,
           clients_per_chunk=max(1, 1000 // TEST_PER_CLIENT),
-          personalize=lambda p, s, row: (jax.tree.map(lambda a, b: a + b, p, row["c"]), s),
+          personalize=lambda p, s, row: (jax.tree.map(lambda a, b: a + b, p, row), s),
           loss_fn=local.make_loss_fn(model, False), train_x=fed.dataset.train_x,
           train_y=fed.dataset.train_y, train_parts=fed.client_train, finetune_steps=2,
           finetune_lr=0.1, batch_size=4, seed=0)
