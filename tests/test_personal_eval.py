@@ -204,6 +204,40 @@ def test_finetuning_against_numpy_sgd():
       IDENTITY, {}, round_idx=round_idx)["personal"], sums["personal"])
 
 
+class EchoTokens(nn.Module):
+  """Next-token logits that predict each input token itself (an identity embedding)."""
+  vocab: int = 5
+
+  @nn.compact
+  def __call__(self, x, train=False):
+    del train
+    return nn.Embed(self.vocab, self.vocab)(x)
+
+
+def test_next_token_targets_count_scored_tokens():
+  """Per-token outcomes: a client's accuracy pools its scored tokens (targets >= 0)."""
+  x = np.array([[1, 2, 3], [4, 0, 1], [2, 2, 2], [3, 1, 0]], np.int32)
+  y = np.array([[1, 0, -1],    # 1 of 2 scored right
+                [4, 0, 1],     # 3 of 3
+                [-1, -1, -1],  # nothing scored
+                [0, 1, 2]], np.int32)  # 1 of 3
+  parts = [np.array([0, 1]), np.array([2]), np.array([3])]
+  params = {"Embed_0": {"embedding": np.eye(5, dtype=np.float32)}}
+  evaluator = personal_eval.PersonalEvaluator(
+      evaluate.make_eval_fn(EchoTokens(), False), _mesh(), test_x=x, test_y=y,
+      test_parts=parts, clients_per_chunk=2)
+  sums = evaluator(params, {})["global"]
+  np.testing.assert_array_equal(sums.correct, [4, 0, 1])
+  np.testing.assert_array_equal(sums.count, [5, 0, 3])
+  stats = personal_eval.summarize(sums)
+  assert stats["mean"] == pytest.approx((0.8 + 1 / 3) / 2)
+  assert stats["weighted_mean"] == pytest.approx(5 / 8)
+  # The same tokens as the pooled evaluation's per-client breakdown.
+  pooled = evaluate.evaluate(evaluate.make_eval_fn(EchoTokens(), False), params, {}, x, y, 4)
+  np.testing.assert_array_equal(evaluate.per_client_accuracy(pooled.correct, parts),
+                                sums.accuracy)
+
+
 # ---- the split ----------------------------------------------------------------------------
 @pytest.mark.parametrize("fraction,seed", [(0.2, 0), (0.25, 3), (0.5, 1), (0.1, 9)])
 def test_stratified_split_is_deterministic_disjoint_and_stratified(fraction, seed):
