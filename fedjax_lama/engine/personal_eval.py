@@ -61,6 +61,14 @@ def pack_parts(parts) -> tuple[np.ndarray, np.ndarray]:
   return indices, mask
 
 
+def _replicated(array, mesh, dtype=None):
+  """`array` on every device of the mesh; a device array already there (the program's
+  training arrays) is used as it is, without a second copy."""
+  if isinstance(array, jax.Array) and (dtype is None or array.dtype == dtype):
+    return sharding.replicate(array, mesh)
+  return sharding.replicate(np.asarray(array, dtype), mesh)
+
+
 def _client_sums(eval_fn, params, model_state, data_x, data_y, indices, mask):
   """(summed loss, correct, scored) of one client's test part, float32 scalars."""
   loss_sum, correct = eval_fn(params, model_state, data_x[indices], data_y[indices], mask)
@@ -100,16 +108,15 @@ class PersonalEvaluator:
     self.mesh, self.num_clients = mesh, len(test_parts)
     self.chunk = sharding.padded_size(max(1, int(clients_per_chunk)), mesh)
     self.indices, self.mask = pack_parts(test_parts)
-    self.test_x = sharding.replicate(np.asarray(test_x), mesh)
-    self.test_y = sharding.replicate(np.asarray(test_y, np.int32), mesh)
+    self.test_x, self.test_y = _replicated(test_x, mesh), _replicated(test_y, mesh, np.int32)
     self.personalize, self.finetune_steps = personalize, int(finetune_steps)
     self.train_parts, self.batch_size, self.seed = train_parts, int(batch_size), int(seed)
     # Fine-tuning is configured when its loss and data are given; k = 0 then runs the same
     # code over an empty step axis (the model comes back as it went in).
     self.finetunes = loss_fn is not None and train_parts is not None
     if self.finetunes:
-      self.train_x = sharding.replicate(np.asarray(train_x), mesh)
-      self.train_y = sharding.replicate(np.asarray(train_y, np.int32), mesh)
+      self.train_x = _replicated(train_x, mesh)
+      self.train_y = _replicated(train_y, mesh, np.int32)
       rate = float(finetune_lr)
       client_train = local.make_client_train(loss_fn, Algorithm(), lambda step: rate,
                                              unroll=unroll)

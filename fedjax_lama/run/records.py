@@ -288,8 +288,11 @@ def make_personal_evaluator(options, program, fed, eval_batch_size: Optional[int
 
   Chunks hold about eval_batch_size test examples (at least one client)."""
   ds = fed.dataset
+  # The program's device copy of the training arrays, where it has one (no second copy).
+  train_x = getattr(program, "data_x", ds.train_x)
+  train_y = getattr(program, "data_y", ds.train_y)
   on_test = fed.client_test_in == "test"
-  test_x, test_y = (ds.test_x, ds.test_y) if on_test else (ds.train_x, ds.train_y)
+  test_x, test_y = (ds.test_x, ds.test_y) if on_test else (train_x, train_y)
   width = max([1] + [len(p) for p in fed.client_test])
   eval_batch_size = eval_batch_size if options is None else options.eval_batch_size
   algorithm = getattr(program, "algorithm", None)
@@ -300,7 +303,7 @@ def make_personal_evaluator(options, program, fed, eval_batch_size: Optional[int
       raise errors.ConfigError(
           f"config.finetune_steps={options.finetune_steps} is not accepted by this run's "
           "program (vectorized runs evaluate the global model only); accepted: 0")
-    finetune = dict(loss_fn=loss_fn, train_x=ds.train_x, train_y=ds.train_y,
+    finetune = dict(loss_fn=loss_fn, train_x=train_x, train_y=train_y,
                     train_parts=fed.client_train, finetune_steps=options.finetune_steps,
                     finetune_lr=options.finetune_lr, batch_size=options.batch_size,
                     seed=options.seed)
