@@ -357,6 +357,8 @@ def test_run_records_the_per_client_test_metrics(tmp_path):
     ({"finetune_steps": 2, "per_client_eval": "never"}, "config.finetune_steps",
      "per_client_eval='never'"),
     ({"finetune_lr": 0.0}, "config.finetune_lr", "> 0"),
+    ({"algorithm": "fedat", "local_epochs": 1, "finetune_steps": 2}, "config.finetune_steps",
+     "synchronous rounds"),
 ])
 def test_refusals_name_the_field(overrides, field, accepted):
   c = _tiny(**overrides)

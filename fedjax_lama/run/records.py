@@ -323,6 +323,8 @@ def client_test_record(sums: dict) -> dict:
       record[personal_eval.metric_name(model, stat)] = value
   acc = sums["global"].accuracy
   acc = acc[np.isfinite(acc)]
+  if acc.size == 0:  # no client has test data
+    acc = np.array([np.nan])
   record.update(client_test_accuracy_mean=float(acc.mean()),
                 client_test_accuracy_var=float(acc.var()),
                 client_test_accuracy_min=float(acc.min()))
