@@ -33,6 +33,9 @@ def resolve_data_dir(data_dir: str) -> str:
   return fdata.resolve_data_dir(data_dir)
 
 
+LOCAL_SPLITS = ("random", "stratified")  # PartitionSpec.local_split
+
+
 @dataclasses.dataclass(frozen=True)
 class PartitionSpec:
   """How the training set is split into clients (the config.partition family of fields)."""
@@ -107,6 +110,9 @@ def build_federation(spec: PartitionSpec, dataset) -> Federation:
     raise ConfigError(f"config.partition={name!r}")
   clients = [np.asarray(c, np.int64) for c in clients]
   client_test = None
+  if spec.local_split not in LOCAL_SPLITS:
+    raise ValueError(f"PartitionSpec.local_split={spec.local_split!r}; accepted: "
+                     f"{', '.join(map(repr, LOCAL_SPLITS))}")
   if spec.local_test_fraction > 0:
     stratified = spec.local_split == "stratified"
     if stratified and name == "natural" and dataset.test_client_ids is not None:

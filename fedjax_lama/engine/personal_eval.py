@@ -34,8 +34,6 @@ from fedjax_lama.data import seeding
 from fedjax_lama.engine import local, sharding
 from fedjax_lama.engine.algorithm import Algorithm, ClientContext, LocalState
 
-PyTree = object
-
 
 class ClientSums(NamedTuple):
   """Per-client evaluation sums, float64 numpy [N]."""
