@@ -189,6 +189,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint_every = 10
   c.eval_batch_size = 1000
   c.per_client_eval = "final"  # "final" | "every" | "never"
+  # Personalized evaluation (synchronous runs with per-client test parts,
+  # config.local_test_fraction > 0): before each per-client evaluation every client
+  # fine-tunes its model with this many steps of local SGD (batch config.batch_size) on its
+  # own training part, at finetune_lr (None: config.local_lr). 0: no fine-tuning.
+  c.finetune_steps = 0
+  c.finetune_lr = ml_collections.FieldReference(None, field_type=float)
   c.plots = True
   c.tensorboard = False  # also write TensorBoard event files to <workdir>/tensorboard
   # kernels: the kernel set the models' layers compute with, "auto" (the platform's
@@ -305,6 +311,16 @@ def validate(c: ml_collections.ConfigDict, num_classes: int | None = None) -> No
     check_classes_per_client(c.partition, c.classes_per_client, c.dataset, num_classes)
   if not (0.0 <= c.local_test_fraction < 1.0):
     _fail("local_test_fraction", c.local_test_fraction, "a fraction in [0, 1)")
+  _positive_int(c, "finetune_steps", allow_zero=True)
+  if c.finetune_lr is not None and not (math.isfinite(c.finetune_lr) and c.finetune_lr > 0):
+    _fail("finetune_lr", c.finetune_lr, "a finite number > 0 or None (config.local_lr)")
+  if c.finetune_steps > 0 and c.per_client_eval == "never":
+    _fail("finetune_steps", c.finetune_steps,
+          "0 while config.per_client_eval='never' (fine-tuning is part of the per-client "
+          "evaluation)")
+  if c.finetune_steps > 0 and c.local_test_fraction == 0 and c.partition != "femnist_writers":
+    _fail("finetune_steps", c.finetune_steps,
+          "0 without per-client test parts; set config.local_test_fraction > 0")
   if not (0.0 <= c.validation_fraction < 1.0):
     _fail("validation_fraction", c.validation_fraction, "a fraction in [0, 1)")
   for field in ("local_lr", "server_lr"):
@@ -339,6 +355,7 @@ MODE_FIELDS = {
     # Synchronous rounds: the registry's algorithms, round by round.
     "synchronous rounds": (
         "rounds", "local_steps", "eval_every", "per_client_eval", "tensorboard", "schedule",
+        "finetune_steps", "finetune_lr",
         "weighting", "server_lr", "weight_decay", "local_lr_decay", "local_lr_warmup_steps",
         "local_lr_decay_steps", "local_lr_decay_factor", "validation_fraction", "compressor",
         "engine.clients_per_chunk", "engine.client_state_on_host", "robust"),

@@ -33,6 +33,9 @@ def resolve_data_dir(data_dir: str) -> str:
   return fdata.resolve_data_dir(data_dir)
 
 
+LOCAL_SPLITS = ("random", "stratified")  # PartitionSpec.local_split
+
+
 @dataclasses.dataclass(frozen=True)
 class PartitionSpec:
   """How the training set is split into clients (the config.partition family of fields)."""
@@ -45,11 +48,23 @@ class PartitionSpec:
   femnist_num_writers: int = 256
   femnist_writers_per_client: int = 2
   local_test_fraction: float = 0.0
+  # How the local test parts are drawn: "random" (FedAT's split, the simulated clock's) or
+  # "stratified" by label (synchronous runs; the natural partition then keeps the
+  # dataset's own per-client test data where it has it). See `build_federation`.
+  local_split: str = "random"
   dataset_name: str = ""  # for error messages
 
 
 def build_federation(spec: PartitionSpec, dataset) -> Federation:
-  """Partitions the training set into spec.num_clients clients (a pure function of the seed)."""
+  """Partitions the training set into spec.num_clients clients (a pure function of the seed).
+
+  With spec.local_test_fraction > 0 every client also gets a held-out test part, disjoint
+  from its training part (training never reads it). spec.local_split="random" draws it as
+  FedAT does; "stratified" draws it per label (labels of one class per example; sequence
+  targets fall back to the random draw), and a natural partition on a dataset with
+  per-client test data (test_client_ids) takes each client's own test examples instead of
+  carving them out of its training data.
+  """
   labels = dataset.train_y
   name = spec.name
   seed = spec.seed
@@ -95,8 +110,17 @@ def build_federation(spec: PartitionSpec, dataset) -> Federation:
     raise ConfigError(f"config.partition={name!r}")
   clients = [np.asarray(c, np.int64) for c in clients]
   client_test = None
+  if spec.local_split not in LOCAL_SPLITS:
+    raise ValueError(f"PartitionSpec.local_split={spec.local_split!r}; accepted: "
+                     f"{', '.join(map(repr, LOCAL_SPLITS))}")
   if spec.local_test_fraction > 0:
-    clients, client_test = fdata.local_split(clients, spec.local_test_fraction, seed)
+    stratified = spec.local_split == "stratified"
+    if stratified and name == "natural" and dataset.test_client_ids is not None:
+      own = fdata.natural_test_parts(dataset.train_client_ids, dataset.test_client_ids)
+      return Federation(dataset, clients, own, "test")
+    by_label = labels if stratified and np.ndim(labels) == 1 else None
+    clients, client_test = fdata.local_split(clients, spec.local_test_fraction, seed,
+                                             labels=by_label)
   return Federation(dataset, clients, client_test)
 
 

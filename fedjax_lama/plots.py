@@ -5,7 +5,8 @@ runs and tests can inspect them), then saved as PNG files into the run's workdir
 figure has a title, axes say their units, legends sit beside the axes rather than on the
 data, and virtual-time axes are in seconds from 0.
 
-- Synchronous runs: accuracy against rounds and against communicated floats.
+- Synchronous runs: accuracy against rounds and against communicated floats; with per-client
+  test parts, the distribution of the clients' test accuracies (global and personal models).
 - Runs on the simulated clock: accuracy against virtual time (s) with the per-client
   spread, and against communicated floats.
 - FedLAMA (Lee et al., AAAI 2023): synchronisations and communicated floats per layer,
@@ -26,6 +27,7 @@ COMM_FILE = "accuracy_vs_comm.png"
 VIRTUAL_TIME_FILE = "accuracy_vs_virtual_time.png"
 LAYER_COMM_FILE = "fedlama_layer_comm.png"
 CURVES_FILE = "fedlama_curves.png"
+CLIENT_ACCURACY_FILE = "client_test_accuracy.png"
 
 
 def _figure(width: float, height: float, ncols: int = 1):
@@ -86,6 +88,34 @@ def run_plots(workdir: str, records: Sequence[dict], title: str) -> list[str]:
   """The PNG files of a synchronous run, in workdir; returns their paths."""
   return [save(fig, os.path.join(workdir, name))
           for name, fig in run_figures(records, title).items()]
+
+
+def client_accuracy_figure(accuracy: dict, title: str):
+  """Per-client test accuracy, each model's clients sorted from worst to best (x: the
+  fraction of clients at or below), for the global model and, when evaluated, the personal
+  models: the whole distribution, the worst clients at the left."""
+  fig, ax = _figure(5.5, 3.5)
+  for model, values in accuracy.items():
+    values = np.sort(np.asarray(values, np.float64)[np.isfinite(values)])
+    if values.size == 0:
+      continue
+    # Client k (sorted) spans [k/N, (k+1)/N): a step per client across the whole axis.
+    share = np.arange(values.size + 1) / values.size
+    ax.step(share, np.append(values, values[-1]), where="post",
+            label=f"{model} model ({values.size} clients)")
+  ax.set_xlabel("fraction of clients (sorted by accuracy)")
+  ax.set_ylabel("client test accuracy")
+  ax.set_xlim(0.0, 1.0)
+  ax.set_title(f"{title}: per-client test accuracy")
+  ax.grid(alpha=0.3)
+  _legend_beside(ax)
+  return fig
+
+
+def client_accuracy_plot(workdir: str, accuracy: dict, title: str) -> str:
+  """CLIENT_ACCURACY_FILE in workdir from {"global": [N], "personal": [N]} accuracies."""
+  return save(client_accuracy_figure(accuracy, title),
+              os.path.join(workdir, CLIENT_ACCURACY_FILE))
 
 
 # ---- runs on the simulated clock ---------------------------------------------------------------

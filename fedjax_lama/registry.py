@@ -267,6 +267,8 @@ def _clock_shared_fields(config) -> None:
          "'reset' (each job starts its local optimizer afresh)")
   refuse(config.get("schedule", "none") == "none", "schedule", "'none'")
   refuse(config.validation_fraction == 0.0, "validation_fraction", "0.0")
+  refuse(config.get("finetune_steps", 0) == 0, "finetune_steps",
+         "0 (fine-tuning before evaluation runs in synchronous rounds)")
   refuse(0.0 < config.local_test_fraction < 1.0, "local_test_fraction",
          "a fraction in (0, 1): every client's local test split is evaluated (FedAT's 80/20 split)")
   if config.compressor.name not in ("auto", "identity"):

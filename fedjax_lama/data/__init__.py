@@ -41,6 +41,7 @@ from fedjax_lama.data.partitions import dirichlet_fedml
 from fedjax_lama.data.partitions import iid
 from fedjax_lama.data.partitions import local_split
 from fedjax_lama.data.partitions import natural
+from fedjax_lama.data.partitions import natural_test_parts
 from fedjax_lama.data.partitions import one_class
 from fedjax_lama.data.partitions import partition
 from fedjax_lama.data.partitions import PARTITIONERS

@@ -99,9 +99,9 @@ def _check_indices(idx: Any, i: int) -> np.ndarray:
   return idx.astype(np.int64)
 
 
-def _client_rng(seed: int, round_idx: int, client_id: int
-                ) -> np.random.Generator:
-  return seeding.make_rng(seed, seeding.PACK_STREAM, round_idx, client_id)
+def _client_rng(seed: int, round_idx: int, client_id: int,
+                stream: int = seeding.PACK_STREAM) -> np.random.Generator:
+  return seeding.make_rng(seed, stream, round_idx, client_id)
 
 
 def _permutations(rng: np.random.Generator, n: int, count: int) -> np.ndarray:
@@ -156,7 +156,8 @@ def pack_cohort(client_indices: Sequence[np.ndarray],
                 pad_clients_to: int | None = None,
                 step_multiple: int = 1,
                 drop_remainder: bool = False,
-                pad_steps_to: int | None = None) -> CohortBatch:
+                pad_steps_to: int | None = None,
+                stream: int = seeding.PACK_STREAM) -> CohortBatch:
   """Packs a cohort's batches into fixed-shape index and mask arrays.
 
   Args:
@@ -175,6 +176,8 @@ def pack_cohort(client_indices: Sequence[np.ndarray],
     drop_remainder: epochs mode: drop each epoch's last partial batch.
     pad_steps_to: make the step axis at least this long (before rounding), so
       rounds of varying work share one shape.
+    stream: the seeding stream of the batches (default the training batches';
+      seeding.FINETUNE_STREAM for fine-tuning before evaluation).
 
   Returns:
     A `CohortBatch` with C = max(len(client_indices), pad_clients_to) slots and
@@ -223,7 +226,7 @@ def pack_cohort(client_indices: Sequence[np.ndarray],
     if n == 0 or w == 0:
       rows.append(None)
       continue
-    rng = _client_rng(seed, round_idx, cid)
+    rng = _client_rng(seed, round_idx, cid, stream)
     if num_steps is not None:
       pos, real = _steps_rows(n, w, batch_size, rng)
     else:

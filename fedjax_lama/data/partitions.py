@@ -18,7 +18,9 @@ Schemes and their sources:
 * `class_cyclic`: FedAT's "#class k per client" default (Chai et al. 2021).
 * `one_class`: Fed-LAMB non-IID, client i holds class i mod C.
 * `natural`: one client per natural id (LEAF writers).
-* `local_split`: FedAT's per-client 80/20 train/test split.
+* `local_split`: FedAT's per-client 80/20 train/test split, stratified by label
+  on request.
+* `natural_test_parts`: each natural client's own test examples.
 """
 
 import fractions
@@ -348,13 +350,20 @@ def natural(client_ids: Any) -> IndexList:
 
 
 def local_split(client_indices: Sequence[np.ndarray], test_fraction: float,
-                seed: int) -> tuple[IndexList, IndexList]:
-  """Splits every client's data at random into local train and test parts.
+                seed: int, labels: Any = None) -> tuple[IndexList, IndexList]:
+  """Splits every client's data at random into disjoint local train and test parts.
 
-  FedAT (Chai et al. 2021): for clients in order, shuffle the client's
-  indices; the first floor((1 - f) n) are training, the rest test (f = 0.2:
-  500 -> 400/100, 600 -> 480/120). The fraction is taken as an exact rational
-  so 0.2 never rounds the wrong way.
+  Without `labels`, FedAT (Chai et al. 2021): for clients in order, shuffle the
+  client's indices; the first floor((1 - f) n) are training, the rest test
+  (f = 0.2: 500 -> 400/100, 600 -> 480/120). The fraction is taken as an exact
+  rational so 0.2 never rounds the wrong way.
+
+  With `labels` (the training labels, one class per example), the split is
+  stratified: the client's test part has the same size, n - floor((1 - f) n),
+  shared among its classes in proportion to their counts (each class gets the
+  floor of f n_c, and the examples left go to the classes with the largest
+  remainders, ties to the smaller label), and each class's test examples are a
+  random draw of its own. Both are pure functions of (indices, f, seed).
   """
   if (isinstance(test_fraction, bool) or
       not isinstance(test_fraction, numbers.Real) or
@@ -362,15 +371,62 @@ def local_split(client_indices: Sequence[np.ndarray], test_fraction: float,
     raise ValueError(f'test_fraction must be in [0, 1), got {test_fraction!r}')
   frac = fractions.Fraction(test_fraction).limit_denominator(1 << 20)
   rng = seeding.make_rng(seeding.check_seed(seed), seeding.LOCAL_SPLIT_STREAM)
+  if labels is not None:
+    labels = np.asarray(labels)
+    if labels.ndim != 1:
+      raise ValueError(f'labels must be one class per example (1-D), got shape '
+                       f'{labels.shape}')
   train, test = [], []
   for idx in client_indices:
     idx = np.asarray(idx, np.int64).reshape(-1)
     perm = rng.permutation(idx)
     n_train = (idx.size * (frac.denominator - frac.numerator)) // (
         frac.denominator)
-    train.append(perm[:n_train])
-    test.append(perm[n_train:])
+    if labels is None:
+      train.append(perm[:n_train])
+      test.append(perm[n_train:])
+      continue
+    is_test = _stratified_test_mask(labels[perm], idx.size - n_train, frac)
+    train.append(perm[~is_test])
+    test.append(perm[is_test])
   return train, test
+
+
+def _stratified_test_mask(labels: np.ndarray, n_test: int,
+                          frac: fractions.Fraction) -> np.ndarray:
+  """bool mask over a shuffled client's examples: n_test of them, shared among the
+  classes by largest remainder of frac * n_c, the first ones of each class."""
+  classes, inverse, counts = np.unique(labels, return_inverse=True,
+                                       return_counts=True)
+  quota = counts * frac.numerator
+  take = quota // frac.denominator
+  remainder = quota - take * frac.denominator
+  extra = n_test - int(take.sum())
+  # Largest remainder first; ties to the smaller label (stable sort on -remainder).
+  take[np.argsort(-remainder, kind='stable')[:extra]] += 1
+  # Rank of each example within its class, in the shuffled order.
+  order = np.argsort(inverse, kind='stable')
+  starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+  rank = np.empty(labels.size, np.int64)
+  rank[order] = np.arange(labels.size) - np.repeat(starts, counts)
+  del classes
+  return rank < take[inverse]
+
+
+def natural_test_parts(train_client_ids: Any, test_client_ids: Any) -> IndexList:
+  """Each natural client's own test examples (indices into the test arrays), in the
+  order of `natural(train_client_ids)`; test ids of no training client are dropped."""
+  train_ids = np.asarray(train_client_ids)
+  test_ids = np.asarray(test_client_ids)
+  distinct = np.unique(train_ids)
+  position = np.searchsorted(distinct, test_ids)
+  position = np.minimum(position, distinct.size - 1)
+  known = distinct[position] == test_ids
+  rows = np.flatnonzero(known)
+  owner = position[known]
+  order = np.argsort(owner, kind='stable')
+  bounds = np.searchsorted(owner[order], np.arange(distinct.size + 1))
+  return [rows[order[a:b]].astype(np.int64) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 # ----------------------------------------------------------------------------

@@ -20,6 +20,7 @@ WRITERS_STREAM = 0x5752_4954  # "WRIT"
 SAMPLE_STREAM = 0x5341_4D50  # "SAMP"
 BERNOULLI_STREAM = 0x4245_524E  # "BERN"
 PACK_STREAM = 0x5041_434B  # "PACK"
+FINETUNE_STREAM = 0x4649_4E45  # "FINE": local fine-tuning batches before evaluation
 
 
 def check_seed(seed: int, field: str = 'seed') -> int:

@@ -145,6 +145,7 @@ class FedLamaProgram(ProgramBase):
     self.data_y = sharding.replicate(jnp.asarray(fed.dataset.train_y, jnp.int32), mesh)
     self.eval_fn = evaluate.make_eval_fn(model, self.has_state)
     loss_fn = local.make_loss_fn(model, self.has_state, opts.label_smoothing)
+    self.loss_fn = loss_fn  # also fine-tunes personal models before evaluation
     # A sub-round is one round of the base algorithm: "exponential" decays per sub-round.
     self.learning_rate = opts.learning_rate.build(total, self.unit)
     self.plan = platform_plan(opts)

@@ -211,6 +211,11 @@ class ProgramBase:
                                             num_clients=self.fed.num_clients, copy=False)
     return self.store
 
+  def rows_store(self, state) -> Optional[client_store.ClientStore]:
+    """The store of `state`'s per-client rows (None when the algorithm keeps none), for
+    evaluating each client's personal model (run/records.py)."""
+    return self._adopt_rows(state["rows"])
+
   def host_state(self) -> dict:
     return {}
 

@@ -72,6 +72,7 @@ class SyncProgram(ProgramBase):
     self.num_rounds = opts.rounds
     self.eval_every = opts.eval_every
     loss_fn = local.make_loss_fn(model, has_state, opts.label_smoothing)
+    self.loss_fn = loss_fn  # also fine-tunes personal models before evaluation
     learning_rate = opts.learning_rate.build(opts.rounds * self.num_steps, self.num_steps)
     train_chunk, server_update = sync_round.make_round_fns(
         loss_fn, algorithm, learning_rate, seed=opts.seed, weighting=opts.weighting,

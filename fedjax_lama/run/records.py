@@ -15,6 +15,7 @@ import numpy as np
 
 from fedjax_lama import checkpointing, comm, divergence, errors, metrics, plots, progress
 from fedjax_lama.engine import evaluate as evaluation
+from fedjax_lama.engine import personal_eval
 from fedjax_lama.errors import TrainingError
 from fedjax_lama.privacy import dp_stage as privacy_stage
 from fedjax_lama.run import workdir as workdir_lib
@@ -50,6 +51,8 @@ class Run:
     # The backdoor's test set (robust_stage.Backdoor.test_set), triggered once on the host.
     self.backdoor_test = (records.backdoor.test_set(fed.dataset)
                           if records.backdoor is not None else None)
+    self.personal_evaluator = None    # built at the first per-client evaluation on test parts
+    self.last_client_accuracy = None  # {"global": [N], "personal": [N]} of the last one
 
   def restore(self, state, extended_from: Optional[int] = None):
     """The state to continue from: the latest checkpoint's, else `state` (a fresh start).
@@ -164,7 +167,8 @@ class Run:
     started = time.perf_counter()
     record = evaluate(self.records_options.eval_batch_size, self.program, state, self.fed,
                       round_idx, out, self.host, self.ledger, self.wall(), per_client=per_client,
-                      backdoor_test=self.backdoor_test)
+                      backdoor_test=self.backdoor_test,
+                      client_test_metrics=self._client_test_metrics)
     if self.records_options.privacy is not None:  # the guarantee of the rounds done so far
       record["dp_epsilon"] = privacy_stage.epsilon_after(self.records_options.privacy,
                                                          round_idx + 1)
@@ -188,6 +192,16 @@ class Run:
                   "ETA %.1fs", round_idx + 1, total, record["test_accuracy"],
                   record["test_loss"], record["train_loss"], record["wall_seconds"], eta)
 
+  def _client_test_metrics(self, params, model_state, state, round_idx: int) -> dict:
+    """The per-client test metrics of the global and personal models (run/personal_eval)."""
+    if self.personal_evaluator is None:
+      self.personal_evaluator = make_personal_evaluator(self.records_options, self.program,
+                                                        self.fed)
+    store = self.program.rows_store(state) if hasattr(self.program, "rows_store") else None
+    sums = self.personal_evaluator(params, model_state, store, round_idx)
+    self.last_client_accuracy = {model: s.accuracy for model, s in sums.items()}
+    return client_test_record(sums)
+
   def close(self) -> None:
     self.ckpt.close()
     if self.tensorboard is not None:
@@ -206,6 +220,9 @@ class Run:
         schedule = options.schedule
         method = options.algorithm + ("" if schedule == "none" else f" + {schedule}")
         plots.run_plots(self.workdir, self.records, title=f"{method} / {options.dataset}")
+        if self.last_client_accuracy is not None:
+          plots.client_accuracy_plot(self.workdir, self.last_client_accuracy,
+                                     title=f"{method} / {options.dataset}")
         self.program.plot(self.workdir, self.ledger)
     return summary
 
@@ -221,11 +238,15 @@ def _records_up_to(writer: metrics.JsonlWriter, done: int, primary: bool) -> lis
 
 
 def evaluate(eval_batch_size, program, state, fed, round_idx, out, host, ledger, wall_seconds,
-             per_client, backdoor_test=None) -> dict:
+             per_client, backdoor_test=None, client_test_metrics=None) -> dict:
   """The record of round `round_idx`: test (and validation) metrics of the global model, the
-  training loss averaged since the last evaluation, the traffic so far. `backdoor_test`:
-  (x, y) of the backdoor's triggered test examples, whose accuracy is recorded as
-  "backdoor_accuracy" (the attack's success rate)."""
+  training loss averaged since the last evaluation, the traffic so far.
+
+  backdoor_test: (x, y) of the backdoor's triggered test examples, whose accuracy is recorded
+  as "backdoor_accuracy" (the attack's success rate).
+  client_test_metrics: (params, model_state, state, round_idx) -> the per-client metrics on
+  the clients' test parts (`client_test_record`); None: the global model's, evaluated here.
+  """
   params, model_state = program.eval_params(state)
   ds = fed.dataset
   res = evaluation.evaluate(program.eval_fn, params, model_state, ds.test_x, ds.test_y,
@@ -245,24 +266,78 @@ def evaluate(eval_batch_size, program, state, fed, round_idx, out, host, ledger,
     val = evaluation.evaluate(program.eval_fn, params, model_state, fed.validation.x,
                               fed.validation.y, eval_batch_size)
     record.update(val_accuracy=val.accuracy, val_loss=val.loss)
-  if per_client:
-    record.update(_per_client(eval_batch_size, program, params, model_state, fed))
+  if per_client and fed.client_test is not None:
+    if client_test_metrics is None:
+      def client_test_metrics(params, model_state, state, round_idx):
+        evaluator = make_personal_evaluator(None, program, fed, eval_batch_size)
+        return client_test_record(evaluator(params, model_state, None, round_idx,
+                                            personal=False))
+    record.update(client_test_metrics(params, model_state, state, round_idx))
+  elif per_client:
+    record.update(_per_client_train(eval_batch_size, program, params, model_state, fed))
   return record
 
 
-def _per_client(eval_batch_size, program, params, model_state, fed) -> dict:
-  """Global model accuracy per client: on each client's held-out split when there is one
-  (FedAT's 80/20), else on its training data; mean and variance across clients."""
+def _per_client_train(eval_batch_size, program, params, model_state, fed) -> dict:
+  """Global model accuracy per client on its training data (no held-out split): mean,
+  variance and minimum across clients."""
   ds = fed.dataset
-  split = fed.client_test if fed.client_test is not None else fed.client_train
-  key = "client_test_accuracy" if fed.client_test is not None else "client_train_accuracy"
-  on_test = fed.client_test is not None and fed.client_test_in == "test"
-  x, y = (ds.test_x, ds.test_y) if on_test else (ds.train_x, ds.train_y)
-  res = evaluation.evaluate(program.eval_fn, params, model_state, x, y, eval_batch_size)
-  acc = evaluation.per_client_accuracy(res.correct, split)
+  res = evaluation.evaluate(program.eval_fn, params, model_state, ds.train_x, ds.train_y,
+                            eval_batch_size)
+  acc = evaluation.per_client_accuracy(res.correct, fed.client_train)
   acc = acc[np.isfinite(acc)]
+  key = "client_train_accuracy"
   return {f"{key}_mean": float(acc.mean()), f"{key}_var": float(acc.var()),
           f"{key}_min": float(acc.min())}
+
+
+def make_personal_evaluator(options, program, fed, eval_batch_size: Optional[int] = None):
+  """The per-client evaluator of a run with test parts: the global model and, when the
+  algorithm has `personalize` or options.finetune_steps > 0, each client's own model.
+
+  Chunks hold about eval_batch_size test examples (at least one client)."""
+  ds = fed.dataset
+  # The program's device copy of the training arrays, where it has one (no second copy).
+  train_x = getattr(program, "data_x", ds.train_x)
+  train_y = getattr(program, "data_y", ds.train_y)
+  on_test = fed.client_test_in == "test"
+  test_x, test_y = (ds.test_x, ds.test_y) if on_test else (train_x, train_y)
+  width = max([1] + [len(p) for p in fed.client_test])
+  eval_batch_size = eval_batch_size if options is None else options.eval_batch_size
+  algorithm = getattr(program, "algorithm", None)
+  finetune = {}
+  if options is not None and options.finetune_steps > 0:
+    loss_fn = getattr(program, "loss_fn", None)
+    if loss_fn is None:
+      raise errors.ConfigError(
+          f"config.finetune_steps={options.finetune_steps} is not accepted by this run's "
+          "program (vectorized runs evaluate the global model only); accepted: 0")
+    finetune = dict(loss_fn=loss_fn, train_x=train_x, train_y=train_y,
+                    train_parts=fed.client_train, finetune_steps=options.finetune_steps,
+                    finetune_lr=options.finetune_lr, batch_size=options.batch_size,
+                    seed=options.seed)
+  return personal_eval.PersonalEvaluator(
+      program.eval_fn, program.mesh, test_x=test_x, test_y=test_y, test_parts=fed.client_test,
+      clients_per_chunk=max(1, eval_batch_size // width),
+      personalize=algorithm.personalize if algorithm is not None else None, **finetune)
+
+
+def client_test_record(sums: dict) -> dict:
+  """The record's per-client test metrics (personal_eval.metric_name) of {"global": ClientSums,
+  "personal": ClientSums (when evaluated)}; also the global model's mean, variance and
+  minimum under their earlier names (client_test_accuracy_{mean,var,min})."""
+  record = {}
+  for model, model_sums in sums.items():
+    for stat, value in personal_eval.summarize(model_sums).items():
+      record[personal_eval.metric_name(model, stat)] = value
+  acc = sums["global"].accuracy
+  acc = acc[np.isfinite(acc)]
+  if acc.size == 0:  # no client has test data
+    acc = np.array([np.nan])
+  record.update(client_test_accuracy_mean=float(acc.mean()),
+                client_test_accuracy_var=float(acc.var()),
+                client_test_accuracy_min=float(acc.min()))
+  return record
 
 
 def _summary(options, records, ledger, program, state, wall_seconds) -> dict:

@@ -84,6 +84,12 @@ class RecordOptions:
   privacy: Optional[object] = None  # privacy.DpOptions of a DP run: its epsilon is recorded
   # robust_stage.Backdoor of a run under the backdoor attack: its success rate is recorded.
   backdoor: Optional[object] = None
+  # Per-client evaluation on local test parts (run/personal_eval.py): fine-tuning steps
+  # before it, their learning rate and batch size, and the seed of their batches.
+  finetune_steps: int = 0
+  finetune_lr: float = 0.0
+  batch_size: int = 1
+  seed: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +163,9 @@ def partition_spec(config) -> federation.PartitionSpec:
       min_client_size=config.min_client_size, classes_per_client=config.classes_per_client,
       femnist_num_writers=config.femnist_num_writers,
       femnist_writers_per_client=config.femnist_writers_per_client,
-      local_test_fraction=config.local_test_fraction, dataset_name=config.dataset)
+      local_test_fraction=config.local_test_fraction,
+      local_split="random" if registry.runs_on_clock(config) else "stratified",
+      dataset_name=config.dataset)
 
 
 def model_spec(config) -> ModelSpec:
@@ -200,4 +208,8 @@ def record_options(config) -> RecordOptions:
                       else str(config.server_lr)),
       local_lr_decay=config.local_lr_decay,
       fedlama_total_steps=fedlama.get("total_steps") if fedlama is not None else None,
-      config_json=config_json(config), base_json=config_json(config_lib.base_config()))
+      config_json=config_json(config), base_json=config_json(config_lib.base_config()),
+      finetune_steps=config.get("finetune_steps", 0),
+      finetune_lr=float(config.local_lr if config.get("finetune_lr") is None
+                        else config.finetune_lr),
+      batch_size=config.batch_size, seed=config.seed)

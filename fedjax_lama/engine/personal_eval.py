@@ -1,0 +1,249 @@
+"""Per-client evaluation: every client's model on its own held-out test part, vectorized.
+
+Each client i holds a test part (indices into the test or training arrays, disjoint from
+its training part: federation.build_federation). A chunk of C clients is evaluated by one
+jitted, vmapped computation of fixed shape, so the host makes O(1) dispatches per chunk
+and device memory is flat in the number of clients (it grows with C, never with N):
+
+    for each client i of the chunk (vmapped):
+      global_i   = metrics of the evaluated model x on client i's test part
+      w_i, s_i   = algorithm.personalize(x, model_state, row_i)      (or x, model_state)
+      w_i, s_i   = k steps of local SGD from w_i on client i's training part (fine-tuning)
+      personal_i = metrics of w_i on client i's test part
+
+Test parts are packed once as [N, T] index and mask arrays (T: the largest test part);
+client rows are gathered from the run's ClientStore (device or host) chunk by chunk, like
+the training rounds gather their cohort's rows. Fine-tuning reuses the engine's local step
+(`local.make_client_train` with plain SGD at a constant rate) and its batching
+(`data.pack_cohort` on a stream of its own, so its batches are a pure function of (seed,
+round, client) and never those of training). With k = 0 the scan has no step: the personal
+model is the personalized (or global) model itself, bit for bit.
+
+Metrics per client are sums: the summed loss, the correct examples (tokens for next-token
+targets), and the scored examples (tokens), from which `summarize` takes the across-client
+statistics.
+"""
+from typing import Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_lama import data as fdata
+from fedjax_lama.data import seeding
+from fedjax_lama.engine import local, sharding
+from fedjax_lama.engine.algorithm import Algorithm, ClientContext, LocalState
+
+
+class ClientSums(NamedTuple):
+  """Per-client evaluation sums, float64 numpy [N]."""
+  loss_sum: np.ndarray
+  correct: np.ndarray
+  count: np.ndarray   # scored examples (or tokens); 0 for a client without test data
+
+  @property
+  def accuracy(self) -> np.ndarray:
+    """Per-client accuracy; nan for a client with nothing scored."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+      return np.where(self.count > 0, self.correct / np.maximum(self.count, 1.0), np.nan)
+
+
+def pack_parts(parts) -> tuple[np.ndarray, np.ndarray]:
+  """Index and mask arrays [N, T] of per-client index lists (T: the longest, at least 1)."""
+  width = max([1] + [len(p) for p in parts])
+  indices = np.zeros((len(parts), width), np.int32)
+  mask = np.zeros((len(parts), width), np.float32)
+  for i, p in enumerate(parts):
+    indices[i, :len(p)] = p
+    mask[i, :len(p)] = 1.0
+  return indices, mask
+
+
+def _replicated(array, mesh, dtype=None):
+  """`array` on every device of the mesh; a device array already there (the program's
+  training arrays) is used as it is, without a second copy."""
+  if isinstance(array, jax.Array) and (dtype is None or array.dtype == dtype):
+    return sharding.replicate(array, mesh)
+  return sharding.replicate(np.asarray(array, dtype), mesh)
+
+
+def _client_sums(eval_fn, params, model_state, data_x, data_y, indices, mask):
+  """(summed loss, correct, scored) of one client's test part, float32 scalars."""
+  loss_sum, correct = eval_fn(params, model_state, data_x[indices], data_y[indices], mask)
+  if correct.ndim == 1:  # one label per example; padded rows are masked here
+    return loss_sum, jnp.sum(correct * mask), jnp.sum(mask)
+  # per-token outcomes: 1 correct, 0 wrong, -1 not scored (the eval_fn masked the padding)
+  return (loss_sum, jnp.sum(correct == 1).astype(jnp.float32),
+          jnp.sum(correct >= 0).astype(jnp.float32))
+
+
+class PersonalEvaluator:
+  """Evaluates the global and (optionally) each client's personal model on the clients' test
+  parts; see the module docstring.
+
+  Args:
+    eval_fn: (params, model_state, x, y, mask) -> (summed loss, correct) of one batch
+      (engine/evaluate.make_eval_fn).
+    mesh: the run's mesh (chunks are split over its "clients" axis).
+    test_x, test_y: the arrays the test parts index.
+    test_parts: per client, its test indices (into test_x, test_y).
+    clients_per_chunk: C, rounded up to a multiple of the device count.
+    personalize: Algorithm.personalize, or None (every client is served the global model).
+    loss_fn, train_x, train_y, train_parts, finetune_steps, finetune_lr, batch_size, seed:
+      local fine-tuning (finetune_steps > 0): k steps of plain SGD at finetune_lr with
+      batches of batch_size drawn from each client's training part.
+  """
+
+  def __init__(self, eval_fn, mesh, *, test_x, test_y, test_parts, clients_per_chunk: int,
+               personalize: Optional[Callable] = None, loss_fn: Optional[Callable] = None,
+               train_x=None, train_y=None, train_parts=None, finetune_steps: int = 0,
+               finetune_lr: float = 0.0, batch_size: int = 1, seed: int = 0,
+               unroll: int = 1):
+    if finetune_steps < 0:
+      raise ValueError(f"finetune_steps={finetune_steps!r}; accepted: an integer >= 0")
+    if finetune_steps and (loss_fn is None or train_parts is None):
+      raise ValueError("fine-tuning needs the loss function and the clients' training parts")
+    self.mesh, self.num_clients = mesh, len(test_parts)
+    self.chunk = sharding.padded_size(max(1, int(clients_per_chunk)), mesh)
+    self.indices, self.mask = pack_parts(test_parts)
+    self.test_x, self.test_y = _replicated(test_x, mesh), _replicated(test_y, mesh, np.int32)
+    self.personalize, self.finetune_steps = personalize, int(finetune_steps)
+    self.train_parts, self.batch_size, self.seed = train_parts, int(batch_size), int(seed)
+    # Fine-tuning is configured when its loss and data are given; k = 0 then runs the same
+    # code over an empty step axis (the model comes back as it went in).
+    self.finetunes = loss_fn is not None and train_parts is not None
+    if self.finetunes:
+      self.train_x = _replicated(train_x, mesh)
+      self.train_y = _replicated(train_y, mesh, np.int32)
+      rate = float(finetune_lr)
+      client_train = local.make_client_train(loss_fn, Algorithm(), lambda step: rate,
+                                             unroll=unroll)
+    else:
+      self.train_x = self.train_y = None
+      client_train = None
+    self.has_personal_model = personalize is not None or self.finetune_steps > 0
+
+    def one_client(params, model_state, row, test_x, test_y, indices, mask, train_x, train_y,
+                   batch, num_examples, client_id, personal):
+      global_sums = _client_sums(eval_fn, params, model_state, test_x, test_y, indices, mask)
+      if not personal:
+        return global_sums, global_sums
+      own, own_state = (personalize(params, model_state, row) if personalize is not None
+                        else (params, model_state))
+      if client_train is not None:
+        tx = Algorithm().local.tx
+        ctx = ClientContext({"params": own}, row, num_examples, client_id)
+        final, _ = client_train(LocalState(own, own_state, tx.init(own)), ctx, train_x,
+                                train_y, batch, 0)
+        own, own_state = final.params, final.model_state
+      return global_sums, _client_sums(eval_fn, own, own_state, test_x, test_y, indices, mask)
+
+    def chunk_fn(params, model_state, rows, test_x, test_y, indices, mask, train_x, train_y,
+                 batch, num_examples, client_ids, personal):
+      per_client = lambda *a: one_client(params, model_state, *a, personal)
+      return jax.vmap(per_client, in_axes=(0, None, None, 0, 0, None, None, 0, 0, 0))(
+          rows, test_x, test_y, indices, mask, train_x, train_y, batch, num_examples,
+          client_ids)
+
+    self._chunk = jax.jit(chunk_fn, static_argnums=12)
+
+  def _finetune_batches(self, ids: np.ndarray, real: int, round_idx: int, personal: bool):
+    """The chunk's fine-tuning batches (local.ClientBatch [C, k, B]) and example counts."""
+    if not (self.finetunes and personal):
+      return None, np.zeros(len(ids), np.float32)
+    parts = [self.train_parts[i] for i in ids[:real]]
+    packed = fdata.pack_cohort(parts, list(ids[:real]), batch_size=self.batch_size,
+                               num_steps=self.finetune_steps, seed=self.seed,
+                               round_idx=round_idx, pad_clients_to=len(ids),
+                               pad_steps_to=self.finetune_steps,
+                               stream=seeding.FINETUNE_STREAM)
+    base = jax.random.fold_in(jax.random.PRNGKey(self.seed), seeding.FINETUNE_STREAM)
+    keys = jax.vmap(lambda c: jax.random.fold_in(jax.random.fold_in(base, round_idx), c))(
+        jnp.asarray(ids, jnp.uint32))
+    batch = local.ClientBatch(packed.indices.astype(np.int32),
+                              packed.example_mask.astype(np.float32),
+                              packed.step_mask.astype(np.float32), keys)
+    return batch, packed.num_examples.astype(np.float32)
+
+  def __call__(self, params, model_state, store=None, round_idx: int = 0,
+               personal: Optional[bool] = None) -> dict:
+    """{"global": ClientSums, "personal": ClientSums (when personal)} over all N clients.
+
+    store: the run's ClientStore of the algorithm's rows (None: no rows; personalize then
+      gets {}). personal: evaluate the personal models too (default: when there is one,
+      a personalize hook or fine-tuning).
+    """
+    personal = self.has_personal_model if personal is None else bool(personal)
+    outputs = {"global": [], "personal": []}
+    for start in range(0, self.num_clients, self.chunk):
+      real = min(self.chunk, self.num_clients - start)
+      ids = np.zeros(self.chunk, np.int64)
+      ids[:real] = np.arange(start, start + real)
+      # Padded slots evaluate client `start` again, masked out of the results below.
+      ids[real:] = start
+      indices = np.where(np.arange(self.chunk)[:, None] < real, self.indices[ids], 0)
+      mask = np.where(np.arange(self.chunk)[:, None] < real, self.mask[ids], 0.0)
+      batch, num_examples = self._finetune_batches(ids, real, round_idx, personal)
+      rows = store.gather(ids.astype(np.int32)) if (store is not None and personal) else {}
+      mapped = sharding.shard_clients(
+          (indices.astype(np.int32), mask.astype(np.float32), batch, num_examples,
+           ids.astype(np.int32)), self.mesh)
+      sums = self._chunk(params, model_state, rows, self.test_x, self.test_y, mapped[0],
+                         mapped[1], self.train_x, self.train_y, mapped[2], mapped[3],
+                         mapped[4], personal)
+      host = jax.device_get(sums)
+      outputs["global"].append([np.asarray(a, np.float64)[:real] for a in host[0]])
+      outputs["personal"].append([np.asarray(a, np.float64)[:real] for a in host[1]])
+    result = {"global": ClientSums(*(np.concatenate(a) for a in zip(*outputs["global"])))}
+    if personal:
+      result["personal"] = ClientSums(*(np.concatenate(a) for a in zip(*outputs["personal"])))
+    return result
+
+
+# ---- across-client statistics -------------------------------------------------------------
+STATISTICS = ("mean", "std", "p10", "worst", "weighted_mean", "weighted_std", "weighted_p10")
+MODELS = ("global", "personal")
+
+
+def metric_name(model: str, statistic: str) -> str:
+  """The record's name of one statistic: client_test_accuracy/{global,personal}/{statistic}.
+
+  "global" is the evaluated global model on every client's test part; "personal" each
+  client's own model (Algorithm.personalize, then fine-tuning), present only when the run
+  has one. `statistic` is one of STATISTICS (see `summarize`).
+  """
+  if model not in MODELS or statistic not in STATISTICS:
+    raise ValueError(f"metric_name({model!r}, {statistic!r}); accepted: a model of {MODELS} "
+                     f"and a statistic of {STATISTICS}")
+  return f"client_test_accuracy/{model}/{statistic}"
+
+
+def _weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+  """The smallest value whose cumulative weight reaches q of the total (lower quantile)."""
+  order = np.argsort(values, kind="stable")
+  cumulative = np.cumsum(weights[order])
+  return float(values[order][np.searchsorted(cumulative, q * cumulative[-1])])
+
+
+def summarize(sums: ClientSums) -> dict:
+  """Across-client statistics of the per-client accuracy, over clients with test data.
+
+  Unweighted (each client counts once): mean, std (population), p10 (the 10th percentile,
+  linear interpolation), worst (the lowest). Example-weighted (each client counts by its
+  scored test examples, tokens for next-token targets): weighted_mean (the accuracy of the
+  pooled test parts), weighted_std, weighted_p10 (the lowest accuracy whose clients and
+  those below it hold at least 10% of the test examples). nan when no client has any.
+  """
+  has = sums.count > 0
+  if not np.any(has):
+    return {name: float("nan") for name in STATISTICS}
+  acc, weight = sums.accuracy[has], sums.count[has]
+  weighted_mean = float(np.sum(sums.correct[has]) / np.sum(weight))
+  return {
+      "mean": float(acc.mean()), "std": float(acc.std()),
+      "p10": float(np.percentile(acc, 10)), "worst": float(acc.min()),
+      "weighted_mean": weighted_mean,
+      "weighted_std": float(np.sqrt(np.sum(weight * (acc - weighted_mean) ** 2) /
+                                    np.sum(weight))),
+      "weighted_p10": _weighted_quantile(acc, weight, 0.1),
+  }
