@@ -63,6 +63,7 @@ TRAFFIC = {
     "fedams": (2, 0, 2),
     "fedsam": (1, 0, 1), "mofedsam": (1, 0, 2), "fedsmoo": (2, 0, 2), "fedgamma": (2, 0, 2),
     "fedexp": (1, 1, 1),
+    "ditto": (1, 0, 1), "apfl": (1, 0, 1), "pfedme": (1, 0, 1), "perfedavg": (1, 0, 1),
 }
 QUANTIZED = {"fedpaq", "fedcom"}
 
