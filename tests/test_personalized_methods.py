@@ -95,7 +95,8 @@ def ref_fedavg(cohorts, steps=(K, K)):
 
 # ---- Ditto -------------------------------------------------------------------------------------
 def ref_ditto(lam, lr_p, cohorts, personal_steps=K, steps=(K, K)):
-  """Li et al. 2021, Algorithm 1: w by local SGD; v_k <- v_k - lr_p (grad F_k(v_k) + lam (v_k - w^t))."""
+  """Li et al. 2021, Algorithm 1: w by local SGD;
+  v_k <- v_k - lr_p (grad F_k(v_k) + lam (v_k - w^t))."""
   x, v = X0.copy(), [X0.copy(), X0.copy()]
   for ids in cohorts:
     finals = []

@@ -7,7 +7,7 @@ The global model w is trained exactly as FedAvg trains it: K local SGD steps fro
 downloaded w^t, the displacement uploaded, the server averaging (server_lr 1). Each
 participating client k also keeps a personal model v_k (its row; w^0 at start) and, on the
 same batches, takes steps on its personal objective
-  h_k(v; w^t) = F_k(v) + lam/2 ||v - w^t||^2                     (the paper's Eq. 2),
+  h_k(v; w^t) = F_k(v) + lam/2 ||v - w^t||^2                     (its personal objective),
   v_k <- v_k - personal_lr (grad F_k(v_k) + lam (v_k - w^t)),     (Algorithm 1's v-update)
 with w^t the global model the client downloaded this round. lam = 0 is local training alone,
 lam -> infinity FedAvg's model. v_k is written back to the row at the end of the round and is

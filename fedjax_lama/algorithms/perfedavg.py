@@ -4,7 +4,7 @@ A. Fallah, A. Mokhtari, A. Ozdaglar, "Personalized Federated Learning with Theor
 Guarantees: A Model-Agnostic Meta-Learning Approach", NeurIPS 2020 (arXiv 2002.07948),
 Algorithm 1.
 
-The objective is F(w) = mean_i f_i(w - alpha grad f_i(w)) (the paper's Eq. 3): the model
+The objective is F(w) = mean_i f_i(w - alpha grad f_i(w)): the model
 that one gradient step of size alpha on a client's own data turns into a good model for that
 client. Each local step of client i, on the step's batch D, takes
   w~ = w - alpha grad f_i(w; D)                              (the inner, personalizing step),
@@ -14,7 +14,7 @@ and the server averages the uploaded w_i - w^t (FedAvg). Variants:
 - "fo" (Per-FedAvg (FO)): the Hessian term dropped, g = grad f_i(w~; D) (2 gradients a step);
 - "hf" (Per-FedAvg (HF)): the Hessian-vector product H_i(w; D) grad f_i(w~; D) computed
   exactly, forward over reverse (jax.jvp of the gradient), where the paper approximates it by
-  the finite difference of two gradients at w +- delta grad f_i(w~) (its Eq. 9); the exact
+  the finite difference of two gradients at w +- delta grad f_i(w~); the exact
   product is that difference's limit delta -> 0.
 The paper draws D, D' and D'' (inner step, outer gradient, Hessian) independently; here all
 three are the step's one batch (config.batch_size): the meta-gradient estimate is then

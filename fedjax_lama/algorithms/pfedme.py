@@ -4,11 +4,11 @@ C. T. Dinh, N. H. Tran, T. D. Nguyen, "Personalized Federated Learning with More
 Envelopes", NeurIPS 2020 (arXiv 2006.08848), Algorithm 1.
 
 Client i minimises the Moreau envelope F_i(w) = min_theta f_i(theta) + lam/2 ||theta - w||^2
-(the paper's Eq. 2-3); its personalized model is the minimiser theta_i(w). In a round the
+(the paper's bi-level problem); its personalized model is the minimiser theta_i(w). In a round the
 client starts its local model w_i at the downloaded w^t, and at each local step, on one
 minibatch D:
   theta <- theta - personal_lr (grad f_i(theta; D) + lam (theta - w_i)),  inner_steps times
-          (the approximate solution theta~_i(w_i) of the inner problem, the paper's Eq. 7),
+          (the approximate solution theta~_i(w_i) of the inner problem),
   w_i   <- w_i - lr lam (w_i - theta)     (a step along grad F_i(w_i) = lam (w_i - theta~)).
 theta starts the round at w^t and carries over the round's steps (warm-started, as the
 authors' code does). The server sets w <- (1 - beta) w + beta mean_S w_i, i.e.

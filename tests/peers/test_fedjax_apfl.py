@@ -47,7 +47,8 @@ import optax  # pylint: disable=wrong-import-position
 
 from fedjax_lama import algorithms  # pylint: disable=wrong-import-position
 from fedjax_lama.engine import local as local_lib  # pylint: disable=wrong-import-position
-from fedjax_lama.engine import cohort as cohort_lib, sync_round  # pylint: disable=wrong-import-position
+# pylint: disable-next=wrong-import-position
+from fedjax_lama.engine import cohort as cohort_lib, sync_round
 from fedjax_lama.models import zoo  # pylint: disable=wrong-import-position
 
 pytestmark = pytest.mark.slow
