@@ -130,6 +130,17 @@ def test_ditto_at_lambda_zero_is_local_training_alone():
     np.testing.assert_allclose(_join(rows["v"])[i], alone, atol=ATOL)
 
 
+def test_ditto_serves_the_personal_model_and_the_global_one_before_a_client_took_part():
+  alg = algorithms.build("ditto", lam=0.7, personal_lr=0.05)
+  _, rows = engine(alg, ((1,),))
+  np.testing.assert_allclose(rows["seen"], [0.0, 1.0])
+  w = _split(np.array([5.0, 6.0]))
+  for i, want in ((0, [5.0, 6.0]), (1, _join(rows["v"])[1])):
+    params, _ = alg.personalize(w, {}, jax.tree.map(lambda a, i=i: a[i], rows))
+    np.testing.assert_allclose(_join(params), want)
+  assert not np.allclose(_join(rows["v"])[1], X0)
+
+
 def test_ditto_personal_steps_are_the_first_of_the_round():
   x, v = ref_ditto(0.7, 0.05, FULL, personal_steps=1)
   assert not np.allclose(v, ref_ditto(0.7, 0.05, FULL)[1])

@@ -11,7 +11,8 @@ same batches, takes steps on its personal objective
   v_k <- v_k - personal_lr (grad F_k(v_k) + lam (v_k - w^t)),     (Algorithm 1's v-update)
 with w^t the global model the client downloaded this round. lam = 0 is local training alone,
 lam -> infinity FedAvg's model. v_k is written back to the row at the end of the round and is
-the model Ditto serves client k (`personalize`); clients that take no part keep their row.
+the model Ditto serves client k (`personalize`); clients that take no part keep their row, and
+one that never took part is served the global model.
 
 Options:
 - lam: the pull toward the global model (the paper tunes it over {0.01, 0.1, 1, 2}).
@@ -86,14 +87,19 @@ def build(hp: Hparams, common: Common) -> Algorithm:
 
   def finish(final, ctx, info):
     uploads, _ = upload_delta(final, ctx, info)
-    return uploads, {"v": personal.held(final.opt_state).v}
+    return uploads, {"v": personal.held(final.opt_state).v,
+                     "seen": jnp.ones_like(ctx.row["seen"])}
 
   def personalize(eval_params, model_state, row):
-    del eval_params
-    return row["v"], model_state
+    seen = row["seen"] > 0
+    return jax.tree.map(lambda v, w: jnp.where(seen, v, w), row["v"], eval_params), \
+        model_state
+
+  def row_init(params):
+    return {"v": jax.tree.map(jnp.asarray, params), "seen": jnp.zeros((), jnp.float32)}
 
   return Algorithm(local=local, server_tx=server_sgd(common), grad=grad,
-                   row_init=lambda params: {"v": jax.tree.map(jnp.asarray, params)},
+                   row_init=row_init,
                    finish=finish, personalize=personalize,
                    layerwise="each client's row holds a whole personal model, trained beside "
                    "the global one")
