@@ -7,6 +7,8 @@ algorithms (not from the modules under test). The engine runs the same rounds th
 engine/sync_round.py; the parameters may be split into two arrays ("a" holds w[0], "b" w[1])
 so that APFL's one-alpha-per-array option has two arrays to tell apart.
 """
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -108,8 +110,10 @@ def ref_ditto(lam, lr_p, cohorts, personal_steps=K, steps=(K, K)):
   return x, np.stack(v)
 
 
-@pytest.mark.parametrize("cohorts", [FULL, PARTIAL], ids=["full", "partial"])
-@pytest.mark.parametrize("lam", [0.0, 0.7])
+@pytest.mark.parametrize("cohorts,lam", [
+    (PARTIAL, 0.0), (PARTIAL, 0.7), (FULL, 0.7),
+    pytest.param(FULL, 0.0, marks=pytest.mark.slow)], ids=["partial-0", "partial-0.7",
+                                                           "full-0.7", "full-0"])
 def test_ditto_matches_numpy(cohorts, lam):
   x, v = ref_ditto(lam, 0.05, cohorts, steps=(K, 1))
   server, rows = engine(algorithms.build("ditto", lam=lam, personal_lr=0.05), cohorts,
@@ -284,9 +288,16 @@ def _bits(tree):
   return [np.asarray(x).tobytes() for x in jax.tree_util.tree_leaves(tree)]
 
 
+@functools.lru_cache(maxsize=None)
+def _fedavg_round():
+  _, padded = contract._padded_variant()
+  return contract._engine_round(algorithms.build("fedavg", Common(local_momentum=0.9)),
+                                [padded, padded])
+
+
 @pytest.mark.parametrize("name,hparams", [
     ("ditto", {"lam": 0.5}),
-    ("ditto", {"lam": 0.0, "personal_steps": 1}),
+    pytest.param("ditto", {"lam": 0.0, "personal_steps": 1}, marks=pytest.mark.slow),
     ("apfl", {"alpha": 0.0, "adapt_alpha": False}),
 ])
 def test_global_model_is_fedavg_bit_for_bit(name, hparams):
@@ -294,7 +305,7 @@ def test_global_model_is_fedavg_bit_for_bit(name, hparams):
   padded clients, steps and examples)."""
   common = Common(local_momentum=0.9)
   _, padded = contract._padded_variant()
-  want_server, _ = contract._engine_round(algorithms.build("fedavg", common), [padded, padded])
+  want_server, _ = _fedavg_round()
   got_server, rows = contract._engine_round(algorithms.build(name, common, **hparams),
                                             [padded, padded])
   assert _bits((got_server.params, got_server.opt_state)) == _bits(
