@@ -44,6 +44,7 @@ HPARAMS = {
     "fedcm": {"alpha": 0.5},
     "fedadmm": {"rho": 0.1},
     "fednova": {"mu": 0.05},
+    "perfedavg": {"variant": "hf"},  # the Hessian-vector product under vmap, scan and sharding
 }
 COMMON = {"fedadam": {"server_lr": 0.03}, "fedyogi": {"server_lr": 0.03},
           "fedadagrad": {"server_lr": 0.03},
