@@ -355,3 +355,21 @@ def test_bad_hyper_parameters_are_named():
   config.apfl.personal_gradient = "both"
   with pytest.raises(ValueError, match=r"apfl\.personal_gradient"):
     registry.build_algorithm(config, num_clients=8)
+
+
+@pytest.mark.parametrize("name", contract._core_first(NAMES, core=("ditto",)))
+def test_personalize_vmaps_over_a_runs_store(placed, name):
+  """`personalize` over every row of a run's store at once (per-client evaluation's use): the
+  clients that trained get their own model, the others the evaluated global model."""
+  run = placed(name, False)
+  program = run["program"]
+  params, rows = run["straight"][0].params, run["straight"][1]
+  alg = registry.build_algorithm(contract.config_for(name), num_clients=8)
+  personal, _ = jax.vmap(alg.personalize, in_axes=(None, None, 0))(params, {}, rows)
+  sampled = np.asarray(run["sampled"])
+  never = np.setdiff1d(np.arange(program.store.num_clients), sampled)
+  assert len(never) and len(sampled)
+  for got, w in zip(jax.tree.leaves(personal), jax.tree.leaves(params)):
+    assert got.shape == (program.store.num_clients,) + w.shape
+    np.testing.assert_array_equal(got[never], np.broadcast_to(w, got[never].shape))
+    assert not np.allclose(got[sampled], np.broadcast_to(w, got[sampled].shape))
