@@ -44,6 +44,7 @@ HPARAMS = {
     "fedcm": {"alpha": 0.5},
     "fedadmm": {"rho": 0.1},
     "fednova": {"mu": 0.05},
+    "perfedavg": {"variant": "hf"},  # the Hessian-vector product under vmap, scan and sharding
 }
 COMMON = {"fedadam": {"server_lr": 0.03}, "fedyogi": {"server_lr": 0.03},
           "fedadagrad": {"server_lr": 0.03},
@@ -63,6 +64,7 @@ TRAFFIC = {
     "fedams": (2, 0, 2),
     "fedsam": (1, 0, 1), "mofedsam": (1, 0, 2), "fedsmoo": (2, 0, 2), "fedgamma": (2, 0, 2),
     "fedexp": (1, 1, 1),
+    "ditto": (1, 0, 1), "apfl": (1, 0, 1), "pfedme": (1, 0, 1), "perfedavg": (1, 0, 1),
 }
 QUANTIZED = {"fedpaq", "fedcom"}
 

@@ -74,3 +74,72 @@ def fed_avg_round(fedjax, model, params, model_state, x, y, indices, lr: float):
     return state.params
 
   return run
+
+
+def version() -> str:
+  """The installed FedJAX's version (its package has no __version__)."""
+  import importlib.metadata  # pylint: disable=g-import-not-at-top
+  return importlib.metadata.version("fedjax")
+
+
+class _NumpyWithOldClip:
+  """jax.numpy, with a `clip` that also takes the keywords a_min and a_max."""
+
+  def __getattr__(self, name):
+    return getattr(jax.numpy, name)
+
+  @staticmethod
+  def clip(x, a_min=None, a_max=None, **kwargs):
+    return jax.numpy.clip(x, kwargs.pop("min", a_min), kwargs.pop("max", a_max), **kwargs)
+
+
+def apfl_rounds(fedjax, model, params, batches, cohorts, lr: float, client_coefficient: float):
+  """FedJAX's `fedjax.algorithms.apfl` on our flax model: one record per round.
+
+  batches[c] is client c's list of (x, y) batches, one per local step, in order (one local
+  epoch, `skip_shuffle`); cohorts[r] the client ids of round r. Client SGD(lr) steps the
+  global model's copy, the local model and the mixing weights alike (FedJAX's one client
+  optimizer); server SGD(1.0) on the example-weighted mean of x - y. Each record holds the
+  server parameters and, for every client seen so far, its local model and its mixing
+  weights (one per parameter array).
+  """
+  def apply_for_train(p, b, rng=None):
+    rngs = {"dropout": rng} if rng is not None else {}
+    return model.apply({"params": p}, b["x"], train=True, rngs=rngs)
+
+  def apply_for_eval(p, b):
+    return model.apply({"params": p}, b["x"], train=False)
+
+  def train_loss(b, preds):
+    return optax.softmax_cross_entropy_with_integer_labels(preds, b["y"])
+
+  # fedjax/algorithms/__init__.py does not import its apfl module.
+  from fedjax.algorithms import apfl  # pylint: disable=g-import-not-at-top
+  # The one shim its APFL needs on current JAX: it clips the mixing weights with
+  # jnp.clip(a_min=0, a_max=1), keywords JAX renamed min and max (and then removed); the
+  # module's `jnp` becomes jax.numpy with a clip that takes the old keywords.
+  apfl.jnp = _NumpyWithOldClip()
+  fmodel = fedjax.Model(init=lambda rng: params, apply_for_train=apply_for_train,
+                        apply_for_eval=apply_for_eval, train_loss=train_loss, eval_metrics={})
+  batch_size = int(np.shape(batches[0][0][0])[0])
+  algorithm = apfl.adaptive_personalized_federated_learning(
+      grad_fn=fedjax.model_grad(fmodel), client_optimizer=fedjax.optimizers.sgd(lr),
+      server_optimizer=fedjax.optimizers.sgd(1.0),
+      client_batch_hparams=fedjax.ShuffleRepeatBatchHParams(
+          batch_size=batch_size, num_epochs=1, skip_shuffle=True, drop_remainder=True),
+      client_coefficient=client_coefficient)
+  datasets = [fedjax.ClientDataset({"x": np.concatenate([np.asarray(x) for x, _ in client]),
+                                    "y": np.concatenate([np.asarray(y) for _, y in client])})
+              for client in batches]
+  rngs = jax.random.split(jax.random.PRNGKey(0), len(batches))
+  state = algorithm.init(params)
+  history = []
+  for ids in cohorts:
+    state, _ = algorithm.apply(state, [(str(c).encode(), datasets[c], rngs[c]) for c in ids])
+    history.append({
+        "params": jax.tree_util.tree_map(np.asarray, state.params),
+        "clients": {int(cid.decode()): (
+            jax.tree_util.tree_map(np.asarray, s.params),
+            jax.tree_util.tree_map(np.asarray, s.interpolation_coefficients))
+                    for cid, s in state.client_states.items()}})
+  return history
