@@ -108,8 +108,11 @@ class FedBNHparams:
 
 # ---- which leaves are personal --------------------------------------------------------------
 def layer_names(params: PyTree) -> tuple:
-  """The model's layers as FedLAMA names them at module granularity."""
-  return layer_units.layer_spec(params, "module").names
+  """The model's layers as FedLAMA names them at module granularity (a tensor at the root
+  of params by its own name)."""
+  names = layer_units.layer_spec(params, "module").names
+  roots = [path[0] for path in leaf_paths(params) if len(path) == 1]
+  return tuple(n for n in names if n) + tuple(roots)
 
 
 def classifier_head(params: PyTree, field: str) -> tuple:
