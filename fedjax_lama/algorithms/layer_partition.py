@@ -12,13 +12,13 @@ shared layers travel: floats up and down per client are d minus the personal lay
 - FedPer: M. G. Arivazhagan, V. Aggarwal, A. K. Singh, S. Choudhary, "Federated Learning
   with Personalization Layers", arXiv 1912.00818 (2019). Base layers shared, the
   personalization layers (the classifier head by default) personal; every local step
-  trains all layers jointly (their Algorithm 1).
+  trains all layers jointly.
 - FedRep: L. Collins, H. Hassani, A. Mokhtari, S. Shakkottai, "Exploiting Shared
   Representations for Personalized Federated Learning", ICML 2021. The representation
-  (body) shared, the head personal; a client first updates its head with the body fixed,
-  then its body with the head fixed (their Algorithm 1, the head and body updates of
-  Eq. 2 and 3). Here the round's local steps are split: the first `head_steps` real steps
-  move the head only, the rest the body only.
+  (body) shared, the head personal; a client first updates its head with the body fixed
+  (many local updates), then its body with the head fixed (their Algorithm 1). Here the
+  round's local steps are split: the first `head_steps` real steps move the head only,
+  the rest the body only.
 - LG-FedAvg: P. P. Liang, T. Liu, L. Ziyin, N. B. Allen, R. P. Auerbach, D. Brent,
   R. Salakhutdinov, L.-P. Morency, "Think Locally, Act Globally: Federated Learning with
   Local and Global Representations", arXiv 2001.01523 (2020). The lower layers (local
@@ -88,7 +88,10 @@ class PersonalHparams:
 @dataclasses.dataclass(frozen=True)
 class FedRepHparams:
   personal_layers: str = DEFAULT   # the head; "" the model's classifier head
-  head_steps: int = 10             # the first head_steps local steps train the head only
+  # The first head_steps real local steps of a round train the head only, the rest the
+  # body only (5: half of the default 10 local steps; the paper gives the head the larger
+  # share of the local work).
+  head_steps: int = 5
 
   def __post_init__(self):
     _check_names("personal_layers", self.personal_layers)
