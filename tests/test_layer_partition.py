@@ -274,13 +274,43 @@ def test_values_of_the_wrong_type_are_refused(name, field, value):
     algorithms.build(name, **{field: value})
 
 
-@pytest.mark.parametrize("name", ["fedper", "fedrep", "lg_fedavg", "fedbn"])
-def test_the_fedlama_schedule_is_refused(name):
+def test_fedbn_under_the_fedlama_schedule_is_refused():
   c = config_lib.base_config()
-  c.algorithm, c.schedule = name, "fedlama"
-  with pytest.raises(ConfigError, match=rf"config\.schedule='fedlama' cannot run "
-                     rf"config\.algorithm='{name}': its personal layers never synchronise"):
+  c.algorithm, c.schedule = "fedbn", "fedlama"
+  with pytest.raises(ConfigError, match=r"config\.schedule='fedlama' cannot run "
+                     r"config\.algorithm='fedbn': its normalization statistics stay on the "
+                     r"clients"):
     config_lib.validate(c)
+
+
+def test_fedlama_needs_one_cohort_per_window_for_a_personal_start():
+  c = helpers.tiny_config(algorithm="fedper", schedule="fedlama", active_ratio=0.25)
+  c.fedper.personal_layers = "none"  # no rows at all: the start alone needs the window's cohort
+  c.fedlama.client_sampling = "round"
+  with pytest.raises(ConfigError, match=r"fedlama\.client_sampling='round'.*fedper"):
+    helpers.build(c, sharding.client_mesh(jax.devices()[:1]))
+
+
+def test_fedlama_over_fedper_never_synchronises_the_head():
+  """phi = 2: the body's layers follow FedLAMA's intervals, the head never leaves a client
+  (no synchronisation, no traffic) and each client's head is in its row."""
+  c = helpers.tiny_config(algorithm="fedper", schedule="fedlama", active_ratio=0.25, rounds=3)
+  c.fedlama.total_steps = 3 * c.fedlama.phi * c.fedlama.base_interval
+  program = helpers.build(c, sharding.client_mesh(jax.devices()[:1]))
+  state, outs = helpers.run(program)
+  names = list(program.spec.names)
+  head = [names.index("Dense_1/bias"), names.index("Dense_1/kernel")]
+  counts = np.asarray(state["fedlama"].sync_counts)
+  assert np.all(counts[head] == 0) and np.all(np.delete(counts, head) > 0)
+  for out in outs:
+    assert np.all(out.floats_up_per_layer[head] == 0)
+    assert np.all(out.floats_down_per_layer[head] == 0)
+    assert np.all(np.delete(out.floats_up_per_layer, head) > 0)
+  server = state["fedlama"].server
+  assert _bits(server.params["Dense_1"]) == _bits(program.params["Dense_1"])
+  heads = program.store.to_numpy()["params"]["Dense_1"]["kernel"]
+  sampled = sorted({int(i) for r in range(3) for i in program.opts.sampler.sample(r)})
+  assert len({heads[i].tobytes() for i in sampled}) == len(sampled)  # each its own head
 
 
 # ---- runs with a batch-normalized model: resume and chunking ---------------------------------

@@ -60,8 +60,9 @@ DEFAULT, NONE = "", "none"
 # FedBN's normalization layers: flax modules whose name starts with one of these.
 BATCH_NORM = "BatchNorm"
 _DENSE = re.compile(r"^Dense_(\d+)$")
-_NOT_LAYERWISE = ("its personal layers never synchronise and its rows are not shaped like "
-                  "the model; run it with config.schedule='none'")
+_FEDBN_NOT_LAYERWISE = ("its normalization statistics stay on the clients, which the schedule "
+                        "keeps per slot and averages (config.fedlama.bn_stats_sync); run it "
+                        "with config.schedule='none'")
 
 
 def _names(value: str) -> tuple:
@@ -287,7 +288,8 @@ def partition(common: Common, personal, *, personal_stats: bool = False,
 
   return Algorithm(local=local if local is not None else local_optimizer(common),
                    server_tx=server_sgd(common), row_init=row_init, start=start, finish=finish,
-                   personalize=personalize, exchanged=exchanged, layerwise=_NOT_LAYERWISE)
+                   personalize=personalize, exchanged=exchanged,
+                   layerwise=_FEDBN_NOT_LAYERWISE if personal_stats else True)
 
 
 def take_like(tree: PyTree, part: PyTree) -> dict:
