@@ -36,6 +36,11 @@ model's top-level Dense module with the highest index: flax numbers modules of o
 in call order, so that is the last dense layer applied, the classifier of every model of
 the zoo (fedjax_lama/models/).
 
+Under FedLAMA (config.schedule="fedlama") FedPer, FedRep and LG-FedAvg synchronise their
+shared layers on the schedule's intervals and never their personal ones
+(fedjax_lama/fedlama/schedule.py); FedBN's local statistics do not compose with the
+schedule's per-slot statistics and it is refused there.
+
 The server's copies of the personal layers are never updated (the uploads are zero
 there): the global model's evaluation uses them as initialised, and only the personalized
 evaluation (each client's own layers) measures these methods.

@@ -20,6 +20,10 @@ reference code keeps one optimizer per worker. The base algorithm sees, per leaf
 steps and the effective step (ClientInfo) since that leaf's last synchronisation, and
 its anchor is the leaf's last synchronised value (the server's params). This needs an
 algorithm whose uploads, rows and server state are per leaf (`Algorithm.layerwise`).
+An algorithm with personal layers (`Algorithm.exchanged`: FedPer, FedRep, LG-FedAvg) has its
+window's clients start from their own layers (`Algorithm.start`), never synchronises or
+counts the personal leaves, takes its rows (the personal layers) whole at every sub-round,
+and selects intervals over the shared layers alone.
 
 Equivalences (tests): phi = 1 is the base algorithm at tau' (with local momentum too,
 under "reset"); fixed multipliers phi for every layer is the base algorithm at phi tau'
