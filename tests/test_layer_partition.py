@@ -391,3 +391,22 @@ def test_personal_rows_resume_exactly_on_a_host_store(tmp_path, name):
   program = _program(name, **{"engine.client_state_on_host": True})
   straight, resumed = _straight_and_resumed(program, tmp_path)
   assert _bits(resumed) == _bits(straight)
+
+
+def test_fedlama_counts_the_shared_tensors_of_a_partly_personal_module():
+  """Module granularity, the head's kernel personal and its bias shared: the module is never
+  relaxed, its bias synchronises and is counted, its kernel never."""
+  c = helpers.tiny_config(algorithm="fedper", schedule="fedlama", active_ratio=0.25, rounds=2)
+  c.fedper.personal_layers = "Dense_1/kernel"
+  c.fedlama.layer_granularity = "module"
+  c.fedlama.total_steps = 2 * c.fedlama.phi * c.fedlama.base_interval
+  program = helpers.build(c, sharding.client_mesh(jax.devices()[:1]))
+  state, outs = helpers.run(program)
+  assert list(program.spec.names) == ["Dense_0", "Dense_1"]
+  assert np.all(np.asarray(state["fedlama"].sync_counts) > 0)
+  leaves = ["Dense_0/bias", "Dense_0/kernel", "Dense_1/bias", "Dense_1/kernel"]
+  for out in outs:
+    per_leaf = dict(zip(leaves, out.floats_up_per_layer))
+    assert per_leaf["Dense_1/kernel"] == 0 and per_leaf["Dense_1/bias"] > 0
+  heads = program.store.to_numpy()["params"]["Dense_1"]
+  assert set(heads) == {"kernel"}

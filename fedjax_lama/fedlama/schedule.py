@@ -141,7 +141,11 @@ class FedLamaProgram(ProgramBase):
     self.shared_leaf = traffic_lib.exchanged_leaves(algorithm, params)
     shared_layer = np.ones(self.spec.num_layers, bool)
     np.logical_and.at(shared_layer, self.spec.leaf_to_layer, self.shared_leaf)
-    self.shared_layer = shared_layer
+    self.shared_layer = shared_layer  # every leaf shared: the selection may relax it
+    # Some leaf shared: its synchronisations move floats (a module with a personal tensor
+    # synchronises its shared ones at the base interval).
+    self.synced_layer = np.zeros(self.spec.num_layers, bool)
+    np.logical_or.at(self.synced_layer, self.spec.leaf_to_layer, self.shared_leaf)
     self.whole_rows = algorithm.exchanged is not None
     # The run's aggregation stage, per synchronised layer set (RoundAggregation.on_clients).
     self.aggregation = aggregation.RoundAggregation(algorithm, opts.aggregator, seed=opts.seed,
@@ -302,7 +306,7 @@ class FedLamaProgram(ProgramBase):
         rows = new_rows
       else:
         rows = leafwise.select_leafwise(sync_leaf, new_rows, rows, self.params_def)
-      counts = counts + (sync & self.shared_layer).astype(jnp.int32)
+      counts = counts + (sync & self.synced_layer).astype(jnp.int32)
       params = jax.tree.map(lambda m, u, x: jnp.where(m, u[None], x), sync_leaf,
                                       server.params, slots.params)
       slots = slots._replace(params=params)
