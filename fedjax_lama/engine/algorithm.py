@@ -29,9 +29,9 @@ Conventions:
   = their sizes; all-scalar uploads are 32 bits each and are never compressed),
   every name in `downloads` travels down. `exchanged` narrows the params-shaped ones to
   the leaves that travel (the personalization methods' shared layers): the other leaves
-  of a params-shaped upload must be zeros, and `start` must not read their downloads. `aggregate`s are computed from the
-  decoded uploads and `ClientInfo`, which the server knows without
-  transmission (step counts, learning rates, example counts, ids).
+  of a params-shaped upload must be zeros, and `start` must not read their downloads.
+  `aggregate`s are computed from the decoded uploads and `ClientInfo`, which the server
+  knows without transmission (step counts, learning rates, example counts, ids).
 - Aggregation: `aggregate` declares each aggregate's reduction as an engine/stages.py
   stage (MEAN with the run's weights p_i, examples or uniform: Aggregates.weighting; SUM
   over the participants); undeclared uploads are averaged under their own names. A
