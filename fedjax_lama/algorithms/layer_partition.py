@@ -208,7 +208,8 @@ def batch_norm_stats(params: PyTree, mask: np.ndarray) -> dict:
   (mean 0, var 1, shaped like the module's scale or bias): a row is built from params."""
   stats = {}
   for path, leaf, keep in zip(leaf_paths(params), jax.tree_util.tree_leaves(params), mask):
-    if keep and len(path) >= 2 and path[-2].startswith(BATCH_NORM) and path[-1] in ("scale", "bias"):
+    in_batch_norm = len(path) >= 2 and path[-2].startswith(BATCH_NORM)
+    if keep and in_batch_norm and path[-1] in ("scale", "bias"):
       node = stats
       for key in path[:-1]:
         node = node.setdefault(key, {})
