@@ -283,6 +283,14 @@ def test_fedbn_under_the_fedlama_schedule_is_refused():
     config_lib.validate(c)
 
 
+def test_fedrep_refuses_a_carried_local_optimizer_state():
+  c = config_lib.base_config()
+  c.algorithm, c.schedule, c.local_optimizer_state = "fedrep", "fedlama", "carry"
+  with pytest.raises(ConfigError, match=r"config\.local_optimizer_state='carry' is not "
+                     r"accepted with config\.algorithm='fedrep'"):
+    config_lib.validate(c)
+
+
 def test_fedlama_needs_one_cohort_per_window_for_a_personal_start():
   c = helpers.tiny_config(algorithm="fedper", schedule="fedlama", active_ratio=0.25)
   c.fedper.personal_layers = "none"  # no rows at all: the start alone needs the window's cohort
