@@ -20,7 +20,8 @@ loop drives them (round_timing.py), on FedAT's CNN with Fashion-MNIST-shaped syn
 
 f, the Byzantine clients each rule must tolerate, is Bulyan's largest, floor((C - 3) / 4), for
 every rule (7 at 32 clients, 63 at 256): it satisfies every rule's precondition (Krum
-C > 2f + 2, Bulyan C >= 4f + 3, the medians C > 2f), and Krum's and Bulyan's work grows with it.
+C > 2f + 2, Bulyan C >= 4f + 3, the medians C > 2f). f enters the work only through Bulyan's
+C - 2f Krum picks (a loop of that many scorings of the C x C distances).
 
 Timings: one warm-up round per arm, then --repeats rounds interleaved; the best round counts.
 Ratios: `<defence>/mean`, the round with the defence over the round with the plain mean; and
@@ -28,10 +29,11 @@ Ratios: `<defence>/mean`, the round with the defence over the round with the pla
 the model, mask and uniform weights, the mean of enough calls to last 0.2 s) over its round.
 
 Memory: the stack's size C x d x 4 bytes, and XLA's memory analysis of each arm's compiled
-training call and server update (arguments + outputs not aliased + scratch = `peak`, per
-device where the cohort is split over several), which every backend that compiles reports; on
-accelerators the process's peak device memory (`memory_stats()`, over the whole run). The last
-line is JSON.
+training call and server update, per device where the cohort is split over several: what the
+call allocates (outputs not aliased to its arguments, and scratch: `allocated`) and that with
+its arguments, the replicated training data among them (`peak`); every backend that
+compiles reports it. On accelerators also the process's peak device memory (`memory_stats()`,
+over the whole run so far). The last line is JSON.
 """
 import json
 import math
@@ -175,8 +177,11 @@ def run(model="fedat_cnn", clients=(32, 256), steps=(10,), batch=32, defences=DE
           "machine": round_timing.machine(), "cohorts": rows}
 
 
-def _peak(memory) -> str:
-  return round_timing.mib(None if not memory else memory["peak"])
+def _memory(memory) -> str:
+  if not memory:
+    return "n/a"
+  return (f"{round_timing.mib(memory['allocated'])} allocated "
+          f"(peak {round_timing.mib(memory['peak'])} with its arguments)")
 
 
 def report(r: dict) -> str:
@@ -199,8 +204,8 @@ def report(r: dict) -> str:
     lines.append(f"  memory: the stacked uploads C x d x 4 B = {round_timing.mib(row['stack_bytes'])}")
     for name, m in row["memory"].items():
       chunk = f" ({row['chunk']} clients a chunk)" if name == "mean_chunked" else ""
-      lines.append(f"  memory {name:18s} training call {_peak(m['training_call'])}, server "
-                   f"update {_peak(m['server_update'])} (XLA's compiled peak){chunk}")
+      lines.append(f"  memory {name:18s} training call {_memory(m['training_call'])}, server "
+                   f"update {_memory(m['server_update'])}{chunk}")
     if row["device_peak_bytes"] is not None:
       lines.append(f"  device peak over the process so far: "
                    f"{round_timing.mib(row['device_peak_bytes'])}")

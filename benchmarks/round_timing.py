@@ -61,9 +61,10 @@ def _memory(jitted, args) -> Optional[dict]:
   fields = ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
             "alias_size_in_bytes", "generated_code_size_in_bytes")
   out = {f[:-len("_in_bytes")]: int(getattr(analysis, f, 0) or 0) for f in fields}
-  # What the executable holds at once: its arguments, outputs not aliased to them, and its
-  # scratch buffers.
-  out["peak"] = out["argument_size"] + out["output_size"] - out["alias_size"] + out["temp_size"]
+  # What the executable allocates (outputs not aliased to its arguments, and its scratch
+  # buffers), and what it holds at once with its arguments (the training data among them).
+  out["allocated"] = out["output_size"] - out["alias_size"] + out["temp_size"]
+  out["peak"] = out["argument_size"] + out["allocated"]
   return out
 
 
