@@ -15,6 +15,7 @@ import pytest
 from fedjax_lama import algorithms, registry
 from fedjax_lama.algorithms import Common, hypcluster
 from fedjax_lama.engine import cohort as cohort_lib, local, sync_round
+from fedjax_lama.run import spec as spec_lib
 from fedjax_lama.engine.algorithm import Algorithm, ClientContext, LocalState
 from tests import test_algorithm_contract as contract
 from tests.test_algorithm_reference import A, B, ETA, K, N, grad
@@ -146,3 +147,13 @@ def test_refusals_are_named():
   config.hypcluster.num_clusters = 0
   with pytest.raises(ValueError, match=r"hypcluster\.num_clusters"):
     registry.build_algorithm(config, num_clients=8)
+
+
+def test_robust_defences_are_refused():
+  """A defence would replace one cluster's masked mean by a reducer over the whole cohort.
+  (DP's refusal, for the upload c_i, is tests/test_privacy_contract.py's.)"""
+  config = contract.config_for("hypcluster")
+  config.robust.defence = "median"
+  with pytest.raises(ValueError, match=r"config\.robust\.defence='median' is not accepted with "
+                     r"config\.algorithm='hypcluster'"):
+    spec_lib.build_spec(config)
