@@ -12,12 +12,13 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_lama import algorithms, registry
+from fedjax_lama import algorithms, registry, training
 from fedjax_lama.algorithms import Common, hypcluster
-from fedjax_lama.engine import cohort as cohort_lib, local, sync_round
+from fedjax_lama.engine import (client_store, cohort as cohort_lib, local, personal_eval,
+                                sharding, sync_round)
 from fedjax_lama.run import spec as spec_lib
 from fedjax_lama.engine.algorithm import Algorithm, ClientContext, LocalState
-from tests import test_algorithm_contract as contract
+from tests import test_algorithm_contract as contract, test_personal_eval
 from tests.test_algorithm_reference import A, B, ETA, K, N, grad
 from tests.test_personalized_methods import (ATOL, FULL, PARTIAL, X0, _bits, _fedavg_round,
                                              _join, _split, split_loss)
@@ -157,3 +158,51 @@ def test_robust_defences_are_refused():
   with pytest.raises(ValueError, match=r"config\.robust\.defence='median' is not accepted with "
                      r"config\.algorithm='hypcluster'"):
     spec_lib.build_spec(config)
+
+
+def test_per_client_evaluation_serves_each_client_its_last_cluster():
+  """personalize gets the k models through Algorithm.served: a client that chose cluster j
+  in its last round is evaluated on x_j's current model, one that never took part on x_1."""
+  alg = algorithms.build("hypcluster", num_clusters=3, init_scale=1.0)
+  params = {"w": jnp.asarray([0.5, -1.0], jnp.float32)}
+  server = alg.init_server(params, {})
+  clusters = alg.served(server)
+
+  def eval_fn(p, model_state, x, y, mask):
+    del model_state
+    r = x @ p["w"] - y
+    return jnp.sum(mask * r * r), (jnp.abs(r) < 0.5).astype(jnp.float32)
+
+  rng = np.random.default_rng(0)
+  test_x = rng.normal(size=(9, 2)).astype(np.float32)
+  test_y = rng.integers(-2, 3, size=9).astype(np.int32)  # labels: the evaluator takes ints
+  parts = [np.array([0, 1, 2]), np.array([3, 4, 5]), np.array([6, 7, 8])]
+  evaluator = personal_eval.PersonalEvaluator(
+      eval_fn, sharding.client_mesh(jax.devices()[:1]), test_x=test_x, test_y=test_y,
+      test_parts=parts, clients_per_chunk=3, personalize=alg.personalize)
+  rows = {"cluster": np.array([-1.0, 2.0, 1.0], np.float32)}
+  store = client_store.ClientStore.create(alg.row_init(params), 3,
+                                          sharding.client_mesh(jax.devices()[:1]))
+  store.scatter(np.arange(3, dtype=np.int32), np.ones(3, np.float32), rows)
+  sums = evaluator(server.params, {}, store, served=clusters)
+  for i, j in enumerate((0, 2, 1)):
+    model = jax.tree.map(lambda s, j=j: s[j], clusters)
+    want, _ = eval_fn(model, {}, test_x[parts[i]], test_y[parts[i]], np.ones(3, np.float32))
+    np.testing.assert_allclose(sums["personal"].loss_sum[i], float(want), rtol=1e-6)
+  # The clusters are different models, so serving another would show.
+  assert len(set(np.round(sums["personal"].loss_sum, 5))) == 3
+  np.testing.assert_allclose(sums["global"].loss_sum[0], sums["personal"].loss_sum[0])
+
+
+@pytest.mark.slow
+def test_a_run_records_the_clients_cluster_models(tmp_path):
+  """Through train_and_evaluate: the personal metrics are the served clusters' (the program
+  hands the k models to the evaluator)."""
+  config = test_personal_eval._tiny(algorithm="hypcluster", rounds=2)
+  config.hypcluster.num_clusters = 3
+  config.hypcluster.init_scale = 0.05  # close: the clients split over them
+  summary = training.train_and_evaluate(config, str(tmp_path))
+  for stat in personal_eval.STATISTICS:
+    assert personal_eval.metric_name("personal", stat) in summary
+  assert summary[personal_eval.metric_name("personal", "mean")] != summary[
+      personal_eval.metric_name("global", "mean")]

@@ -28,9 +28,10 @@ from the model's initializer, `random_init`, or by k-means++ over trained client
 that start equal would all tie and every client would choose x_1).
 
 The per-client choice is kept in each client's row ("cluster", -1 before its first round).
-The run evaluates x_1 as its global model; per-client evaluation serves every client x_1 too
-(no `personalize`: serving each client its cluster needs the k models at evaluation, which
-the evaluator does not receive). The clusters share the server's normalisation
+The run evaluates x_1 as its global model. Per-client evaluation serves each client the
+current model of the cluster it chose in its last round (`personalize`, handed the k models
+by `Algorithm.served`), x_1 before its first round; FedJAX instead chooses again at
+evaluation, by the loss on the client's own data. The clusters share the server's normalisation
 statistics (one set, averaged over every client as FedAvg averages it).
 
 Traffic: k models down, one model and one 32-bit scalar (c_i) up.
@@ -168,9 +169,19 @@ def build(hp: Hparams, common: Common) -> Algorithm:
     del params
     return {"cluster": jnp.full((), -1.0, jnp.float32)}
 
+  def served(server):
+    return stacked(server.params, server.extra[OTHERS])
+
+  def personalize(eval_params, model_state, row, clusters):
+    # The client's last choice (x_1, the evaluated model, before its first round).
+    del eval_params
+    choice = jnp.maximum(row["cluster"], 0).astype(jnp.int32)
+    return jax.tree.map(lambda s: s[choice], clusters), model_state
+
   return Algorithm(local=local, server_tx=server_tx, select=select, finish=finish,
                    aggregate=aggregate, server_init=server_init, server_update=server_update,
-                   downloads=("params", OTHERS), row_init=row_init,
+                   downloads=("params", OTHERS), row_init=row_init, served=served,
+                   personalize=personalize,
                    layerwise="its k cluster models are chosen whole, per client")
 
 

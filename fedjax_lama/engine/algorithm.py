@@ -158,8 +158,9 @@ ServerUpdate = Callable[[ServerState, Aggregates], ServerState]
 Report = Callable[[ServerState], tuple[PyTree, Mapping[str, jax.Array]]]
 # (the evaluated params, model_state, one client's row) -> (that client's personal params,
 # model_state): the model a personalized method serves the client (FedPer's shared body
-# with the client's own head, Ditto's personal model, APFL's mixture).
-Personalize = Callable[[PyTree, PyTree, PyTree], tuple[PyTree, PyTree]]
+# with the client's own head, Ditto's personal model, APFL's mixture). An algorithm with
+# `served` gets a fourth argument, served(server) (HypCluster's k cluster models).
+Personalize = Callable[..., tuple[PyTree, PyTree]]
 # (ctx, the server's model_state) -> (params, model_state) the client's local training
 # starts from: FedPer's downloaded body with the client's own head from its row, FedBN's
 # own normalisation layers and statistics.
@@ -301,6 +302,9 @@ class Algorithm:
   # A choice on the client's first local batch, after `start` and before the first step
   # (see `Select`); None: the started state as it is.
   select: Optional[Select] = None
+  # server -> what per-client evaluation hands `personalize` as its fourth argument, beside
+  # the evaluated params (HypCluster: the k cluster models); None: personalize takes three.
+  served: Optional[Callable[[ServerState], PyTree]] = None
 
   def __post_init__(self):
     if "params" not in self.downloads:
