@@ -8,6 +8,7 @@ and device memory is flat in the number of clients (it grows with C, never with 
     for each client i of the chunk (vmapped):
       global_i   = metrics of the evaluated model x on client i's test part
       w_i, s_i   = algorithm.personalize(x, model_state, row_i)      (or x, model_state)
+                   (with a fourth argument, Algorithm.served(server), when it has one)
       w_i, s_i   = k steps of local SGD from w_i on client i's training part (fine-tuning)
       personal_i = metrics of w_i on client i's test part
 
