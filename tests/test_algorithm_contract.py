@@ -65,6 +65,8 @@ TRAFFIC = {
     "fedsam": (1, 0, 1), "mofedsam": (1, 0, 2), "fedsmoo": (2, 0, 2), "fedgamma": (2, 0, 2),
     "fedexp": (1, 1, 1),
     "ditto": (1, 0, 1), "apfl": (1, 0, 1), "pfedme": (1, 0, 1), "perfedavg": (1, 0, 1),
+    # k = 2 cluster models down; the delta and the chosen cluster's index up.
+    "hypcluster": (1, 1, 2),
 }
 QUANTIZED = {"fedpaq", "fedcom"}
 

@@ -51,6 +51,7 @@ DP_REFUSED = {
     "fedgamma": "uploads 'dc' besides the model delta",
     "fedlamb": "uploads 'v' besides the model delta",
     "fednova": "uploads 'a' besides the model delta",
+    "hypcluster": "uploads 'cluster' besides the model delta",
     "fedsmoo": "uploads 'z' besides the model delta",
     "fedspeed": "uploads 'x_hat_delta' and no model delta",  # its default "active" average
     "mofedsam": "reads 'D'",

@@ -143,3 +143,47 @@ def apfl_rounds(fedjax, model, params, batches, cohorts, lr: float, client_coeff
             jax.tree_util.tree_map(np.asarray, s.interpolation_coefficients))
                     for cid, s in state.client_states.items()}})
   return history
+
+
+def hyp_cluster_rounds(fedjax, model, cluster_params, batches, cohorts, lr: float,
+                       num_epochs: int = 1):
+  """FedJAX's `fedjax.algorithms.hyp_cluster` on our flax model: one record per round.
+
+  cluster_params: the k initial cluster models (a list). batches[c] is client c's list of
+  (x, y) batches in order; each client trains `num_epochs` passes over them (`skip_shuffle`),
+  and FedJAX's maximization step averages the loss over all of the client's examples (one
+  padded batch holding them all). Client SGD(lr), server SGD(1.0) on each cluster's
+  example-weighted mean of x - y. Each record holds the cluster models and the cluster each
+  client of the round chose.
+  """
+  def apply_for_train(p, b, rng=None):
+    rngs = {"dropout": rng} if rng is not None else {}
+    return model.apply({"params": p}, b["x"], train=True, rngs=rngs)
+
+  def per_example_loss(params, batch, rng):
+    return optax.softmax_cross_entropy_with_integer_labels(apply_for_train(params, batch, rng),
+                                                           batch["y"])
+
+  from fedjax.algorithms import hyp_cluster  # pylint: disable=g-import-not-at-top
+  batch_size = int(np.shape(batches[0][0][0])[0])
+  largest = max(sum(int(np.shape(x)[0]) for x, _ in client) for client in batches)
+  algorithm = hyp_cluster.hyp_cluster(
+      per_example_loss=per_example_loss, client_optimizer=fedjax.optimizers.sgd(lr),
+      server_optimizer=fedjax.optimizers.sgd(1.0),
+      maximization_batch_hparams=fedjax.PaddedBatchHParams(batch_size=largest),
+      expectation_batch_hparams=fedjax.ShuffleRepeatBatchHParams(
+          batch_size=batch_size, num_epochs=num_epochs, skip_shuffle=True,
+          drop_remainder=True))
+  datasets = [fedjax.ClientDataset({"x": np.concatenate([np.asarray(x) for x, _ in client]),
+                                    "y": np.concatenate([np.asarray(y) for _, y in client])})
+              for client in batches]
+  rngs = jax.random.split(jax.random.PRNGKey(0), len(batches))
+  state = algorithm.init(list(cluster_params))
+  history = []
+  for ids in cohorts:
+    state, diagnostics = algorithm.apply(
+        state, [(str(c).encode(), datasets[c], rngs[c]) for c in ids])
+    history.append({
+        "clusters": [jax.tree_util.tree_map(np.asarray, p) for p in state.cluster_params],
+        "chosen": {int(cid.decode()): int(d["cluster_id"]) for cid, d in diagnostics.items()}})
+  return history

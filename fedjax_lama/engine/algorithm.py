@@ -11,6 +11,7 @@ One synchronous round, and which function the engine calls where:
     ctx     = ClientContext(shared, row, num_examples, client_id)
     params, stats = start(ctx, server stats)       default: (shared["params"], server stats)
     state   = LocalState(params, stats, local.init_state(ctx))
+    state   = select(state, ctx, loss on the first batch)  default: state (HypCluster's choice)
     for each local step k (a lax.scan, vmapped over clients):
       (loss, aux), g, opt = grad(value_and_grad_at_this_batch, params, ctx, opt)
       g = correct(g, params, ctx)                                proximal pull, control variates
@@ -157,12 +158,18 @@ ServerUpdate = Callable[[ServerState, Aggregates], ServerState]
 Report = Callable[[ServerState], tuple[PyTree, Mapping[str, jax.Array]]]
 # (the evaluated params, model_state, one client's row) -> (that client's personal params,
 # model_state): the model a personalized method serves the client (FedPer's shared body
-# with the client's own head, Ditto's personal model, APFL's mixture).
-Personalize = Callable[[PyTree, PyTree, PyTree], tuple[PyTree, PyTree]]
+# with the client's own head, Ditto's personal model, APFL's mixture). An algorithm with
+# `served` gets a fourth argument, served(server) (HypCluster's k cluster models).
+Personalize = Callable[..., tuple[PyTree, PyTree]]
 # (ctx, the server's model_state) -> (params, model_state) the client's local training
 # starts from: FedPer's downloaded body with the client's own head from its row, FedBN's
 # own normalisation layers and statistics.
 Start = Callable[[ClientContext, PyTree], tuple[PyTree, PyTree]]
+# (state, ctx, loss_at) -> state: a choice made on the client's data before its first step.
+# loss_at(params) is the training loss of `params` on the client's first local batch (the
+# batch, augmentation, poisoning and dropout key of step 0), so the choice reads no example
+# the client does not train on. HypCluster picks the downloaded cluster model of lowest loss.
+Select = Callable[[LocalState, ClientContext, Callable[[PyTree], jax.Array]], LocalState]
 # params -> a params-shaped pytree of Python bools (static): the leaves that travel.
 Exchanged = Callable[[PyTree], PyTree]
 
@@ -292,6 +299,12 @@ class Algorithm:
   # The params leaves that travel, up and down; None: all. Leaves outside it are personal:
   # params-shaped uploads hold zeros there and only the exchanged leaves are counted.
   exchanged: Optional[Exchanged] = None
+  # A choice on the client's first local batch, after `start` and before the first step
+  # (see `Select`); None: the started state as it is.
+  select: Optional[Select] = None
+  # server -> what per-client evaluation hands `personalize` as its fourth argument, beside
+  # the evaluated params (HypCluster: the k cluster models); None: personalize takes three.
+  served: Optional[Callable[[ServerState], PyTree]] = None
 
   def __post_init__(self):
     if "params" not in self.downloads:

@@ -168,6 +168,8 @@ def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
   """Builds `client_train(state, ctx, data_x, data_y, batch, step_offset, key_offset=0)
   -> (state, StepStats summed over steps)` for ONE client (`batch`: its ClientBatch).
 
+  `algorithm.select`, when set, rewrites the started state once, before the first step, from
+  the losses it asks for on step 0's batch (HypCluster's choice of cluster).
   Each step evaluates `algorithm.grad` (one or more gradients on the step's batch; it may
   also update the local optimizer state), adds `algorithm.correct(g, params, ctx)`, and
   moves the parameters by -lr * local.tx(g) (engine/algorithm.py). Beside it the same
@@ -184,7 +186,7 @@ def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
   evaluation stamps it.
   """
   local_tx, grad_oracle, correct = algorithm.local.tx, algorithm.grad, algorithm.correct
-  rule = algorithm.local.rule
+  rule, select = algorithm.local.rule, algorithm.select
 
   def client_train(state: LocalState, ctx: ClientContext, data_x, data_y, batch: ClientBatch,
                    step_offset, key_offset=0):
@@ -192,15 +194,26 @@ def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
     keys = jax.vmap(lambda s: jax.random.fold_in(batch.key, s))(
         key_offset + jnp.arange(num_steps))
 
-    def step(both, inp):
-      carry, unit = both
-      idx, emask, smask, k, s = inp
+    def step_batch(idx, k):
       x = data_x[idx]
       y = data_y[idx]
       if augment is not None:
         x = augment(x, jax.random.fold_in(k, 1))
       if poison is not None:
         x, y = poison(x, y, idx, ctx.client_id)
+      return x, y
+
+    if select is not None:
+      # The choice sees step 0's batch exactly as step 0 trains on it.
+      x0, y0 = step_batch(batch.indices[0], keys[0])
+      loss_at = lambda p: loss_fn(p, state.model_state, x0, y0, batch.example_mask[0],
+                                  keys[0])[0]
+      state = select(state, ctx, loss_at)
+
+    def step(both, inp):
+      carry, unit = both
+      idx, emask, smask, k, s = inp
+      x, y = step_batch(idx, k)
       value_and_grad = jax.value_and_grad(
           lambda p: loss_fn(p, carry.model_state, x, y, emask, k), has_aux=True)
       (loss, (new_model_state, correct_count)), grads, opt_state = grad_oracle(

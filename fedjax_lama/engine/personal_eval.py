@@ -8,6 +8,7 @@ and device memory is flat in the number of clients (it grows with C, never with 
     for each client i of the chunk (vmapped):
       global_i   = metrics of the evaluated model x on client i's test part
       w_i, s_i   = algorithm.personalize(x, model_state, row_i)      (or x, model_state)
+                   (with a fourth argument, Algorithm.served(server), when it has one)
       w_i, s_i   = k steps of local SGD from w_i on client i's training part (fine-tuning)
       personal_i = metrics of w_i on client i's test part
 
@@ -123,13 +124,17 @@ class PersonalEvaluator:
       client_train = None
     self.has_personal_model = personalize is not None or self.finetune_steps > 0
 
-    def one_client(params, model_state, row, test_x, test_y, indices, mask, train_x, train_y,
-                   batch, num_examples, client_id, personal):
+    def one_client(params, model_state, served, row, test_x, test_y, indices, mask, train_x,
+                   train_y, batch, num_examples, client_id, personal):
       global_sums = _client_sums(eval_fn, params, model_state, test_x, test_y, indices, mask)
       if not personal:
         return global_sums, global_sums
-      own, own_state = (personalize(params, model_state, row) if personalize is not None
-                        else (params, model_state))
+      if personalize is None:
+        own, own_state = params, model_state
+      elif served is None:
+        own, own_state = personalize(params, model_state, row)
+      else:  # Algorithm.served: what the server hands personalize (HypCluster's k models)
+        own, own_state = personalize(params, model_state, row, served)
       if client_train is not None:
         tx = Algorithm().local.tx
         ctx = ClientContext({"params": own}, row, num_examples, client_id)
@@ -138,14 +143,14 @@ class PersonalEvaluator:
         own, own_state = final.params, final.model_state
       return global_sums, _client_sums(eval_fn, own, own_state, test_x, test_y, indices, mask)
 
-    def chunk_fn(params, model_state, rows, test_x, test_y, indices, mask, train_x, train_y,
-                 batch, num_examples, client_ids, personal):
-      per_client = lambda *a: one_client(params, model_state, *a, personal)
+    def chunk_fn(params, model_state, served, rows, test_x, test_y, indices, mask, train_x,
+                 train_y, batch, num_examples, client_ids, personal):
+      per_client = lambda *a: one_client(params, model_state, served, *a, personal)
       return jax.vmap(per_client, in_axes=(0, None, None, 0, 0, None, None, 0, 0, 0))(
           rows, test_x, test_y, indices, mask, train_x, train_y, batch, num_examples,
           client_ids)
 
-    self._chunk = jax.jit(chunk_fn, static_argnums=12)
+    self._chunk = jax.jit(chunk_fn, static_argnums=13)
 
   def _finetune_batches(self, ids: np.ndarray, real: int, round_idx: int, personal: bool):
     """The chunk's fine-tuning batches (local.ClientBatch [C, k, B]) and example counts."""
@@ -166,12 +171,13 @@ class PersonalEvaluator:
     return batch, packed.num_examples.astype(np.float32)
 
   def __call__(self, params, model_state, store=None, round_idx: int = 0,
-               personal: Optional[bool] = None) -> dict:
+               personal: Optional[bool] = None, served=None) -> dict:
     """{"global": ClientSums, "personal": ClientSums (when personal)} over all N clients.
 
     store: the run's ClientStore of the algorithm's rows (None: no rows; personalize then
       gets {}). personal: evaluate the personal models too (default: when there is one,
-      a personalize hook or fine-tuning).
+      a personalize hook or fine-tuning). served: the algorithm's `served(server)`, handed
+      to personalize as its fourth argument (None: personalize takes three).
     """
     personal = self.has_personal_model if personal is None else bool(personal)
     outputs = {"global": [], "personal": []}
@@ -188,9 +194,9 @@ class PersonalEvaluator:
       mapped = sharding.shard_clients(
           (indices.astype(np.int32), mask.astype(np.float32), batch, num_examples,
            ids.astype(np.int32)), self.mesh)
-      sums = self._chunk(params, model_state, rows, self.test_x, self.test_y, mapped[0],
-                         mapped[1], self.train_x, self.train_y, mapped[2], mapped[3],
-                         mapped[4], personal)
+      sums = self._chunk(params, model_state, served, rows, self.test_x, self.test_y,
+                         mapped[0], mapped[1], self.train_x, self.train_y, mapped[2],
+                         mapped[3], mapped[4], personal)
       host = jax.device_get(sums)
       outputs["global"].append([np.asarray(a, np.float64)[:real] for a in host[0]])
       outputs["personal"].append([np.asarray(a, np.float64)[:real] for a in host[1]])

@@ -188,6 +188,12 @@ def read(config, mode: str) -> Optional[RobustSpec]:
         "config.privacy.enabled=True are not accepted yet (the noise of DP-FedAvg is "
         "calibrated to a clipped mean, not to a robust aggregate or an attacked cohort); "
         "accepted: config.privacy or config.robust, not both")
+  if r.defence != "none" and config.get("algorithm") == "hypcluster":
+    # A defence replaces the reducer of the model upload's aggregate; HypCluster's is one
+    # cluster's masked mean, which a robust reducer over all the cohort would not give.
+    raise ConfigError(
+        f"config.robust.defence={r.defence!r} is not accepted with "
+        "config.algorithm='hypcluster' (its model aggregate is per cluster); accepted: 'none'")
   if not (_is_count(r.f) and r.f >= 0):
     _fail("f", r.f, "an int >= 0 (Byzantine clients per cohort)")
   hparams = {}

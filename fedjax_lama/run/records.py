@@ -198,7 +198,8 @@ class Run:
       self.personal_evaluator = make_personal_evaluator(self.records_options, self.program,
                                                         self.fed)
     store = self.program.rows_store(state) if hasattr(self.program, "rows_store") else None
-    sums = self.personal_evaluator(params, model_state, store, round_idx)
+    served = self.program.served(state) if hasattr(self.program, "served") else None
+    sums = self.personal_evaluator(params, model_state, store, round_idx, served=served)
     self.last_client_accuracy = {model: s.accuracy for model, s in sums.items()}
     return client_test_record(sums)
 

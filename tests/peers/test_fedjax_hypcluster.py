@@ -1,0 +1,178 @@
+"""hypcluster beside FedJAX 0.0.17's `fedjax.algorithms.hyp_cluster` on identical inputs (slow;
+needs fedjax).
+
+    pip install --no-deps --target /tmp/peers -r requirements-peers.txt   # FedJAX, haiku, ...
+    FEDJAX_LAMA_PEERS_PATH=/tmp/peers python -m pytest -q -n 0 -m slow tests/peers -s
+
+Identical inputs, float64 on both sides: our model zoo's "mlp" (4-5-3, ReLU) in a FedJAX
+loss on FedJAX's side (third_party/fedjax_peer.py), the same k = 3 initial cluster models
+(our x_2, x_3 replaced by the peer's), clients 0 and 1 in round 0 and all three in rounds 1
+to 4, client SGD at lr 0.1, server SGD(1.0) on each cluster's example-weighted mean.
+Compared after every round: the k cluster models and each client's chosen cluster.
+
+The convention difference: FedJAX chooses a client's cluster by the mean loss over all of its
+examples before training; ours by the loss on the client's first local batch (what the
+client trains on first). Two settings:
+- one batch per client (8 examples; 2 local epochs, so 2 steps on it): the first batch is
+  all of the client's data, the choices are the same, and the runs agree to 1e-13;
+- 2, 3 and 4 batches of 4 examples per client (one epoch): the choices may differ; the
+  distance (choices that differ, largest cluster-model difference) is checked as a number.
+"""
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+from third_party import fedjax_peer
+
+PEERS_PATH = os.environ.get("FEDJAX_LAMA_PEERS_PATH", "")
+_MISSING = ("FedJAX is not installed: pip install --no-deps --target DIR -r "
+            "requirements-peers.txt, then FEDJAX_LAMA_PEERS_PATH=DIR")
+if importlib.util.find_spec("fedjax") is None and not (
+    PEERS_PATH and os.path.isdir(os.path.join(PEERS_PATH, "fedjax"))):
+  pytest.skip(_MISSING, allow_module_level=True)
+fedjax = fedjax_peer.import_fedjax(PEERS_PATH)
+if fedjax is None:
+  pytest.skip(_MISSING, allow_module_level=True)
+
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+import jax.numpy as jnp  # pylint: disable=wrong-import-position
+import optax  # pylint: disable=wrong-import-position
+
+from fedjax_lama import algorithms  # pylint: disable=wrong-import-position
+from fedjax_lama.algorithms import hypcluster  # pylint: disable=wrong-import-position
+from fedjax_lama.engine import local as local_lib  # pylint: disable=wrong-import-position
+# pylint: disable-next=wrong-import-position
+from fedjax_lama.engine import cohort as cohort_lib, sync_round
+from fedjax_lama.models import zoo  # pylint: disable=wrong-import-position
+
+pytestmark = pytest.mark.slow
+
+LR, K_CLUSTERS = 0.1, 3
+D_IN, HIDDEN, CLASSES = 4, 5, 3
+COHORTS = ((0, 1),) + ((0, 1, 2),) * 4
+# setting -> (batches per client, batch size, local epochs, how far the clients lean apart,
+# the spread of x_2..x_k around x_1: None, drawn independently)
+SETTINGS = {"one_batch": ((1, 1, 1), 8, 2, 1.0, None),
+            "minibatches": ((2, 3, 4), 4, 1, 0.0, 0.05)}
+# Minibatches, measured with fedjax 0.0.17 (checked to 0.1%): client-rounds whose choice
+# differs out of 14, and the largest |ours - FedJAX| over the cluster models after 5 rounds.
+MINIBATCH_DISTANCE = (4, 0.1905)
+
+
+def model():
+  return zoo.get("mlp", CLASSES, hidden_sizes=(HIDDEN,))
+
+
+def inputs(setting, seed=0):
+  per_client, batch, _, lean, spread = SETTINGS[setting]
+  rng = np.random.default_rng(seed)
+
+  def draw(shift):
+    return {"Dense_0": {"kernel": rng.normal(scale=0.5, size=(D_IN, HIDDEN)) + shift,
+                        "bias": rng.normal(scale=0.1, size=HIDDEN)},
+            "Dense_1": {"kernel": rng.normal(scale=0.5, size=(HIDDEN, CLASSES)),
+                        "bias": rng.normal(scale=0.1, size=CLASSES)}}
+
+  clusters = [draw(0.0) for _ in range(K_CLUSTERS)]
+  if spread is not None:  # near x_1, so that one batch's losses can rank them otherwise
+    clusters = [clusters[0]] + [jax.tree.map(lambda w: w + spread * rng.normal(size=w.shape),
+                                             clusters[0]) for _ in range(K_CLUSTERS - 1)]
+  # Clients whose inputs and labels lean to different classes (lean 1) or not at all (0,
+  # where a client's batches disagree more often on its cluster).
+  batches = [[(rng.normal(size=(batch, D_IN)) + lean * c,
+               np.where(rng.random(batch) < 0.7 * lean, c, rng.integers(0, CLASSES, batch)))
+              for _ in range(n)] for c, n in enumerate(per_client)]
+  return clusters, batches
+
+
+def ours(clusters, batches, setting) -> list[dict]:
+  per_client, batch, epochs, _, _ = SETTINGS[setting]
+  steps = [n * epochs for n in per_client]
+  max_steps = max(steps)
+  n = len(per_client)
+  history = []
+  with jax.enable_x64(True):
+    alg = algorithms.build("hypcluster", num_clusters=K_CLUSTERS)
+    train_chunk, server_update = sync_round.make_round_fns(
+        local_lib.make_loss_fn(model(), False), alg, optax.constant_schedule(LR), seed=0,
+        weighting="examples", local_steps=max_steps, population=n)
+    flat = [b for client in batches for b in client]
+    data_x = jnp.asarray(np.concatenate([x for x, _ in flat]))
+    data_y = jnp.asarray(np.concatenate([y for _, y in flat]), jnp.int32)
+    first_row = np.cumsum((0,) + per_client)[:-1] * batch
+    first = jax.tree.map(jnp.asarray, clusters[0])
+    server = alg.init_server(first, {})
+    others = jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *clusters[1:])
+    server = server._replace(extra={**server.extra, "others": others})
+    store = jax.tree.map(lambda r: jnp.stack([r] * n), alg.row_init(first))
+    for r, cohort_ids in enumerate(COHORTS):
+      c = len(cohort_ids)
+      indices = np.zeros((c, max_steps, batch), np.int32)
+      step_mask = np.zeros((c, max_steps))
+      for j, i in enumerate(cohort_ids):
+        for k in range(steps[i]):
+          indices[j, k] = first_row[i] + (k % per_client[i]) * batch + np.arange(batch)
+          step_mask[j, k] = 1.0
+      ids = jnp.asarray(cohort_ids, jnp.int32)
+      sizes = np.array([per_client[i] * batch for i in cohort_ids], np.float64)
+      cohort = cohort_lib.Cohort(jnp.asarray(indices), jnp.ones(indices.shape),
+                                 jnp.asarray(step_mask), jnp.ones(c), ids, jnp.asarray(sizes))
+      rows = cohort_lib.gather_rows(store, ids)
+      sums, new_rows, _ = train_chunk(server, rows, data_x, data_y, cohort, r)
+      store = cohort_lib.scatter_rows(store, ids, jnp.ones(c), new_rows)
+      server = server_update(server, sums)
+      stacked = hypcluster.stacked(server.params, server.extra["others"])
+      chosen = np.asarray(store["cluster"])
+      history.append({
+          "clusters": [jax.tree.map(lambda a, j=j: np.asarray(a[j]), stacked)
+                       for j in range(K_CLUSTERS)],
+          "chosen": {i: int(chosen[i]) for i in cohort_ids}})
+  assert all(a.dtype == np.float64 for a in jax.tree.leaves(history[-1]["clusters"]))
+  return history
+
+
+def peer(clusters, batches, setting) -> list[dict]:
+  with jax.enable_x64(True):
+    return fedjax_peer.hyp_cluster_rounds(
+        fedjax, model(), [jax.tree.map(jnp.asarray, p) for p in clusters], batches, COHORTS,
+        LR, num_epochs=SETTINGS[setting][2])
+
+
+def largest(a, b) -> float:
+  leaves_a, tree_a = jax.tree_util.tree_flatten(a)
+  leaves_b, tree_b = jax.tree_util.tree_flatten(b)
+  assert tree_a == tree_b, (tree_a, tree_b)
+  return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+             for x, y in zip(leaves_a, leaves_b))
+
+
+def compare(setting):
+  clusters, batches = inputs(setting)
+  mine, theirs = ours(clusters, batches, setting), peer(clusters, batches, setting)
+  differing = sum(a["chosen"][i] != b["chosen"][i]
+                  for a, b in zip(mine, theirs, strict=True) for i in a["chosen"])
+  worst = max(largest(a["clusters"], b["clusters"]) for a, b in zip(mine, theirs))
+  print(f"\nhypcluster ({setting}) vs FedJAX {fedjax_peer.version()} hyp_cluster, "
+        f"{len(COHORTS)} rounds, float64: choices differing {differing}, largest cluster "
+        f"difference {worst:.4g}; choices ours {[sorted(a['chosen'].items()) for a in mine]}")
+  return mine, theirs, clusters, differing, worst
+
+
+def test_equals_fedjax_hyp_cluster_when_the_first_batch_is_all_the_data():
+  mine, _, clusters, differing, worst = compare("one_batch")
+  assert differing == 0
+  assert worst < 1e-13
+  # Not vacuous: the clients split over clusters, and every cluster chosen moved.
+  chosen = {c for record in mine for c in record["chosen"].values()}
+  assert len(chosen) >= 2, chosen
+  for j in chosen:
+    assert largest(mine[-1]["clusters"][j], clusters[j]) > 1e-2
+
+
+def test_first_batch_choice_distance_from_fedjax():
+  _, _, _, differing, worst = compare("minibatches")
+  want_differing, want_worst = MINIBATCH_DISTANCE
+  assert differing == want_differing
+  assert worst == pytest.approx(want_worst, rel=1e-3, abs=1e-13)
