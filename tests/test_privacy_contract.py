@@ -207,6 +207,7 @@ def sharded_rest(tmp_path_factory):
                                       _sharded_cases(SHARDED_REST))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", _sharded_cases(SHARDED_CORE))
 def test_dp_eight_devices_equal_one(sharded_core, case):
   contract._check_sharded(sharded_core[case])  # pylint: disable=protected-access

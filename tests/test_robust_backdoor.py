@@ -485,6 +485,7 @@ def eight_rest(tmp_path_factory):
                        [c for c in CASES if c not in DEFAULT_CASES])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", DEFAULT_CASES)
 def test_eight_devices_equal_one(eight_default, case):
   _check_eight(*eight_default, case)

@@ -31,6 +31,7 @@ def _table_rows(text: str, title: str) -> list:
           if not line.startswith("|---")]
 
 
+@pytest.mark.slow
 def test_quick_grid_writes_the_files_and_a_table_of_the_grid(tmp_path):
   attacks = [robust_study.parse_attack(a) for a in ("none", "sign_flip")]
   study = robust_study.Study(digits_base(), ["none", "krum"], attacks, seeds=[0], lrs=[0.1])
