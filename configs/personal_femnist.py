@@ -6,8 +6,11 @@ examples as its local test part (about 16 per writer). Small enough for a 2-core
 one-hidden-layer MLP (784-128-62, 108,478 parameters; its Dense_1 is the classifier head the
 layer-partition methods keep personal), every client in every round (so that each client's
 purely local model trains on every round, see the study), 10 local steps of batch 32,
-30 rounds. 10 % of the training split is held out for validation, where FedAvg's local rate
-is tuned. The per-client evaluation runs once, after the last round.
+30 rounds. The inputs are standardised with the training split's mean and std
+(normalization "per_channel"): LEAF's images are white with dark ink (mean 0.96), and the
+raw inputs left the MLP at 0.34 test accuracy after 30 rounds at rate 0.1, against 0.73
+standardised. 10 % of the training split is held out for validation, where FedAvg's local
+rate is tuned. The per-client evaluation runs once, after the last round.
 Files: <data_dir>/femnist_leaf/.
 """
 from fedjax_lama.config import base_config
@@ -20,6 +23,7 @@ def get_config():
   c.partition = "natural"
   c.model = "mlp"
   c.model_options.hidden_sizes = (128,)
+  c.normalization = "per_channel"
   c.client_sampling = "fixed"
   c.active_ratio = 1.0
   c.weighting = "examples"

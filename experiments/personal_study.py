@@ -15,7 +15,10 @@ report):
   * FedAvg, global model: each client evaluated with the one global model;
   * FedAvg + fine-tuning: the same run, each client's model being the global model after
     --finetune_steps steps of local SGD on its training part (the per-client evaluation's
-    fine-tuning, config.finetune_steps);
+    fine-tuning, config.finetune_steps) at the fine-tuning rate (--finetune_lr, by default
+    the tuned local rate); a second run does the same at a tenth of that rate. Neither
+    rate is tuned (the clients have no validation part of their own): the second row shows
+    how much of the gain the rate decides;
   * local training only: Ditto at lambda = 0, whose personal model v_k is exactly the
     client's own local SGD from the initial model on its own data, never mixed with anything
     (tests/test_personalized_methods.py checks it against that recursion); every client
@@ -90,6 +93,7 @@ class Run:
   # lr -> overrides of the run (beside algorithm and local_lr).
   overrides: Callable[[float], dict] = lambda lr: {}
   finetune: bool = False           # fine-tuning on at evaluation (config.finetune_steps)
+  finetune_scale: float = 1.0      # the fine-tuning rate times this
   needs_batchnorm: bool = False    # skipped on a model without BatchNorm (it is FedAvg there)
 
 
@@ -103,6 +107,7 @@ class Row:
 
 RUNS = (
     Run("fedavg", "fedavg", finetune=True),
+    Run("fedavg_ft_slow", "fedavg", finetune=True, finetune_scale=0.1),
     Run("local", "ditto", lambda lr: {"ditto.lam": 0.0, "ditto.personal_lr": lr}),
     Run("ditto", "ditto", lambda lr: {"ditto.personal_lr": lr}),
     Run("apfl", "apfl", lambda lr: {"apfl.personal_lr": lr}),
@@ -119,6 +124,8 @@ RUNS_BY_KEY = {r.key: r for r in RUNS}
 ROWS = (
     Row("fedavg", "FedAvg (global model)", "fedavg", GLOBAL),
     Row("fedavg_ft", "FedAvg + fine-tuning", "fedavg", PERSONAL),
+    Row("fedavg_ft_slow", "FedAvg + fine-tuning at a tenth of the rate", "fedavg_ft_slow",
+        PERSONAL),
     Row("local", "local training only (Ditto, λ = 0)", "local", PERSONAL),
     Row("ditto", "Ditto", "ditto", PERSONAL),
     Row("apfl", "APFL", "apfl", PERSONAL),
@@ -184,7 +191,7 @@ def run_config(base, run: Run, lr: float, seed: int, finetune_steps: int,
   c = sweep.configured(base, fields)
   c.finetune_steps = finetune_steps if run.finetune else 0
   if run.finetune:
-    c.finetune_lr = finetune_lr or lr
+    c.finetune_lr = (finetune_lr or lr) * run.finetune_scale
   return c
 
 
@@ -384,7 +391,8 @@ def setting_text(study: Study, lr: float, scores: dict) -> str:
           + f". Local rate {lr:g} for every row (FedAvg's, picked on the validation split"
           + (": " + ", ".join(f"{k:g}: {v:.4f}" for k, v in sorted(scores.items()))
              if scores else ", a single rate given") + f"); fine-tuning "
-          f"{study.finetune_steps} steps at rate {study.finetune_lr or lr:g}.")
+          f"{study.finetune_steps} steps at rate {study.finetune_lr or lr:g} (and "
+          f"{(study.finetune_lr or lr) / 10:g} in its second row).")
 
 
 def write_report(studies: Dict[str, Study], results: Dict[str, dict], out: str, command: str,

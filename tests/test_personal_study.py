@@ -56,7 +56,7 @@ def test_rows_are_read_from_runs_and_bad_labels_name_the_flag():
 def test_missing_algorithms_and_fedbn_without_batchnorm_are_skipped():
   base = ps.quick_config()
   runs, skipped = ps.runnable(ps.ROWS, base, ["fedavg", "ditto", "fedrep", "fedbn"])
-  assert [r.key for r in runs] == ["fedavg", "local", "ditto", "fedrep"]  # fedavg once
+  assert [r.key for r in runs] == ["fedavg", "fedavg_ft_slow", "local", "ditto", "fedrep"]
   assert set(skipped) == {"apfl", "pfedme", "perfedavg", "fedper", "lg_fedavg", "fedbn"}
   assert "no BatchNorm" in skipped["fedbn"] and "registry" in skipped["apfl"]
   base.model = "resnet20"  # a model with BatchNorm keeps the row
@@ -71,6 +71,8 @@ def test_run_configs_fine_tune_only_where_asked_and_set_the_methods_rates():
                          finetune_lr=None)
   assert (fedavg.algorithm, fedavg.local_lr, fedavg.seed) == ("fedavg", 0.2, 3)
   assert (fedavg.finetune_steps, fedavg.finetune_lr) == (5, 0.2)
+  slow = ps.run_config(base, ps.RUNS_BY_KEY["fedavg_ft_slow"], 0.2, 3, 5, None)
+  assert (slow.algorithm, slow.finetune_lr) == ("fedavg", pytest.approx(0.02))
   local = ps.run_config(base, ps.RUNS_BY_KEY["local"], 0.2, 0, 5, 0.05)
   assert (local.algorithm, local.ditto.lam, local.ditto.personal_lr) == ("ditto", 0.0, 0.2)
   assert local.finetune_steps == 0  # the personal model is served as it is
@@ -79,7 +81,7 @@ def test_run_configs_fine_tune_only_where_asked_and_set_the_methods_rates():
   perfedavg = ps.run_config(base, ps.RUNS_BY_KEY["perfedavg"], 0.2, 0, 5, 0.05)
   assert (perfedavg.perfedavg.alpha, perfedavg.finetune_steps, perfedavg.finetune_lr) == (
       0.2, 5, 0.05)
-  for c in (fedavg, local, pfedme, perfedavg):
+  for c in (fedavg, slow, local, pfedme, perfedavg):
     validate(c)
 
 
