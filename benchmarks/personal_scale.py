@@ -33,10 +33,15 @@ from fedjax_lama.engine import evaluate, local, personal_eval, sharding
 from fedjax_lama.run import parts as parts_lib, spec as spec_lib
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("clients", ["1000", "10000", "100000"], "Federation sizes N.")
-flags.DEFINE_integer("cohort", 64, "Clients per round.")
-flags.DEFINE_integer("repeats", 3, "Timed repeats after a compiling one (best kept).")
-flags.DEFINE_bool("quick", False, "A smoke test: 200 clients, one timed repeat.")
+
+
+def define_flags() -> None:
+  """The command line's flags, defined when run as a program (the benchmarks' tests import
+  several benchmark modules into one process, whose flag names would collide)."""
+  flags.DEFINE_list("clients", ["1000", "10000", "100000"], "Federation sizes N.")
+  flags.DEFINE_integer("cohort", 64, "Clients per round.")
+  flags.DEFINE_integer("repeats", 3, "Timed repeats after a compiling one (best kept).")
+  flags.DEFINE_bool("quick", False, "A smoke test: 200 clients, one timed repeat.")
 
 TRAIN_PER_CLIENT, TEST_PER_CLIENT, FEATURES, CLASSES = 8, 2, 16, 4
 
@@ -154,4 +159,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

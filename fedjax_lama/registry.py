@@ -143,6 +143,11 @@ def build_algorithm(config, num_clients: int = 1, mean_client_examples: float = 
         "config.local_optimizer_state='carry' is not accepted with config.schedule='none' "
         "(synchronous rounds start every client's local optimizer afresh); accepted: 'reset', "
         "or 'carry' with config.schedule='fedlama' (each slot keeps its optimizer)")
+  if config.get("local_optimizer_state", "reset") == "carry" and spec.name == "fedrep":
+    raise ConfigError(
+        "config.local_optimizer_state='carry' is not accepted with config.algorithm='fedrep' "
+        "(its local optimizer counts the head's steps from the start of each window); "
+        "accepted: 'reset'")
   if selection.schedule != "none" and algorithm.layerwise is not True:
     raise ConfigError(
         f"config.schedule={selection.schedule!r} cannot run config.algorithm="

@@ -64,7 +64,9 @@ def _refused(name, fedlama=False) -> bool:
   with its "active" server average, which the contract's FedLAMA config selects)."""
   alg = registry.build_algorithm(contract.config_for(name, fedlama),
                                  num_clients=helpers.NUM_CLIENTS)
-  params = {"kernel": jnp.zeros((3, 2)), "bias": jnp.zeros((2,))}
+  # Named like a flax model's layers: the personalization methods find their head by name.
+  params = {f"Dense_{i}": {"kernel": jnp.zeros((3, 3)), "bias": jnp.zeros((3,))}
+            for i in range(2)}
   row = alg.row_init(params) if alg.row_init is not None else {}
   uploads = traffic_lib.traffic(alg, alg.init_server(params, {}), row).upload_shapes
   return MODEL_UPLOAD not in uploads

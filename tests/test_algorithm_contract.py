@@ -68,6 +68,25 @@ TRAFFIC = {
 }
 QUANTIZED = {"fedpaq", "fedcom"}
 
+
+def _size(tree) -> int:
+  return int(sum(np.size(x) for x in jax.tree_util.tree_leaves(tree)))
+
+
+def _keeps_on_clients(*layers):
+  """The traffic of a method whose `layers` (of helpers.TinyMLP) never leave the clients:
+  (floats up, scalars up, floats down) per participant, the other layers each way."""
+  def floats(params):
+    shared = _size(params) - sum(_size(params[layer]) for layer in layers)
+    return shared, 0, shared
+  return floats
+
+
+# The personalization methods by layer partition, in floats (TinyMLP: Dense_0 then the head
+# Dense_1; no normalization layer, so FedBN sends the whole model).
+TRAFFIC.update({"fedper": _keeps_on_clients("Dense_1"), "fedrep": _keeps_on_clients("Dense_1"),
+                "lg_fedavg": _keeps_on_clients("Dense_0"), "fedbn": (1, 0, 1)})
+
 NAMES = sorted(registry.SPECS)
 
 # The costliest checks (padding, chunking, FedLAMA's resume, 8 devices) run in the default
@@ -210,6 +229,15 @@ def test_resume_compiles_rows_and_traffic(runs, name):
   # The traffic per participant of TRAFFIC.
   program = run["program"]
   d = sum(np.size(x) for x in jax.tree_util.tree_leaves(program.params))
+  if callable(TRAFFIC[name]):  # floats, not multiples of d
+    up, up_scalars, down = TRAFFIC[name](program.params)
+    assert 0 < up < d and 0 < down < d
+    for out in run["outs"]:
+      m = out.extra["clients"]
+      assert int(out.floats_up_per_layer.sum()) + out.floats_up_other == m * (up + up_scalars)
+      assert int(out.floats_down_per_layer.sum()) + out.floats_down_other == m * down
+      assert out.bits_up == m * 32 * (up + up_scalars)
+    return
   up_d, up_scalars, down_d = TRAFFIC[name]
   for out in run["outs"]:
     m = out.extra["clients"]
@@ -227,7 +255,8 @@ def test_fedlama_over_the_algorithm_resumes_and_compiles_once(runs, name):
   run = runs(name, fedlama=True)
   assert _bits(run["resumed"]) == _bits(run["straight"])
   assert run["compiles"] == [], f"recompiled after window 1: {run['compiles']}"
-  up_d, _, down_d = TRAFFIC[name]
+  entry = TRAFFIC[name]
+  up_d, _, down_d = entry(run["program"].params) if callable(entry) else entry
   for out in run["outs"]:
     # Each synchronisation moves the due leaves of every model-shaped message.
     assert int(out.floats_up_per_layer.sum()) * down_d == int(

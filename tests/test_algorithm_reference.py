@@ -41,18 +41,24 @@ def least_squares_loss(params, model_state, x, y, example_mask, key):
 
 
 def engine(alg, rounds, steps=(K, K), weighting="uniform", participants=((0, 1),) * 3,
-           num_examples=(2.0, 2.0), x0=None, schedule=optax.constant_schedule(ETA)):
+           num_examples=(2.0, 2.0), x0=None, schedule=optax.constant_schedule(ETA),
+           loss=least_squares_loss, model_state=None):
   """Runs `rounds` rounds; client i takes steps[i] full-batch steps at the rates
-  schedule(r * max(steps) + k). Returns (server, rows)."""
+  schedule(r * max(steps) + k). Returns (server, rows). `x0`: the initial w, or a whole
+  params pytree for another `loss` (with its initial `model_state`)."""
   with jax.enable_x64(True):
     data_x = jnp.asarray(np.concatenate(A))
     data_y = jnp.asarray(np.concatenate(B))
-    params = {"w": jnp.asarray(np.zeros(2) if x0 is None else x0)}
+    if isinstance(x0, dict):
+      params = jax.tree_util.tree_map(jnp.asarray, x0)
+    else:
+      params = {"w": jnp.asarray(np.zeros(2) if x0 is None else x0)}
     max_steps = max(steps)
     train_chunk, server_update = sync_round.make_round_fns(
-        least_squares_loss, alg, schedule, seed=0, weighting=weighting,
+        loss, alg, schedule, seed=0, weighting=weighting,
         local_steps=max_steps, population=N)
-    server = alg.init_server(params, {})
+    model_state = jax.tree_util.tree_map(jnp.asarray, model_state or {})
+    server = alg.init_server(params, model_state)
     template = alg.row_init(params) if alg.row_init is not None else {}
     store = jax.tree_util.tree_map(lambda r: jnp.stack([r] * N), template)
     for r in range(rounds):

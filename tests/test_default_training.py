@@ -44,6 +44,11 @@ def _train_losses(workdir):
   return {r["round"]: r["train_loss"] for r in _records(workdir) if "train_loss" in r}
 
 
+# Personalization by layer partition whose personal layers (the head, or all but the head)
+# the server never trains.
+PERSONAL_LAYERS = ("fedper", "fedrep", "lg_fedavg")
+
+
 def test_default_config_has_local_momentum():
   assert default.get_config().local_momentum == 0.9
   assert set(REFUSED) <= set(registry.SPECS)
@@ -73,4 +78,8 @@ def test_every_algorithm_trains_on_the_default_config(tmp_path, name):
   summary = training.train_and_evaluate(config, str(tmp_path))
   losses = _train_losses(tmp_path)
   assert math.isfinite(losses[30]) and losses[30] < losses[1], losses
+  if name in PERSONAL_LAYERS:
+    # The global model keeps its personal layers as initialised: only each client's own
+    # model (Algorithm.personalize) is measured by these methods.
+    return
   assert summary["final_test_accuracy"] > 5 * CHANCE, summary["final_test_accuracy"]

@@ -28,7 +28,9 @@ def _pieces(c):
 
 
 # fedsgd: one full-batch step, whose batch is each run's largest client (seeds differ).
-@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "fedadam", "fedsgd"])
+# fedper: per-client rows that are only some layers, and a per-client start (Algorithm.start).
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "fedadam", "fedsgd",
+                                       pytest.param("fedper", marks=pytest.mark.slow)])
 def test_vectorized_runs_equal_sequential_runs(algorithm):
   configs = [_config(algorithm, s, lr) for s, lr in RUNS]
   sequential = []

@@ -9,7 +9,8 @@ One synchronous round, and which function the engine calls where:
 
     shared  = {name: server value for name in downloads}         what goes down
     ctx     = ClientContext(shared, row, num_examples, client_id)
-    state   = LocalState(shared["params"], server stats, local.init_state(ctx))
+    params, stats = start(ctx, server stats)       default: (shared["params"], server stats)
+    state   = LocalState(params, stats, local.init_state(ctx))
     for each local step k (a lax.scan, vmapped over clients):
       (loss, aux), g, opt = grad(value_and_grad_at_this_batch, params, ctx, opt)
       g = correct(g, params, ctx)                                proximal pull, control variates
@@ -26,9 +27,11 @@ Conventions:
   FedLAMA's layer discrepancy reads it when it is there (else y - x from the slots).
 - Communication follows from the declaration: every upload travels (floats up
   = their sizes; all-scalar uploads are 32 bits each and are never compressed),
-  every name in `downloads` travels down. `aggregate`s are computed from the
-  decoded uploads and `ClientInfo`, which the server knows without
-  transmission (step counts, learning rates, example counts, ids).
+  every name in `downloads` travels down. `exchanged` narrows the params-shaped ones to
+  the leaves that travel (the personalization methods' shared layers): the other leaves
+  of a params-shaped upload must be zeros, and `start` must not read their downloads.
+  `aggregate`s are computed from the decoded uploads and `ClientInfo`, which the server
+  knows without transmission (step counts, learning rates, example counts, ids).
 - Aggregation: `aggregate` declares each aggregate's reduction as an engine/stages.py
   stage (MEAN with the run's weights p_i, examples or uniform: Aggregates.weighting; SUM
   over the participants); undeclared uploads are averaged under their own names. A
@@ -156,6 +159,12 @@ Report = Callable[[ServerState], tuple[PyTree, Mapping[str, jax.Array]]]
 # model_state): the model a personalized method serves the client (FedPer's shared body
 # with the client's own head, Ditto's personal model, APFL's mixture).
 Personalize = Callable[[PyTree, PyTree, PyTree], tuple[PyTree, PyTree]]
+# (ctx, the server's model_state) -> (params, model_state) the client's local training
+# starts from: FedPer's downloaded body with the client's own head from its row, FedBN's
+# own normalisation layers and statistics.
+Start = Callable[[ClientContext, PyTree], tuple[PyTree, PyTree]]
+# params -> a params-shaped pytree of Python bools (static): the leaves that travel.
+Exchanged = Callable[[PyTree], PyTree]
 
 # The upload that is the model displacement y - x, by convention (FedLAMA's d_l reads it).
 MODEL_UPLOAD = "delta"
@@ -277,6 +286,12 @@ class Algorithm:
   # Each client's own model for per-client evaluation; None: every client is served the
   # evaluated global model (the non-personalized methods).
   personalize: Optional[Personalize] = None
+  # Where each client's local training starts; None: the downloaded model and the server's
+  # normalisation statistics (every client the same, so the engine adds no client axis).
+  start: Optional[Start] = None
+  # The params leaves that travel, up and down; None: all. Leaves outside it are personal:
+  # params-shaped uploads hold zeros there and only the exchanged leaves are counted.
+  exchanged: Optional[Exchanged] = None
 
   def __post_init__(self):
     if "params" not in self.downloads:

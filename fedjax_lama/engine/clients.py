@@ -29,13 +29,17 @@ def fresh_state_axes(algorithm: Algorithm, shared_per_client: bool = False) -> L
   """Which fields of `fresh_states(..., batched=False)` have the client axis (0) and which
   are one value for every client (None): `local.vmap_clients`'s `state_axes`."""
   per_client_opt = algorithm.local.init is not None or shared_per_client
-  return LocalState(0 if shared_per_client else None, None, 0 if per_client_opt else None)
+  # Algorithm.start gives each client its own starting model and statistics.
+  own_start = algorithm.start is not None
+  return LocalState(0 if shared_per_client or own_start else None, 0 if own_start else None,
+                    0 if per_client_opt else None)
 
 
 def fresh_states(algorithm: Algorithm, ctx: ClientContext, model_state, num: int,
                  shared_per_client: bool = False, batched: bool = True) -> LocalState:
-  """Every client starts its round at the downloaded model with a fresh local optimizer
-  (local optimizer state "reset", the only rule synchronous rounds run).
+  """Every client starts its round at the downloaded model (or where `Algorithm.start`
+  puts it) with a fresh local optimizer (local optimizer state "reset", the only rule
+  synchronous rounds run).
 
   batched=False leaves the fields every client shares without the client axis
   (`fresh_state_axes` says which), for a ClientPhase built with those `state_axes`.
@@ -46,7 +50,12 @@ def fresh_states(algorithm: Algorithm, ctx: ClientContext, model_state, num: int
                    in_axes=(local.context_axes(shared_per_client),))(ctx)
   else:  # the same fresh state for everyone: built once
     opt = algorithm.local.tx.init(ctx.shared["params"])
-  state = LocalState(ctx.shared["params"], model_state, opt)
+  if algorithm.start is not None:
+    params, model_state = jax.vmap(
+        algorithm.start, in_axes=(local.context_axes(shared_per_client), None))(ctx, model_state)
+  else:
+    params = ctx.shared["params"]
+  state = LocalState(params, model_state, opt)
   if not batched:
     return state
   return LocalState(*(broadcast_clients(v, num) if a is None else v

@@ -20,6 +20,10 @@ reference code keeps one optimizer per worker. The base algorithm sees, per leaf
 steps and the effective step (ClientInfo) since that leaf's last synchronisation, and
 its anchor is the leaf's last synchronised value (the server's params). This needs an
 algorithm whose uploads, rows and server state are per leaf (`Algorithm.layerwise`).
+An algorithm with personal layers (`Algorithm.exchanged`: FedPer, FedRep, LG-FedAvg) has its
+window's clients start from their own layers (`Algorithm.start`), never synchronises or
+counts the personal leaves, takes its rows (the personal layers) whole at every sub-round,
+and selects intervals over the shared layers alone.
 
 Equivalences (tests): phi = 1 is the base algorithm at tau' (with local momentum too,
 under "reset"); fixed multipliers phi for every layer is the base algorithm at phi tau'
@@ -64,7 +68,12 @@ def check_composable(algorithm: Algorithm, server: ServerState, row, traffic,
   params = server.params
   params_def = jax.tree_util.tree_structure(params)
   problems = []
-  for what, tree in (("server state", (server.opt_state, server.extra)), ("client row", row)):
+  # An algorithm with personal layers (Algorithm.exchanged) keeps them in its rows, which
+  # never synchronise: they are written whole at every sub-round.
+  states = (("server state", (server.opt_state, server.extra)),)
+  if algorithm.exchanged is None:
+    states += (("client row", row),)
+  for what, tree in states:
     parts = leafwise.non_leafwise_parts(tree, params)
     if parts:
       problems.append(f"its {what} has entries that are not per layer ({', '.join(parts[:3])})")
@@ -127,12 +136,23 @@ class FedLamaProgram(ProgramBase):
     self.row_template = algorithm.row_init(params) if algorithm.row_init is not None else {}
     self.traffic = traffic_lib.traffic(algorithm, server, self.row_template)
     check_composable(algorithm, server, self.row_template, self.traffic, opts.algorithm_name)
+    # Personal layers (Algorithm.exchanged) never synchronise: FedLAMA schedules the layers
+    # whose every leaf is shared, and the rows hold the personal ones whole.
+    self.shared_leaf = traffic_lib.exchanged_leaves(algorithm, params)
+    shared_layer = np.ones(self.spec.num_layers, bool)
+    np.logical_and.at(shared_layer, self.spec.leaf_to_layer, self.shared_leaf)
+    self.shared_layer = shared_layer  # every leaf shared: the selection may relax it
+    # Some leaf shared: its synchronisations move floats (a module with a personal tensor
+    # synchronises its shared ones at the base interval).
+    self.synced_layer = np.zeros(self.spec.num_layers, bool)
+    np.logical_or.at(self.synced_layer, self.spec.leaf_to_layer, self.shared_leaf)
+    self.whole_rows = algorithm.exchanged is not None
     # The run's aggregation stage, per synchronised layer set (RoundAggregation.on_clients).
     self.aggregation = aggregation.RoundAggregation(algorithm, opts.aggregator, seed=opts.seed,
                                                     weighting=opts.weighting,
                                                     name=opts.algorithm_name)
     self.aggregation.resolve(self.traffic.upload_shapes)
-    if self.row_template and fl.client_sampling != "window":
+    if (self.row_template or algorithm.start is not None) and fl.client_sampling != "window":
       raise ConfigError(
           f"config.fedlama.client_sampling={fl.client_sampling!r} is not accepted with "
           f"config.algorithm={opts.algorithm_name!r}, which keeps per-client state; accepted: "
@@ -230,6 +250,13 @@ class FedLamaProgram(ProgramBase):
           (r == 0 or fl.client_sampling == "round")):
         slots = slots._replace(opt_state=self._fresh_opt_states(ctx))
         since_m = jnp.zeros_like(since_m)  # no earlier gradient continues through momentum
+      if alg.start is not None and r == 0:
+        # The window's clients start from their own layers (Algorithm.start); every layer
+        # synchronised at the last window's end, so the others are the server's. Its
+        # statistics are not used: the slots keep theirs (fedlama.bn_stats_sync).
+        started, _ = jax.vmap(alg.start, in_axes=(local.context_axes(), None))(
+            ctx, server.model_state)
+        slots = slots._replace(params=started)
       keys = rng.client_keys(key if fl.client_sampling == "window" else
                              rng.round_key(self.opts.seed, rng.STREAM_TRAIN, sub_round),
                              c.client_ids)
@@ -253,6 +280,10 @@ class FedLamaProgram(ProgramBase):
       weights = reduce.client_weights(c.client_mask, c.num_examples, self.opts.weighting)
       sync = jnp.mod(r + 1, mult) == 0
       sync_leaf = self._per_leaf(sync)
+      if not self.shared_leaf.all():  # personal leaves never synchronise
+        sync_leaf = jax.tree_util.tree_unflatten(self.params_def, [
+            jnp.logical_and(m, bool(s)) for m, s in
+            zip(jax.tree_util.tree_leaves(sync_leaf), self.shared_leaf)])
       if MODEL_UPLOAD in uploads:
         moved = uploads[MODEL_UPLOAD]
       else:
@@ -279,8 +310,11 @@ class FedLamaProgram(ProgramBase):
       new_server = alg.update_server(server, aggregates)
       server = leafwise.select_leafwise(sync_leaf, new_server._replace(
           model_state=server.model_state), server, self.params_def)
-      rows = leafwise.select_leafwise(sync_leaf, new_rows, rows, self.params_def)
-      counts = counts + sync.astype(jnp.int32)
+      if self.whole_rows:
+        rows = new_rows
+      else:
+        rows = leafwise.select_leafwise(sync_leaf, new_rows, rows, self.params_def)
+      counts = counts + (sync & self.synced_layer).astype(jnp.int32)
       params = jax.tree.map(lambda m, u, x: jnp.where(m, u[None], x), sync_leaf,
                                       server.params, slots.params)
       slots = slots._replace(params=params)
@@ -298,12 +332,25 @@ class FedLamaProgram(ProgramBase):
     if self.fixed is not None:
       new_mult = self.fixed
     else:
-      selected = sel.select_intervals(d, jnp.asarray(self.spec.sizes), self.phi, self.rule,
-                                      self.kernel_mask)
+      selected = self._select(d)
       new_mult = jnp.where(window >= fl.warmup_windows, selected, self.base).astype(jnp.int32)
     new_state = FedLamaState(slots, server, d, new_mult, counts, state.window + 1,
                              since_steps, since_size, since_m)
     return new_state, rows, agg_state, stats_sum, mult, sync, window_scalars
+
+  def _select(self, d):
+    """The next multipliers of the shared layers (Algorithm 1 over them alone); personal
+    layers keep the base multiplier and never synchronise."""
+    if self.shared_layer.all():
+      return sel.select_intervals(d, jnp.asarray(self.spec.sizes), self.phi, self.rule,
+                                  self.kernel_mask)
+    idx = np.flatnonzero(self.shared_layer)
+    if idx.size == 0:
+      return self.base
+    kernel_mask = None if self.kernel_mask is None else self.kernel_mask[idx]
+    chosen = sel.select_intervals(d[idx], jnp.asarray(self.spec.sizes[idx]), self.phi,
+                                  self.rule, kernel_mask)
+    return self.base.at[idx].set(chosen)
 
   # ---- host side -------------------------------------------------------------------------
   def _pack_window(self, window: int) -> cohort_lib.Cohort:

@@ -194,14 +194,19 @@ class ProgramBase:
   store: Optional[client_store.ClientStore] = None
 
   def _new_store(self, row_template):
-    """A store whose rows all start as the template; its rows for the initial state."""
+    """A store whose rows all start as the template; its rows for the initial state ({},
+    and no store, for a template without leaves: a personalization method with nothing
+    personal on this model)."""
+    if not jax.tree_util.tree_leaves(row_template):
+      self.store = None
+      return {}
     self.store = client_store.ClientStore.create(
         row_template, self.fed.num_clients, self.mesh, on_host=self.opts.client_state_on_host)
     return self.store.rows
 
   def _adopt_rows(self, rows) -> Optional[client_store.ClientStore]:
     """The store behind `rows`: ours, or a new one for rows restored from a checkpoint."""
-    if self.algorithm.row_init is None:
+    if self.algorithm.row_init is None or not jax.tree_util.tree_leaves(rows):
       return None
     if self.store is None or rows is not self.store.rows:
       self.store = None  # drop the old rows before adopting the new ones
