@@ -448,12 +448,14 @@ def parse_shard(text: str) -> tuple[int, int]:
   return shard
 
 
-def run_shards(processes: int, argv: Sequence[str]) -> None:
-  """This command again as `processes` processes, --shard=I/N each, at once; returns when all
-  finished (their output in <runs_dir>/shard<I>.log), raising if one failed. The processes
-  share the machine's accelerator, so none preallocates its memory."""
+def run_shards(processes: int, argv: Sequence[str], module: str = "experiments.robust_study",
+               runs_dir: Optional[str] = None) -> None:
+  """This command (`python -m module argv`) again as `processes` processes, --shard=I/N each,
+  at once; returns when all finished (their output in <runs_dir>/shard<I>.log), raising if
+  one failed. The processes share the machine's accelerator, so none preallocates its memory.
+  runs_dir: None reads this study's flags."""
   import subprocess  # pylint: disable=g-import-not-at-top
-  runs_dir = FLAGS.runs_dir or FLAGS.out + "_runs"
+  runs_dir = runs_dir or FLAGS.runs_dir or FLAGS.out + "_runs"
   os.makedirs(runs_dir, exist_ok=True)
   args, skip = [], False
   for a in argv:  # every flag but --processes (given as --processes=N or --processes N)
@@ -464,7 +466,7 @@ def run_shards(processes: int, argv: Sequence[str]) -> None:
   children = []
   for i in range(processes):
     log = open(os.path.join(runs_dir, f"shard{i}.log"), "w")  # pylint: disable=consider-using-with
-    command = [sys.executable, "-m", "experiments.robust_study", *args,
+    command = [sys.executable, "-m", module, *args,
                f"--shard={i}/{processes}"]
     children.append((subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env),
                      log))

@@ -1,0 +1,543 @@
+r"""Personalized accuracy over clients: every personalization method against FedAvg (issue 55).
+
+  python -m experiments.personal_study --data_dir=DATA --runs_dir=RUNS/personal \
+      --out=experiments/results/personal --processes=2
+  python -m experiments.personal_study --quick --runs_dir=/tmp/pq --out=/tmp/pq/report
+
+Datasets (--datasets): "femnist" (configs/personal_femnist.py: the LEAF FEMNIST subset's
+105 natural writers, each keeping its own LEAF test examples) and "fmnist"
+(configs/personal_fmnist.py: Fashion-MNIST over 50 clients of two classes each, 20 % of each
+client's data held out as its local test part, stratified by label). Every client is
+evaluated on its own local test part after the last round.
+
+Rows (ROWS; a row whose algorithm the registry does not have yet is skipped and named in the
+report):
+  * FedAvg, global model: each client evaluated with the one global model;
+  * FedAvg + fine-tuning: the same run, each client's model being the global model after
+    --finetune_steps steps of local SGD on its training part (the per-client evaluation's
+    fine-tuning, config.finetune_steps) at the fine-tuning rate (--finetune_lr, by default
+    the tuned local rate); a second run does the same at a tenth of that rate. Neither
+    rate is tuned (the clients have no validation part of their own): the second row shows
+    how much of the gain the rate decides;
+  * local training only: Ditto at lambda = 0, whose personal model v_k is exactly the
+    client's own local SGD from the initial model on its own data, never mixed with anything
+    (tests/test_personalized_methods.py checks it against that recursion); every client
+    takes part in every round, so each trains rounds x local_steps steps;
+  * Ditto (Li, Hu, Beirami, Smith, ICML 2021) at lambda = config.ditto.lam;
+  * APFL (Deng, Kamani, Mahdavi, 2020), alpha learned from 0.5;
+  * pFedMe (Dinh, Tran, Nguyen, NeurIPS 2020), lambda = 1 / (2 lr) so that its outer step
+    moves w_i half way to theta (lr lambda = 1/2; the paper's lambda 15 with the rates tuned
+    here, 0.1 or more, would give lr lambda >= 1.5, an outer step past theta);
+  * Per-FedAvg (FO) (Fallah, Mokhtari, Ozdaglar, NeurIPS 2020), its inner step alpha the
+    fine-tuning rate, evaluated with the same fine-tuning as FedAvg + fine-tuning (the model
+    it trains for is the one such steps personalize);
+  * FedPer, FedRep, LG-FedAvg with their default personal layers (the classifier head; for
+    LG-FedAvg every layer but the head), and FedBN only on a model with BatchNorm (on the
+    study's MLP it is FedAvg exactly, so it is skipped and the report says so).
+The personal methods' own step sizes (Ditto's, APFL's and pFedMe's personal_lr) are the
+tuned local rate.
+
+Learning rate: FedAvg's local rate is picked on the validation split (mean validation
+accuracy of the last 3 evaluations, seed --tune_seed) from --lrs, widened into FULL_LRS while
+the pick sits at an edge (experiments/sweep.py), per dataset, and used by every row: a
+per-method tuning does not fit a 2-core CPU budget.
+
+Columns (mean ± std over seeds of each run's per-client statistics, clients unweighted):
+the served model's mean accuracy over clients and its 10th percentile, the global model's
+mean, and the worst client. The claims of the papers checked on these numbers: Ditto's
+fairness (a higher 10th percentile and a lower spread over clients than FedAvg's global
+model, Li et al., ICML 2021, Table 1 and Fig. 3), FedRep above FedAvg under label skew
+(Collins, Hassani, Mokhtari, Shakkottai, ICML 2021, Table 1), and every personalized model
+above FedAvg's global model on per-client accuracy.
+
+Writes <out>.md (a section ready for docs/results.md), <out>.json (every run's summary
+without its records, the tuning scores) and <out>.png (mean and 10th percentile per row,
+one panel per dataset), the figure linked by its file name (the report sits beside it).
+Runs live under --runs_dir (a workdir per run), reused or resumed, so an interrupted study
+continues where it stopped; the seeds of one row train as one vectorized computation.
+--processes=N trains the rows in N processes at once after the rates are picked (each
+compiles its own programs: the compilation of N rows runs on N cores).
+
+Runs of the default study, per dataset: FedAvg at 3 rates on seed 0 to tune (one of them
+reused; a pick at an edge adds a rate), then 10 runs (FedBN skipped on the MLP) x 3 seeds:
+64 runs in 22 vectorized groups for both datasets. The costliest are pFedMe (6 gradients a
+local step) and the rows taking 2 (local, Ditto, APFL, Per-FedAvg); --rounds scales them all.
+"""
+import dataclasses
+import importlib
+import json
+import os
+import sys
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from experiments import robust_study
+from experiments import sweep
+from fedjax_lama import registry
+from fedjax_lama import training
+from fedjax_lama.errors import ConfigError
+
+# The rate grid the tuning widens into while its pick sits at an edge.
+FULL_LRS = (0.01, 0.03, 0.1, 0.3, 1.0)
+# Dataset key -> the config module of its setting.
+DATASETS = {"femnist": "configs.personal_femnist", "fmnist": "configs.personal_fmnist"}
+DATASET_TITLES = {"femnist": "FEMNIST (LEAF subset, natural writers)",
+                  "fmnist": "Fashion-MNIST (two classes per client)",
+                  "digits": "digits (smoke run)"}
+# A claim "holds" when the difference of seed means beats the larger seed std of the two.
+GLOBAL, PERSONAL = "global", "personal"
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One configuration trained with every seed; rows read its summaries."""
+  key: str                         # workdir name
+  algorithm: str
+  # lr -> overrides of the run (beside algorithm and local_lr).
+  overrides: Callable[[float], dict] = lambda lr: {}
+  finetune: bool = False           # fine-tuning on at evaluation (config.finetune_steps)
+  finetune_scale: float = 1.0      # the fine-tuning rate times this
+  needs_batchnorm: bool = False    # skipped on a model without BatchNorm (it is FedAvg there)
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  label: str
+  title: str
+  run: str                         # Run.key
+  model: str                       # GLOBAL or PERSONAL: which per-client metrics it reads
+
+
+RUNS = (
+    Run("fedavg", "fedavg", finetune=True),
+    Run("fedavg_ft_slow", "fedavg", finetune=True, finetune_scale=0.1),
+    Run("local", "ditto", lambda lr: {"ditto.lam": 0.0, "ditto.personal_lr": lr}),
+    Run("ditto", "ditto", lambda lr: {"ditto.personal_lr": lr}),
+    Run("apfl", "apfl", lambda lr: {"apfl.personal_lr": lr}),
+    Run("pfedme", "pfedme", lambda lr: {"pfedme.lam": 1.0 / (2.0 * lr),
+                                        "pfedme.personal_lr": lr}),
+    Run("perfedavg", "perfedavg", lambda lr: {"perfedavg.alpha": lr}, finetune=True),
+    Run("fedper", "fedper"),
+    Run("fedrep", "fedrep"),
+    Run("lg_fedavg", "lg_fedavg"),
+    Run("fedbn", "fedbn", needs_batchnorm=True),
+)
+RUNS_BY_KEY = {r.key: r for r in RUNS}
+
+ROWS = (
+    Row("fedavg", "FedAvg (global model)", "fedavg", GLOBAL),
+    Row("fedavg_ft", "FedAvg + fine-tuning", "fedavg", PERSONAL),
+    Row("fedavg_ft_slow", "FedAvg + fine-tuning at a tenth of the rate", "fedavg_ft_slow",
+        PERSONAL),
+    Row("local", "local training only (Ditto, λ = 0)", "local", PERSONAL),
+    Row("ditto", "Ditto", "ditto", PERSONAL),
+    Row("apfl", "APFL", "apfl", PERSONAL),
+    Row("pfedme", "pFedMe", "pfedme", PERSONAL),
+    Row("perfedavg", "Per-FedAvg (FO) + fine-tuning", "perfedavg", PERSONAL),
+    Row("fedper", "FedPer", "fedper", PERSONAL),
+    Row("fedrep", "FedRep", "fedrep", PERSONAL),
+    Row("lg_fedavg", "LG-FedAvg", "lg_fedavg", PERSONAL),
+    Row("fedbn", "FedBN", "fedbn", PERSONAL),
+)
+ROW_LABELS = tuple(r.label for r in ROWS)
+
+
+def metric(model: str, stat: str) -> str:
+  return f"client_test_accuracy/{model}/{stat}"
+
+
+def select_rows(labels: Sequence[str]) -> List[Row]:
+  """--methods as rows (empty: all), in ROWS order; an unknown label stops with the list."""
+  unknown = [x for x in labels if x not in ROW_LABELS]
+  if unknown:
+    raise ConfigError(f"--methods: {unknown[0]!r} is not accepted; accepted: "
+                      f"{', '.join(ROW_LABELS)}")
+  return [r for r in ROWS if not labels or r.label in labels]
+
+
+def has_batchnorm(config) -> bool:
+  """Whether config.model keeps BatchNorm statistics (checked on a 28x28x1 input, the image
+  size of the study's datasets; a dense model does not look at the size)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from fedjax_lama import models  # pylint: disable=g-import-not-at-top
+  module = models.get(config.model, 10, **dict(config.model_options))
+  shapes = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0),
+                                              jnp.zeros((1, 28, 28, 1), jnp.float32)))
+  return "batch_stats" in shapes
+
+
+def runnable(rows: Sequence[Row], base, available: Sequence[str]) -> tuple:
+  """(runs to train, {row label: why it is skipped}) for `rows` on `base`."""
+  skipped, runs = {}, []
+  batchnorm = None
+  for row in rows:
+    run = RUNS_BY_KEY[row.run]
+    if run.algorithm not in available:
+      skipped[row.label] = f"algorithm {run.algorithm!r} is not in this build's registry"
+      continue
+    if run.needs_batchnorm:
+      batchnorm = has_batchnorm(base) if batchnorm is None else batchnorm
+      if not batchnorm:
+        skipped[row.label] = (f"model {base.model!r} has no BatchNorm layer: FedBN is FedAvg "
+                              "there")
+        continue
+    if run not in runs:
+      runs.append(run)
+  return runs, skipped
+
+
+def run_config(base, run: Run, lr: float, seed: int, finetune_steps: int,
+               finetune_lr: Optional[float]):
+  """`run` at local rate `lr` and `seed`; fine-tuning only where the run asks for it."""
+  fields = {"algorithm": run.algorithm, "local_lr": lr, "seed": seed, **run.overrides(lr)}
+  c = sweep.configured(base, fields)
+  c.finetune_steps = finetune_steps if run.finetune else 0
+  if run.finetune:
+    c.finetune_lr = (finetune_lr or lr) * run.finetune_scale
+  return c
+
+
+class Study:
+  """One dataset's tuning and runs (workdirs under <runs_dir>/<dataset>)."""
+
+  def __init__(self, name: str, base, rows: Sequence[Row], seeds: Sequence[int],
+               lrs: Sequence[float], tune_seed: int, finetune_steps: int,
+               finetune_lr: Optional[float], full_lrs: Sequence[float] = FULL_LRS):
+    self.name, self.base, self.rows = name, base, list(rows)
+    self.seeds, self.lrs, self.tune_seed = list(seeds), list(lrs), tune_seed
+    self.finetune_steps, self.finetune_lr = finetune_steps, finetune_lr
+    self.full_lrs = sorted(set(full_lrs) | set(lrs))
+    self.runs, self.skipped = runnable(self.rows, base, registry.names())
+
+  def workdir(self, runs_dir: str, run: Run, lr: float, seed: int) -> str:
+    return os.path.join(runs_dir, self.name, run.key, f"lr{lr:g}", f"seed{seed}")
+
+  def config(self, run: Run, lr: float, seed: int):
+    return run_config(self.base, run, lr, seed, self.finetune_steps, self.finetune_lr)
+
+  def tune(self, runs_dir: str) -> sweep.Tuned:
+    """FedAvg's local rate on the validation split (its tuning runs are FedAvg's own runs:
+    fine-tuning changes only the per-client evaluation, not the validation score)."""
+    fedavg = RUNS_BY_KEY["fedavg"]
+    if len(self.lrs) == 1:
+      return sweep.Tuned(self.lrs[0], {})
+    return sweep.tune_widening(lambda lr, s: self.config(fedavg, lr, s), self.lrs,
+                               self.tune_seed,
+                               lambda lr, s: self.workdir(runs_dir, fedavg, lr, s),
+                               self.full_lrs)
+
+  def train(self, runs_dir: str, lr: float, shard: tuple = (0, 1)) -> Dict[str, list]:
+    """Every run of this shard (runs index, index + count, ...) with every seed: run key ->
+    summaries (a diverged run as {"diverged": message})."""
+    index, count = shard
+    out = {}
+    for i, run in enumerate(self.runs):
+      if i % count != index:
+        continue
+      outcomes = sweep.run_group([self.config(run, lr, s) for s in self.seeds],
+                                 [self.workdir(runs_dir, run, lr, s) for s in self.seeds])
+      out[run.key] = [{"diverged": str(r)} if isinstance(r, training.TrainingError) else r
+                      for r in outcomes]
+      print(f"{self.name} {run.key}: personal mean " + sweep.mean_std(
+          [r.get(metric(PERSONAL, "mean")) for r in out[run.key]]), flush=True)
+    return out
+
+
+# ---- statistics of the rows -----------------------------------------------------------------
+def row_values(row: Row, runs: Dict[str, list], model: Optional[str] = None,
+               stat: str = "mean") -> List[float]:
+  """`stat` of the row's served model (or of `model`) over its finished seeds."""
+  summaries = runs.get(row.run, [])
+  key = metric(model or row.model, stat)
+  return [float(r[key]) for r in summaries if "diverged" not in r and r.get(key) is not None]
+
+
+def row_stats(rows: Sequence[Row], runs: Dict[str, list]) -> Dict[str, dict]:
+  """label -> {stat: (seed mean, seed std)} for mean, p10, std, worst of the served model and
+  the global model's mean; rows without finished runs are left out."""
+  out = {}
+  for row in rows:
+    stats = {}
+    for stat in ("mean", "p10", "std", "worst"):
+      values = row_values(row, runs, stat=stat)
+      if values:
+        stats[stat] = (float(np.mean(values)), float(np.std(values)))
+    values = row_values(row, runs, model=GLOBAL)
+    if values:
+      stats["global_mean"] = (float(np.mean(values)), float(np.std(values)))
+    if stats:
+      out[row.label] = stats
+  return out
+
+
+def _cell(stat) -> str:
+  return "-" if stat is None else f"{stat[0]:.4f} ± {stat[1]:.4f}"
+
+
+def table(rows: Sequence[Row], stats: Dict[str, dict], skipped: Dict[str, str]) -> str:
+  """One line per row; rows skipped or without finished runs say so."""
+  header = ["row", "personalized mean", "personalized p10", "global model mean",
+            "worst client", "std over clients"]
+  lines = []
+  for row in rows:
+    if row.label in skipped:
+      lines.append([row.title, f"skipped: {skipped[row.label]}", "", "", "", ""])
+      continue
+    s = stats.get(row.label)
+    if s is None:
+      lines.append([row.title, "diverged or not run", "", "", "", ""])
+      continue
+    lines.append([row.title, _cell(s.get("mean")), _cell(s.get("p10")),
+                  _cell(s.get("global_mean")), _cell(s.get("worst")), _cell(s.get("std"))])
+  return sweep.markdown_table(header, lines)
+
+
+# ---- the claims -----------------------------------------------------------------------------
+def compare(better, worse, higher_is_better: bool = True) -> str:
+  """'holds' when the seed means differ the claimed way by more than the larger seed std,
+  'holds within the seeds' spread' when only the means do, 'does not hold' otherwise."""
+  if better is None or worse is None:
+    return "not measured"
+  gap = (better[0] - worse[0]) * (1 if higher_is_better else -1)
+  if gap > max(better[1], worse[1]):
+    return "holds"
+  if gap > 0:
+    return "holds within the seeds' spread"
+  return "does not hold"
+
+
+def claims(stats: Dict[str, dict]) -> List[str]:
+  """The papers' claims checked on one dataset's numbers (stats as row_stats gives them)."""
+  get = lambda label, stat: stats.get(label, {}).get(stat)
+  lines = []
+  fedavg_p10, fedavg_std = get("fedavg", "p10"), get("fedavg", "std")
+  if "ditto" in stats and "fedavg" in stats:
+    p10 = compare(get("ditto", "p10"), fedavg_p10)
+    spread = compare(get("ditto", "std"), fedavg_std, higher_is_better=False)
+    verdict = ("holds" if p10 == spread == "holds" else
+               "does not hold" if p10 == spread == "does not hold" else "partly holds")
+    lines.append(
+        f"Ditto's fairness (Li et al., ICML 2021: a higher 10th percentile and a lower spread "
+        f"over clients than FedAvg): {verdict} (10th percentile {get('ditto', 'p10')[0]:.4f} "
+        f"against {fedavg_p10[0]:.4f}: {p10}; std over clients {get('ditto', 'std')[0]:.4f} "
+        f"against {fedavg_std[0]:.4f}: {spread}).")
+  else:
+    lines.append("Ditto's fairness (Li et al., ICML 2021): not measured (Ditto or FedAvg not "
+                 "run).")
+  if "fedrep" in stats and "fedavg" in stats:
+    verdict = compare(get("fedrep", "mean"), get("fedavg", "mean"))
+    lines.append(
+        f"FedRep above FedAvg (Collins et al., ICML 2021): {verdict} (mean over clients "
+        f"{get('fedrep', 'mean')[0]:.4f} against {get('fedavg', 'mean')[0]:.4f}"
+        + (f"; FedAvg + fine-tuning {get('fedavg_ft', 'mean')[0]:.4f}"
+           if "fedavg_ft" in stats else "") + ").")
+  else:
+    lines.append("FedRep above FedAvg (Collins et al., ICML 2021): not measured (FedRep not "
+                 "run).")
+  if "fedavg" in stats:
+    above, below = [], []
+    for label, s in stats.items():
+      if label == "fedavg":
+        continue
+      verdict = compare(s.get("mean"), get("fedavg", "mean"))
+      (above if verdict == "holds" else below).append(
+          f"{label} {s['mean'][0]:.4f}" + ("" if verdict in ("holds", "does not hold")
+                                           else f" ({verdict})"))
+    lines.append(
+        f"Personalization above FedAvg's global model ({get('fedavg', 'mean')[0]:.4f} mean "
+        "over clients): above by more than the seeds' spread: "
+        + (", ".join(above) or "none") + "; not: " + (", ".join(below) or "none") + ".")
+  return lines
+
+
+# ---- the report -----------------------------------------------------------------------------
+def plot(path: str, panels: Dict[str, tuple]) -> None:
+  """One panel per dataset: per row, bars of the personalized mean and 10th percentile over
+  clients (mean over seeds, std error bars). panels: dataset -> (rows, stats)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(6.5 * max(1, len(panels)), 4.5),
+                           dpi=100, squeeze=False)
+  for ax, (name, (rows, stats)) in zip(axes[0], panels.items()):
+    shown = [r for r in rows if r.label in stats]
+    x = np.arange(len(shown))
+    for offset, stat, label in ((-0.2, "mean", "mean over clients"),
+                                (0.2, "p10", "10th percentile")):
+      values = [stats[r.label].get(stat, (np.nan, 0.0)) for r in shown]
+      ax.bar(x + offset, [v[0] for v in values], 0.4, yerr=[v[1] for v in values],
+             capsize=2, label=label)
+    ax.set_xticks(x)
+    ax.set_xticklabels([r.title for r in shown], rotation=40, ha="right", fontsize=7)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("per-client test accuracy")
+    ax.set_title(DATASET_TITLES.get(name, name), fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path)
+  plt.close(fig)
+
+
+def setting_text(study: Study, lr: float, scores: dict) -> str:
+  b = study.base
+  partition = (f"{b.partition}" + (f", {b.classes_per_client} classes per client"
+                                   if b.partition in ("shards", "class_cyclic") else ""))
+  return (f"Setting: {b.dataset}, partition {partition}, "
+          f"{'every natural client' if b.partition == 'natural' else f'{b.num_clients} clients'}"
+          f", model {b.model} {dict(b.model_options)}, {b.active_ratio:.0%} of the clients per "
+          f"round, {b.local_steps} local steps of batch {b.batch_size}, {b.rounds} rounds, "
+          f"validation split {b.validation_fraction:.0%} of the training data, local test "
+          + ("parts: each writer's own LEAF test examples" if b.partition == "natural" else
+             f"parts {b.local_test_fraction:.0%} of each client's data (stratified by label)")
+          + f". Local rate {lr:g} for every row (FedAvg's, picked on the validation split"
+          + (": " + ", ".join(f"{k:g}: {v:.4f}" for k, v in sorted(scores.items()))
+             if scores else ", a single rate given") + f"); fine-tuning "
+          f"{study.finetune_steps} steps at rate {study.finetune_lr or lr:g} (and "
+          f"{(study.finetune_lr or lr) / 10:g} in its second row).")
+
+
+def write_report(studies: Dict[str, Study], results: Dict[str, dict], out: str, command: str,
+                 elapsed: Optional[float] = None) -> str:
+  """<out>.md, <out>.json, <out>.png; results: dataset -> {"lr", "scores", "runs"}."""
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  panels, sections = {}, []
+  for name, study in studies.items():
+    res = results[name]
+    stats = row_stats(study.rows, res["runs"])
+    panels[name] = (study.rows, stats)
+    sections += [f"### {DATASET_TITLES.get(name, name)}", "",
+                 setting_text(study, res["lr"], res["scores"]), "",
+                 table(study.rows, stats, study.skipped), "",
+                 *[f"- {line}" for line in claims(stats)], ""]
+  plot(out + ".png", panels)
+  wall = sum(r.get("wall_seconds", 0) / r.get("vectorized_runs", 1)
+             for res in results.values() for runs in res["runs"].values() for r in runs)
+  first = next(iter(studies.values()))
+  text = "\n".join([
+      "## Personalization: per-client accuracy", "",
+      "Each client evaluated on its own local test part after the last round; each cell is "
+      "the mean ± std over seeds " + ", ".join(map(str, first.seeds)) + " of a run's "
+      "statistic over clients (unweighted). The personalized columns read each row's served "
+      "model (FedAvg's global model in its own row), the global column each run's global "
+      "model (the layer-partition methods' global model keeps its personal layers as "
+      "initialised). Local training only is Ditto at λ = 0 (its personal models are the "
+      "clients' own SGD from the initial model); pFedMe at λ = 1 / (2 lr); Per-FedAvg "
+      "evaluated after the same fine-tuning as FedAvg + fine-tuning, its inner step α the "
+      "fine-tuning rate.", "",
+      f"Command: `{command}`", "",
+      f"Machine: {sweep.machine()}. Time of the reported runs: {wall / 60:.1f} min"
+      + (f"; this invocation took {elapsed / 60:.1f} min (finished runs reused)."
+         if elapsed is not None else "."), "",
+      *sections,
+      f"![personalized accuracy per method]({os.path.basename(out + '.png')})", ""])
+  with open(out + ".md", "w") as f:
+    f.write(text)
+  slim = lambda runs: [{k: v for k, v in r.items() if k != "records"} for r in runs]
+  with open(out + ".json", "w") as f:
+    json.dump({name: {"lr": res["lr"],
+                      "scores": {f"{k:g}": v for k, v in res["scores"].items()},
+                      "seeds": studies[name].seeds, "skipped": studies[name].skipped,
+                      "rows": {r.label: {"run": r.run, "model": r.model}
+                               for r in studies[name].rows},
+                      "stats": row_stats(studies[name].rows, res["runs"]),
+                      "runs": {k: slim(v) for k, v in res["runs"].items()}}
+               for name, res in results.items()}, f, indent=1, default=str)
+  return text
+
+
+# --quick: the whole pipeline on the built-in digits data (label skew, every row).
+QUICK = {"dataset": "digits", "model": "mlp", "partition": "shards", "classes_per_client": 2,
+         "num_clients": 8, "active_ratio": 1.0, "rounds": 2, "local_steps": 2,
+         "batch_size": 8, "eval_every": 1, "checkpoint_every": 2, "eval_batch_size": 500,
+         "validation_fraction": 0.2, "local_test_fraction": 0.2, "per_client_eval": "final",
+         "plots": False}
+QUICK_SEEDS, QUICK_LRS = (0, 1), (0.1,)
+
+
+def quick_config():
+  from fedjax_lama.config import base_config  # pylint: disable=g-import-not-at-top
+  c = sweep.configured(base_config(), QUICK)
+  c.model_options.hidden_sizes = (16,)
+  return c
+
+
+def dataset_config(name: str, data_dir: str, rounds: int):
+  module = DATASETS.get(name)
+  if module is None:
+    raise ConfigError(f"--datasets: {name!r} is not accepted; accepted: "
+                      f"{', '.join(DATASETS)}")
+  c = importlib.import_module(module).get_config()
+  if data_dir:
+    c.data_dir = data_dir
+  if rounds:
+    c.rounds = rounds
+  return c
+
+
+def main(argv) -> None:
+  del argv
+  from fedjax_lama.cli import logs  # pylint: disable=g-import-not-at-top
+  logs.progress_only()
+  rows = select_rows(FLAGS.methods)
+  if FLAGS.quick:
+    bases = {"digits": quick_config()}
+    seeds, lrs = list(QUICK_SEEDS), list(QUICK_LRS)
+  else:
+    bases = {n: dataset_config(n, FLAGS.data_dir, FLAGS.rounds) for n in FLAGS.datasets}
+    seeds, lrs = [int(s) for s in FLAGS.seeds], [float(x) for x in FLAGS.lrs]
+  studies = {n: Study(n, b, rows, seeds, lrs, FLAGS.tune_seed, FLAGS.finetune_steps,
+                      FLAGS.finetune_lr or None, full_lrs=lrs if FLAGS.quick else FULL_LRS)
+             for n, b in bases.items()}
+  runs_dir = FLAGS.runs_dir or FLAGS.out + "_runs"
+  start = time.perf_counter()
+  tuned = {}
+  for name, study in studies.items():
+    tuned[name] = study.tune(runs_dir)
+    print(f"{name}: local rate {tuned[name].value:g} {tuned[name].scores}", flush=True)
+    for label, why in study.skipped.items():
+      print(f"{name}: {label} skipped ({why})", flush=True)
+  if FLAGS.shard:
+    shard = robust_study.parse_shard(FLAGS.shard)
+    for name, study in studies.items():
+      study.train(runs_dir, tuned[name].value, shard)
+    return
+  if FLAGS.processes > 1:
+    robust_study.run_shards(FLAGS.processes, sys.argv[1:], module="experiments.personal_study",
+                            runs_dir=runs_dir)
+  results = {name: {"lr": tuned[name].value, "scores": tuned[name].scores,
+                    "runs": study.train(runs_dir, tuned[name].value)}
+             for name, study in studies.items()}
+  command = " ".join(["python -m experiments.personal_study"] + [
+      f"{a.partition('=')[0]}=DATA" if a.startswith("--data_dir=") else a
+      for a in sys.argv[1:]])
+  print(write_report(studies, results, FLAGS.out, command, time.perf_counter() - start))
+
+
+if __name__ == "__main__":
+  from absl import app, flags  # pylint: disable=g-import-not-at-top
+
+  FLAGS = flags.FLAGS
+  flags.DEFINE_string("data_dir", "", "Data directory (default: the configs' own).")
+  flags.DEFINE_string("runs_dir", None, "Directory of the runs' workdirs (default <out>_runs).")
+  flags.DEFINE_string("out", "experiments/results/personal",
+                      "Report prefix: <out>.md, <out>.json, <out>.png.")
+  flags.DEFINE_list("datasets", list(DATASETS), "Datasets: " + ", ".join(DATASETS) + ".")
+  flags.DEFINE_list("methods", [], "Rows (default all): " + ", ".join(ROW_LABELS) + ".")
+  flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of every row.")
+  flags.DEFINE_list("lrs", ["0.03", "0.1", "0.3"], "FedAvg's local-rate grid (widened into "
+                    "0.01 ... 1 at an edge); one rate is used as given.")
+  flags.DEFINE_integer("tune_seed", 0, "Seed of the tuning runs (reused as a final run).")
+  flags.DEFINE_integer("rounds", 0, "Rounds of every run (0: the configs').")
+  flags.DEFINE_integer("finetune_steps", 5, "k: local SGD steps of FedAvg + fine-tuning and "
+                       "Per-FedAvg before the per-client evaluation.")
+  flags.DEFINE_float("finetune_lr", 0.0, "Fine-tuning rate (0: the tuned local rate).")
+  flags.DEFINE_boolean("quick", False, "A smoke run: digits over 8 two-class clients, 2 rounds, "
+                       "seeds 0 and 1, rate 0.1, every row (overrides --datasets, --seeds, --lrs).")
+  flags.DEFINE_string("shard", "", "I/N: train only runs I, I + N, ... and write no report.")
+  flags.DEFINE_integer("processes", 1, "After tuning, train the runs in this many processes at "
+                       "once (--shard each), then report.")
+  app.run(main)
