@@ -7,11 +7,12 @@ For every N: synthetic data (8 training and 2 test examples per client, 16 featu
 classes) and a tiny MLP (16 -> 16 -> 4). Two runs on the same federation and cohorts:
 
 - FedAvg, no per-client state;
-- a personalized run: SCAFFOLD's params-shaped row c_i per client kept in the host store
-  (config.engine.client_state_on_host; one model's worth of floats per client, the size of
-  a Ditto or FedRep personal model), and per-client evaluation of every client's personal
-  model, here x + c_i (a stand-in for `Algorithm.personalize` that reads the row), plus 2
-  fine-tuning steps. The personal run's round time includes SCAFFOLD's correction.
+- Ditto (Li et al., ICML 2021): each client's personal model v_i (one model's worth of
+  floats, and a flag) in its row, kept in the host store (config.engine.client_state_on_host),
+  and per-client evaluation of every client's personal model (`Algorithm.personalize`: v_i,
+  or the global model for a client that never took part), plus 2 fine-tuning steps. Ditto's
+  round trains the personal model beside the global one, so its round does twice the
+  gradient work of FedAvg's.
 
 Printed per N: the host store's bytes, the process's peak host memory (max RSS), device
 memory in use where the backend reports it, the round time (best of the repeats after a
@@ -101,7 +102,7 @@ def run_one(num_clients: int, cohort: int, repeats: int) -> dict:
   fed = synthetic_federation(num_clients)
   mesh = sharding.client_mesh()
   out = {"clients": num_clients}
-  for name, algorithm, on_host in (("fedavg", "fedavg", False), ("personal", "scaffold", True)):
+  for name, algorithm, on_host in (("fedavg", "fedavg", False), ("personal", "ditto", True)):
     c = _config(algorithm, num_clients, cohort, on_host)
     spec = spec_lib.build_spec(c)
     model, params, model_state = parts_lib.build_model(spec.model, fed.dataset,
@@ -115,7 +116,7 @@ def run_one(num_clients: int, cohort: int, repeats: int) -> dict:
           evaluate.make_eval_fn(model, False), mesh, test_x=fed.dataset.train_x,
           test_y=fed.dataset.train_y, test_parts=fed.client_test,
           clients_per_chunk=max(1, 1000 // TEST_PER_CLIENT),
-          personalize=lambda p, s, row: (jax.tree.map(lambda a, b: a + b, p, row), s),
+          personalize=program.algorithm.personalize,
           loss_fn=local.make_loss_fn(model, False), train_x=fed.dataset.train_x,
           train_y=fed.dataset.train_y, train_parts=fed.client_train, finetune_steps=2,
           finetune_lr=0.1, batch_size=4, seed=0)

@@ -9,8 +9,9 @@ def test_quick_run_prints_every_figure(capsys):
   lines = capsys.readouterr().out.strip().splitlines()
   (result,) = json.loads(lines[-1])["personal_scale"]
   assert result["clients"] == 200
-  # SCAFFOLD's row: one model's floats per client, float32 (16*16 + 16 + 16*4 + 4 weights).
-  assert result["host_store_mb"] * 2**20 == 200 * (16 * 16 + 16 + 16 * 4 + 4) * 4
+  # Ditto's row: one model's floats and a flag per client, float32 (16*16 + 16 + 16*4 + 4
+  # weights, 1 flag).
+  assert result["host_store_mb"] * 2**20 == 200 * (16 * 16 + 16 + 16 * 4 + 4 + 1) * 4
   for key in ("fedavg_round_s", "personal_round_s", "per_client_eval_s", "peak_host_mb"):
     assert result[key] > 0, key
   assert 0.0 <= result["personal_mean_accuracy"] <= 1.0
