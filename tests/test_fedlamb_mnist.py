@@ -69,6 +69,7 @@ def test_unknown_panel_is_refused_with_the_known_ones(tmp_path):
                       str(tmp_path / "s.md"), 5)
 
 
+@pytest.mark.slow
 def test_smoke_panel_end_to_end(tmp_path):
   out, summary = str(tmp_path / "panels"), str(tmp_path / "summary" / "fedlamb_mnist_smoke.md")
   path = fedlamb_mnist.run(["f2-mnist-mlp-noniid-e1"], "smoke", out, str(tmp_path / "runs"),

@@ -80,6 +80,7 @@ def _main(argv, monkeypatch):
     reproduce.FLAGS.unparse_flags()
 
 
+@pytest.mark.slow
 def test_smoke_reproduction_writes_report_plot_and_json_and_reuses_runs(tmp_path, monkeypatch):
   out, runs, data = str(tmp_path / "out"), str(tmp_path / "runs"), str(tmp_path / "data")
   flags = ["--paper=fedlamb", "--table=f2-mnist-mlp-noniid-e1", "--scale=smoke", f"--out={out}",
