@@ -43,7 +43,6 @@ from one run, never absolute times across runs).
 import json
 import math
 import os
-import platform
 import time
 from typing import Any, NamedTuple
 
@@ -54,6 +53,7 @@ import numpy as np
 import optax
 
 from benchmarks.conv import plans as conv_plans
+from benchmarks.round_timing import host_cpu
 from fedjax_lama import algorithms, models
 from fedjax_lama.cli import cpu_devices
 from fedjax_lama.engine import cohort as cohort_lib, local, sharding, sync_round
@@ -175,19 +175,6 @@ def matmul_plan(n: int = 2048):
   b = jax.random.normal(kb, (n, n), jnp.float32)
   dot = jax.jit(jnp.dot)
   return (lambda: dot(a, b)), 2.0 * n ** 3
-
-
-def host_cpu() -> str:
-  """The host's processor as the OS names it ("AMD EPYC", "Intel(R) Xeon(R) ..."): on a
-  CPU platform jax's device_kind is only "cpu". Linux's /proc/cpuinfo, else `platform`."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine() or "unknown"
 
 
 def _load() -> list:

@@ -115,9 +115,8 @@ def ratio(times: dict, numerator: str, denominator: str) -> dict:
 
 
 def host_cpu() -> str:
-  """The host's processor as the OS names it (on a CPU platform jax's device_kind is only
-  "cpu"). benchmarks.benchmark has the same, but importing it defines its flags, whose names
-  these tools' flags share."""
+  """The host's processor as the OS names it ("AMD EPYC", "Intel(R) Xeon(R) ..."): on a
+  CPU platform jax's device_kind is only "cpu". Linux's /proc/cpuinfo, else `platform`."""
   try:
     with open("/proc/cpuinfo") as f:
       for line in f:

@@ -22,24 +22,13 @@ v_i at the server model of its first round where the paper starts every v_i befo
 a number, one option back at the paper's at a time, then all three. The global model is
 FedAvg's under every reading, so the server parameters agree in all of them.
 """
-import importlib.util
-import os
-
 import numpy as np
 import pytest
 
+from tests.peers import fedjax_import
 from third_party import fedjax_peer
 
-PEERS_PATH = os.environ.get("FEDJAX_LAMA_PEERS_PATH", "")
-# Look before importing: import_fedjax shims jax for FedJAX, which a skipped module should not.
-_MISSING = ("FedJAX is not installed: pip install --no-deps --target DIR -r "
-            "requirements-peers.txt, then FEDJAX_LAMA_PEERS_PATH=DIR")
-if importlib.util.find_spec("fedjax") is None and not (
-    PEERS_PATH and os.path.isdir(os.path.join(PEERS_PATH, "fedjax"))):
-  pytest.skip(_MISSING, allow_module_level=True)
-fedjax = fedjax_peer.import_fedjax(PEERS_PATH)
-if fedjax is None:
-  pytest.skip(_MISSING, allow_module_level=True)
+fedjax = fedjax_import.fedjax_or_skip()
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax.numpy as jnp  # pylint: disable=wrong-import-position

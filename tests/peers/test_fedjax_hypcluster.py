@@ -18,23 +18,13 @@ client trains on first). Two settings:
 - 2, 3 and 4 batches of 4 examples per client (one epoch): the choices may differ; the
   distance (choices that differ, largest cluster-model difference) is checked as a number.
 """
-import importlib.util
-import os
-
 import numpy as np
 import pytest
 
+from tests.peers import fedjax_import
 from third_party import fedjax_peer
 
-PEERS_PATH = os.environ.get("FEDJAX_LAMA_PEERS_PATH", "")
-_MISSING = ("FedJAX is not installed: pip install --no-deps --target DIR -r "
-            "requirements-peers.txt, then FEDJAX_LAMA_PEERS_PATH=DIR")
-if importlib.util.find_spec("fedjax") is None and not (
-    PEERS_PATH and os.path.isdir(os.path.join(PEERS_PATH, "fedjax"))):
-  pytest.skip(_MISSING, allow_module_level=True)
-fedjax = fedjax_peer.import_fedjax(PEERS_PATH)
-if fedjax is None:
-  pytest.skip(_MISSING, allow_module_level=True)
+fedjax = fedjax_import.fedjax_or_skip()
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax.numpy as jnp  # pylint: disable=wrong-import-position
