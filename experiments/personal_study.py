@@ -123,6 +123,7 @@ RUNS = (
     Run("fedrep", "fedrep"),
     Run("lg_fedavg", "lg_fedavg"),
     Run("fedbn", "fedbn", needs_batchnorm=True),
+    Run("hypcluster", "hypcluster"),
 )
 RUNS_BY_KEY = {r.key: r for r in RUNS}
 
@@ -140,6 +141,7 @@ ROWS = (
     Row("fedrep", "FedRep", "fedrep", PERSONAL),
     Row("lg_fedavg", "LG-FedAvg", "lg_fedavg", PERSONAL),
     Row("fedbn", "FedBN", "fedbn", PERSONAL),
+    Row("hypcluster", "HypCluster (k = 2)", "hypcluster", PERSONAL),
 )
 ROW_LABELS = tuple(r.label for r in ROWS)
 

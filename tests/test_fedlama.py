@@ -111,6 +111,7 @@ def test_window_must_divide_total_steps(tmp_path):
     training.train_and_evaluate(_config(**{"fedlama.phi": 3}), str(tmp_path))
 
 
+@pytest.mark.slow
 def test_fedprox_composes_with_fedlama(tmp_path):
   """AAAI Table 4a runs FedProx + FedLAMA: with mu = 0 it is plain FedLAMA, with mu > 0 it differs."""
   plain = training.train_and_evaluate(_config(), str(tmp_path / "plain"))

@@ -393,7 +393,8 @@ def test_the_records_carry_the_success_rate_and_resume_exactly(tmp_path):
 
 
 # ---- the defences' scalars under the FedLAMA schedule ----------------------------------------------
-@pytest.mark.parametrize("phi", [pytest.param(1, marks=pytest.mark.slow), 2])
+@pytest.mark.slow
+@pytest.mark.parametrize("phi", [1, 2])
 def test_fedlama_records_the_defence_scalars_of_the_window(phi):
   """Multi-Krum (f = 2) behind 2 clients sending -10x their update, all 8 clients in every
   sub-round: the window's last sub-round synchronises every layer and keeps the honest six,

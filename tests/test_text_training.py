@@ -159,6 +159,7 @@ def test_sentiment140_logreg_counts_and_tokens_train_alike(tmp_path):
     np.testing.assert_allclose(a["train_loss"], b["train_loss"], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_shakespeare_lstm_trains(tmp_path):
   _write_shakespeare(str(tmp_path / "data" / "shakespeare" / "data"))
   c = _config(tmp_path, dataset="shakespeare", model="lstm_lm", local_lr=0.5,

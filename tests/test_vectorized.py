@@ -29,8 +29,9 @@ def _pieces(c):
 
 # fedsgd: one full-batch step, whose batch is each run's largest client (seeds differ).
 # fedper: per-client rows that are only some layers, and a per-client start (Algorithm.start).
-@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "fedadam", "fedsgd",
-                                       pytest.param("fedper", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("algorithm", ["fedavg"] + [
+    pytest.param(name, marks=pytest.mark.slow)
+    for name in ("scaffold", "fedadam", "fedsgd", "fedper")])
 def test_vectorized_runs_equal_sequential_runs(algorithm):
   configs = [_config(algorithm, s, lr) for s, lr in RUNS]
   sequential = []
