@@ -57,7 +57,8 @@ def test_missing_algorithms_and_fedbn_without_batchnorm_are_skipped():
   base = ps.quick_config()
   runs, skipped = ps.runnable(ps.ROWS, base, ["fedavg", "ditto", "fedrep", "fedbn"])
   assert [r.key for r in runs] == ["fedavg", "fedavg_ft_slow", "local", "ditto", "fedrep"]
-  assert set(skipped) == {"apfl", "pfedme", "perfedavg", "fedper", "lg_fedavg", "fedbn"}
+  assert set(skipped) == {"apfl", "pfedme", "perfedavg", "fedper", "lg_fedavg", "fedbn",
+                          "hypcluster"}
   assert "no BatchNorm" in skipped["fedbn"] and "registry" in skipped["apfl"]
   base.model = "resnet20"  # a model with BatchNorm keeps the row
   base.model_options = type(base.model_options)()
