@@ -379,27 +379,29 @@ def worker(out_path, mesh_size, cases):
   pathlib.Path(out_path).write_text(json.dumps(report))
 
 
-def _spawn(out, mesh_size, cases):
+def _spawn(out, mesh_size, cases, module="tests.test_aggregation_stage"):
   env = dict(os.environ, JAX_PLATFORMS="cpu", FEDJAX_TEST_CPU_DEVICES="8",
              XLA_FLAGS=("--xla_backend_optimization_level=0 "
                         "--xla_llvm_disable_expensive_passes=true"),
              PYTHONPATH=os.pathsep.join([str(REPO)] + [
                  p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
   return subprocess.Popen(
-      [sys.executable, "-m", "tests.test_aggregation_stage", str(out), str(mesh_size), *cases],
+      [sys.executable, "-m", module, str(out), str(mesh_size), *cases],
       cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-def _eight_vs_one(out_dir, cases):
-  procs = {"one": _spawn(out_dir / "one.json", 1, cases),
-           "many": _spawn(out_dir / "many.json", 0, cases)}
+def eight_vs_one(out_dir, cases, module="tests.test_aggregation_stage"):
+  """`module`'s cases (its __main__ writes them) on 1 and on 8 CPU devices, two subprocesses:
+  the two reports (one, many)."""
+  procs = {"one": _spawn(out_dir / "one.json", 1, cases, module),
+           "many": _spawn(out_dir / "many.json", 0, cases, module)}
   for label, proc in procs.items():
     _, err = proc.communicate(timeout=900)
     assert proc.returncode == 0, f"{label} run failed:\n{err[-4000:]}"
   return tuple(json.loads((out_dir / f"{n}.json").read_text()) for n in ("one", "many"))
 
 
-def _check_eight(one, many, case):
+def check_eight_equal_one(one, many, case):
   a = [np.asarray(p, np.float32) for p in one[case]["params"]]
   b = [np.asarray(p, np.float32) for p in many[case]["params"]]
   scale = max(float(np.max(np.abs(x))) for x in a)
@@ -410,24 +412,24 @@ def _check_eight(one, many, case):
 
 @pytest.fixture(scope="module")
 def eight_core(tmp_path_factory):
-  return _eight_vs_one(tmp_path_factory.mktemp("agg8"), _cases(CORE))
+  return eight_vs_one(tmp_path_factory.mktemp("agg8"), _cases(CORE))
 
 
 @pytest.fixture(scope="module")
 def eight_rest(tmp_path_factory):
-  return _eight_vs_one(tmp_path_factory.mktemp("agg8rest"),
+  return eight_vs_one(tmp_path_factory.mktemp("agg8rest"),
                        _cases([n for n in NAMES if n not in CORE]))
 
 
 @pytest.mark.parametrize("case", _cases(CORE))
 def test_eight_devices_equal_one(eight_core, case):
-  _check_eight(*eight_core, case)
+  check_eight_equal_one(*eight_core, case)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", _cases([n for n in NAMES if n not in CORE]))
 def test_eight_devices_equal_one_for_every_other_algorithm(eight_rest, case):
-  _check_eight(*eight_rest, case)
+  check_eight_equal_one(*eight_rest, case)
 
 
 if __name__ == "__main__":

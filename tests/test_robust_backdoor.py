@@ -11,7 +11,6 @@ the FedLAMA schedule.
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
 import jax
@@ -36,6 +35,7 @@ from fedjax_lama.programs.round_program import RoundOutput
 from fedjax_lama.robust import attacks, robust_stage
 from fedjax_lama.run import records as records_lib
 from fedjax_lama.run import spec as spec_lib
+from tests import test_aggregation_stage as stage_tests
 from tests import test_algorithm_contract as contract
 from tests import test_cli_errors as cli
 from tests import test_robust_runs as robust_runs
@@ -445,45 +445,23 @@ def worker(out_path, mesh_size, cases):
   pathlib.Path(out_path).write_text(json.dumps(report))
 
 
-def _spawn(out, mesh_size, cases):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", FEDJAX_TEST_CPU_DEVICES="8",
-             XLA_FLAGS=("--xla_backend_optimization_level=0 "
-                        "--xla_llvm_disable_expensive_passes=true"),
-             PYTHONPATH=os.pathsep.join([str(REPO)] + [
-                 p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-  return subprocess.Popen(
-      [sys.executable, "-m", "tests.test_robust_backdoor", str(out), str(mesh_size), *cases],
-      cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-
-def _eight_vs_one(out_dir, cases):
-  procs = {"one": _spawn(out_dir / "one.json", 1, cases),
-           "many": _spawn(out_dir / "many.json", 0, cases)}
-  for label, proc in procs.items():
-    _, err = proc.communicate(timeout=900)
-    assert proc.returncode == 0, f"{label} run failed:\n{err[-4000:]}"
-  return tuple(json.loads((out_dir / f"{n}.json").read_text()) for n in ("one", "many"))
+MODULE = "tests.test_robust_backdoor"  # its __main__ runs the 8-device cases
 
 
 def _check_eight(one, many, case):
-  a = [np.asarray(p, np.float32) for p in one[case]["params"]]
-  b = [np.asarray(p, np.float32) for p in many[case]["params"]]
-  scale = max(float(np.max(np.abs(x))) for x in a)
-  assert scale > 0.01
-  assert max(float(np.max(np.abs(x - y))) for x, y in zip(a, b)) <= 1e-5 * max(1.0, scale)
-  np.testing.assert_allclose(many[case]["loss"], one[case]["loss"], rtol=1e-5)
+  stage_tests.check_eight_equal_one(one, many, case)
   assert many[case]["extra"] == one[case]["extra"]  # the clients kept, the count of attackers
 
 
 @pytest.fixture(scope="module")
 def eight_default(tmp_path_factory):
-  return _eight_vs_one(tmp_path_factory.mktemp("robust8"), DEFAULT_CASES)
+  return stage_tests.eight_vs_one(tmp_path_factory.mktemp("robust8"), DEFAULT_CASES, MODULE)
 
 
 @pytest.fixture(scope="module")
 def eight_rest(tmp_path_factory):
-  return _eight_vs_one(tmp_path_factory.mktemp("robust8rest"),
-                       [c for c in CASES if c not in DEFAULT_CASES])
+  return stage_tests.eight_vs_one(tmp_path_factory.mktemp("robust8rest"),
+                                  [c for c in CASES if c not in DEFAULT_CASES], MODULE)
 
 
 @pytest.mark.slow
