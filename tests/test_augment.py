@@ -101,6 +101,7 @@ def _run(**overrides):
       return f.read()
 
 
+@pytest.mark.slow
 def test_augmented_training_is_reproducible_and_differs_from_plain():
   plain = _run()
   aug = _run(augmentation="crop_flip", normalization="per_channel")

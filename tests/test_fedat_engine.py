@@ -219,6 +219,7 @@ def runs(tmp_path_factory):
   return whole, split, summary, interrupted, resumed
 
 
+@pytest.mark.slow
 def test_interrupted_then_resumed_run_equals_uninterrupted(runs, setup):
   whole, split, summary, interrupted, resumed = runs
   assert interrupted == {"interrupted_after_tick": 1}

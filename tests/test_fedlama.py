@@ -59,6 +59,7 @@ def test_phi_one_is_fedavg_base_interval(tmp_path, overrides):
   assert s["comm_ratio"] == pytest.approx(1.0)
 
 
+@pytest.mark.slow
 def test_carried_local_optimizer_state_keeps_each_slots_momentum(tmp_path):
   """"carry" keeps the momentum from one window to the next: with momentum it is another
   run than "reset" from the second window on, and the same one in the first window; without

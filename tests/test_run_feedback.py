@@ -181,6 +181,7 @@ def killed_then_rerun(tmp_path_factory):
   return killed, _records(workdir), lines
 
 
+@pytest.mark.slow
 def test_tick_records_are_written_as_they_happen(killed_then_rerun):
   killed, _, _ = killed_then_rerun
   # Tick 2 was evaluated after the last checkpoint (ticks 0-1) and before the kill.

@@ -177,6 +177,7 @@ def test_shakespeare_lstm_trains(tmp_path):
   assert 0.0 <= summary["client_train_accuracy_mean"] <= 1.0
 
 
+@pytest.mark.slow
 def test_reddit_padding_targets_are_not_scored(tmp_path):
   _write_reddit(str(tmp_path / "data" / "reddit_leaf"))
   c = _config(tmp_path, dataset="reddit", model="lstm_lm", local_lr=0.5, rounds=2,

@@ -51,6 +51,7 @@ def test_run_writes_the_contract(tmp_path):
   assert summary["comm_bytes"] == 4 * (summary["comm_floats_up"] + summary["comm_floats_down"])
 
 
+@pytest.mark.slow
 def test_same_seed_same_metrics(tmp_path):
   training.train_and_evaluate(tiny_config(), str(tmp_path / "a"))
   training.train_and_evaluate(tiny_config(), str(tmp_path / "b"))

@@ -79,6 +79,7 @@ def _records(workdir):
     return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow
 def test_train_many_writes_what_train_and_evaluate_writes(tmp_path):
   from tests.test_training import tiny_config  # pylint: disable=g-import-not-at-top
   configs = [tiny_config(seed=s, local_lr=lr, validation_fraction=0.2) for s, lr in RUNS]
