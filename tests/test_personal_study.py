@@ -53,14 +53,20 @@ def test_rows_are_read_from_runs_and_bad_labels_name_the_flag():
     ps.select_rows(["fedprox"])
 
 
-def test_missing_algorithms_and_fedbn_without_batchnorm_are_skipped():
+def test_missing_algorithms_and_fedbn_without_batchnorm_are_skipped(monkeypatch):
   base = ps.quick_config()
   runs, skipped = ps.runnable(ps.ROWS, base, ["fedavg", "ditto", "fedrep", "fedbn"])
-  assert [r.key for r in runs] == ["fedavg", "fedavg_ft_slow", "local", "ditto", "fedrep"]
-  assert set(skipped) == {"apfl", "pfedme", "perfedavg", "fedper", "lg_fedavg", "fedbn",
-                          "hypcluster"}
-  assert "no BatchNorm" in skipped["fedbn"] and "registry" in skipped["apfl"]
-  base.model = "resnet20"  # a model with BatchNorm keeps the row
+  # FedBN and its FedAvg baseline train the MLP with BatchNorm (their overrides).
+  assert [r.key for r in runs] == ["fedavg", "fedavg_ft_slow", "local", "ditto", "fedrep",
+                                   "fedavg_bn", "fedbn"]
+  assert set(skipped) == {"apfl", "pfedme", "perfedavg", "fedper", "lg_fedavg", "hypcluster"}
+  assert "registry" in skipped["apfl"]
+  # Without the override the MLP has no BatchNorm: the row is skipped, and says why.
+  plain = ps.Run("fedbn", "fedbn", needs_batchnorm=True)
+  monkeypatch.setitem(ps.RUNS_BY_KEY, "fedbn", plain)
+  _, skipped = ps.runnable([ROW["fedbn"]], base, ["fedbn"])
+  assert "no BatchNorm" in skipped["fedbn"]
+  base.model = "resnet20"  # a model with BatchNorm of its own keeps the row
   base.model_options = type(base.model_options)()
   _, skipped = ps.runnable([ROW["fedbn"]], base, ["fedbn"])
   assert skipped == {}

@@ -139,10 +139,11 @@ _MODELS: dict[str, _Entry] = {
         "FedAT Reddit LSTM LM; 2,701,840 (10,000 classes)",
         conv=False),
     "mlp": _Entry(
-        lambda num_classes, hidden_sizes, dropout, init_style, **ops: dense.MLP(
-            num_classes, tuple(hidden_sizes), dropout, init_style, ops["dense"]),
-        {"hidden_sizes": (128,), "dropout": 0.0, "init_style": "keras"},
-        "small MLP (e.g. the built-in 8x8 digits)"),
+        lambda num_classes, hidden_sizes, dropout, init_style, batch_norm, **ops: dense.MLP(
+            num_classes, tuple(hidden_sizes), dropout, init_style, ops["dense"],
+            bool(batch_norm)),
+        {"hidden_sizes": (128,), "dropout": 0.0, "init_style": "keras", "batch_norm": False},
+        "small MLP (e.g. the built-in 8x8 digits); batch_norm: a BatchNorm per hidden layer"),
 }
 
 def names() -> list[str]:
