@@ -9,7 +9,7 @@ classes) and a tiny MLP (16 -> 16 -> 4). Two runs on the same federation and coh
 - FedAvg, no per-client state;
 - Ditto (Li et al., ICML 2021): each client's personal model v_i (one model's worth of
   floats, and a flag) in its row, kept in the host store (config.engine.client_state_on_host),
-  and per-client evaluation of every client's personal model (`Algorithm.personalize`: v_i,
+  and per-client evaluation of every client's personal model (`Algorithm.serve`: v_i,
   or the global model for a client that never took part), plus 2 fine-tuning steps. Ditto's
   round trains the personal model beside the global one, so its round does twice the
   gradient work of FedAvg's.
@@ -116,16 +116,17 @@ def run_one(num_clients: int, cohort: int, repeats: int) -> dict:
           evaluate.make_eval_fn(model, False), mesh, test_x=fed.dataset.train_x,
           test_y=fed.dataset.train_y, test_parts=fed.client_test,
           clients_per_chunk=max(1, 1000 // TEST_PER_CLIENT),
-          personalize=program.algorithm.personalize,
+          serve=program.algorithm.serve,
           loss_fn=local.make_loss_fn(model, False), train_x=fed.dataset.train_x,
           train_y=fed.dataset.train_y, train_parts=fed.client_train, finetune_steps=2,
           finetune_lr=0.1, batch_size=4, seed=0)
       eval_params, eval_state = program.eval_params(program.last_state)
-      evaluator(eval_params, eval_state, store)  # compiles
+      server = program.server_state(program.last_state)
+      evaluator(eval_params, eval_state, store, server=server)  # compiles
       best = float("inf")
       for _ in range(repeats):
         started = time.perf_counter()
-        sums = evaluator(eval_params, eval_state, store)
+        sums = evaluator(eval_params, eval_state, store, server=server)
         best = min(best, time.perf_counter() - started)
       out["per_client_eval_s"] = best
       out["personal_mean_accuracy"] = personal_eval.summarize(sums["personal"])["mean"]

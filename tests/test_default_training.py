@@ -80,6 +80,6 @@ def test_every_algorithm_trains_on_the_default_config(tmp_path, name):
   assert math.isfinite(losses[30]) and losses[30] < losses[1], losses
   if name in PERSONAL_LAYERS:
     # The global model keeps its personal layers as initialised: only each client's own
-    # model (Algorithm.personalize) is measured by these methods.
+    # model (Algorithm.serve) is measured by these methods.
     return
   assert summary["final_test_accuracy"] > 5 * CHANCE, summary["final_test_accuracy"]

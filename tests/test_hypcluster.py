@@ -17,7 +17,7 @@ from fedjax_lama.algorithms import Common, hypcluster
 from fedjax_lama.engine import (client_store, cohort as cohort_lib, local, personal_eval,
                                 sharding, sync_round)
 from fedjax_lama.run import spec as spec_lib
-from fedjax_lama.engine.algorithm import Algorithm, ClientContext, LocalState
+from fedjax_lama.engine.algorithm import Algorithm, ClientContext, LocalState, Personalization
 from tests import test_algorithm_contract as contract, test_personal_eval
 from tests.test_algorithm_reference import A, B, ETA, K, N, grad
 from tests.test_personalized_methods import (ATOL, FULL, PARTIAL, X0, _bits, _fedavg_round,
@@ -106,12 +106,13 @@ def test_one_cluster_is_fedavg_bit_for_bit():
   assert set(np.unique(rows["cluster"])) <= {-1.0, 0.0}
 
 
-def test_select_sees_the_first_batch_and_changes_nothing_else():
-  """`Algorithm.select` gets the loss on step 0's batch; a select that returns the state as it
-  is leaves the client's training bit-identical to an algorithm without one."""
+def test_start_sees_the_first_batch_and_changes_nothing_else():
+  """`Personalization.start` gets the loss on step 0's batch; a start that returns the state as
+  it is leaves the client's training bit-identical to an algorithm without one; a call that
+  continues the round (begins=False) does not start again."""
   seen = []
 
-  def select(state, ctx, loss_at):
+  def start(state, ctx, loss_at):
     seen.append(loss_at(state.params))
     return state
 
@@ -126,13 +127,16 @@ def test_select_sees_the_first_batch_and_changes_nothing_else():
                             jnp.ones(2), jax.random.PRNGKey(0))
   params = jnp.asarray([0.1, -0.2], jnp.float32)
   out = {}
-  for name, alg in (("plain", Algorithm()), ("select", Algorithm(select=select))):
-    train = local.make_client_train(loss_fn, alg, lambda s: 0.01)
+  starting = Algorithm(personal=Personalization(lambda server, row, loss_at: None, start=start))
+  for name, alg, begins in (("plain", Algorithm(), True), ("start", starting, True),
+                            ("continued", starting, False)):
+    train = local.make_client_train(loss_fn, alg, lambda s: 0.01, begins=begins)
     ctx = alg.shared(alg.init_server(params, {}))
     state = LocalState(params, {}, alg.local.tx.init(params))
     out[name] = train(state, ClientContext(ctx, {}, jnp.ones(()), jnp.zeros((), jnp.int32)),
                       data_x, data_y, batch, 0)
-  assert _bits(out["plain"]) == _bits(out["select"])
+  assert _bits(out["plain"]) == _bits(out["start"]) == _bits(out["continued"])
+  assert len(seen) == 1  # the continued call did not start again
   want = float(np.sum((np.asarray(data_x[4:6]) @ np.asarray(params) - np.asarray(data_y[4:6]))
                       ** 2))
   np.testing.assert_allclose(float(seen[0]), want, rtol=1e-6)
@@ -160,13 +164,15 @@ def test_robust_defences_are_refused():
     spec_lib.build_spec(config)
 
 
-def test_per_client_evaluation_serves_each_client_its_last_cluster():
-  """personalize gets the k models through Algorithm.served: a client that chose cluster j
-  in its last round is evaluated on x_j's current model, one that never took part on x_1."""
+def test_per_client_evaluation_serves_each_client_its_lowest_loss_cluster():
+  """Each client is served, of the k current models, the one of lowest mean loss over its
+  whole training part (FedJAX's HypClusterEvaluator), whatever its last round's choice in its
+  row; the choice and the test losses against numpy."""
   alg = algorithms.build("hypcluster", num_clusters=3, init_scale=1.0)
   params = {"w": jnp.asarray([0.5, -1.0], jnp.float32)}
   server = alg.init_server(params, {})
-  clusters = alg.served(server)
+  clusters = np.stack([np.asarray(params["w"])] +
+                      list(np.asarray(server.extra[hypcluster.OTHERS]["w"])))  # [k, 2]
 
   def eval_fn(p, model_state, x, y, mask):
     del model_state
@@ -176,28 +182,39 @@ def test_per_client_evaluation_serves_each_client_its_last_cluster():
   rng = np.random.default_rng(0)
   test_x = rng.normal(size=(9, 2)).astype(np.float32)
   test_y = rng.integers(-2, 3, size=9).astype(np.int32)  # labels: the evaluator takes ints
+  # Each client's training part is drawn from one cluster's model (labels rounded), so the
+  # clients choose different clusters.
+  train_x = rng.normal(size=(12, 2)).astype(np.float32)
+  owners = np.repeat([2, 0, 1], 4)
+  train_y = np.rint(np.einsum("nd,nd->n", train_x, clusters[owners])).astype(np.int32)
+  train_parts = [np.arange(0, 4), np.arange(4, 8), np.arange(8, 12)]
   parts = [np.array([0, 1, 2]), np.array([3, 4, 5]), np.array([6, 7, 8])]
+  mesh = sharding.client_mesh(jax.devices()[:1])
   evaluator = personal_eval.PersonalEvaluator(
-      eval_fn, sharding.client_mesh(jax.devices()[:1]), test_x=test_x, test_y=test_y,
-      test_parts=parts, clients_per_chunk=3, personalize=alg.personalize)
-  rows = {"cluster": np.array([-1.0, 2.0, 1.0], np.float32)}
-  store = client_store.ClientStore.create(alg.row_init(params), 3,
-                                          sharding.client_mesh(jax.devices()[:1]))
-  store.scatter(np.arange(3, dtype=np.int32), np.ones(3, np.float32), rows)
-  sums = evaluator(server.params, {}, store, served=clusters)
-  for i, j in enumerate((0, 2, 1)):
-    model = jax.tree.map(lambda s, j=j: s[j], clusters)
-    want, _ = eval_fn(model, {}, test_x[parts[i]], test_y[parts[i]], np.ones(3, np.float32))
-    np.testing.assert_allclose(sums["personal"].loss_sum[i], float(want), rtol=1e-6)
-  # The clusters are different models, so serving another would show.
-  assert len(set(np.round(sums["personal"].loss_sum, 5))) == 3
-  np.testing.assert_allclose(sums["global"].loss_sum[0], sums["personal"].loss_sum[0])
+      eval_fn, mesh, test_x=test_x, test_y=test_y, test_parts=parts, clients_per_chunk=3,
+      serve=alg.serve, train_x=train_x, train_y=train_y, train_parts=train_parts)
+  store = client_store.ClientStore.create(alg.row_init(params), 3, mesh)
+  # Last-round choices that are not the lowest-loss ones: the row is not what is served.
+  store.scatter(np.arange(3, dtype=np.int32), np.ones(3, np.float32),
+                {"cluster": np.array([1.0, 1.0, 0.0], np.float32)})
+  sums = evaluator(server.params, {}, store, server=server)
+  chosen = []
+  for i in range(3):
+    tx, ty = train_x[train_parts[i]].astype(np.float64), train_y[train_parts[i]]
+    mean_losses = [np.mean((tx @ w - ty) ** 2) for w in clusters]
+    j = int(np.argmin(mean_losses))
+    chosen.append(j)
+    r = test_x[parts[i]].astype(np.float64) @ clusters[j] - test_y[parts[i]]
+    np.testing.assert_allclose(sums["personal"].loss_sum[i], np.sum(r * r), rtol=1e-5)
+  assert chosen == [2, 0, 1]
+  # The global model (x_1) is client 1's choice: the same numbers there.
+  np.testing.assert_allclose(sums["global"].loss_sum[1], sums["personal"].loss_sum[1])
 
 
 @pytest.mark.slow
 def test_a_run_records_the_clients_cluster_models(tmp_path):
   """Through train_and_evaluate: the personal metrics are the served clusters' (the program
-  hands the k models to the evaluator)."""
+  hands the server state to the evaluator)."""
   config = test_personal_eval._tiny(algorithm="hypcluster", rounds=2)
   config.hypcluster.num_clusters = 3
   config.hypcluster.init_scale = 0.05  # close: the clients split over them

@@ -193,12 +193,12 @@ def test_fedbn_keeps_normalization_layers_and_statistics_local():
 
 
 # ---- what each client is served ---------------------------------------------------------
-def test_personalize_serves_the_shared_layers_with_the_client_s_own():
+def test_serve_gives_the_shared_layers_with_the_client_s_own():
   alg = build("fedbn")
   server, rows = ref.engine(alg, 2, x0=BN_PARAMS, loss=bn_loss, model_state=BN_STATS)
   for i in range(N):
     row = jax.tree_util.tree_map(lambda a, i=i: a[i], rows)
-    params, stats = alg.personalize(server.params, server.model_state, row)
+    params, stats = alg.serve(server, row, None)
     np.testing.assert_array_equal(params["Dense_0"]["kernel"], server.params["Dense_0"]["kernel"])
     np.testing.assert_array_equal(params["BatchNorm_0"]["scale"],
                                   rows["params"]["BatchNorm_0"]["scale"][i])

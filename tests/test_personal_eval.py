@@ -1,7 +1,7 @@
 """Per-client evaluation on local test parts (engine/personal_eval.py, run/records.py).
 
 A hand-built federation with a fixed linear model whose per-client accuracies are known;
-a toy `personalize` (a per-client bias kept in the client rows) against numpy; fine-tuning
+a toy `serve` (a per-client bias kept in the client rows) against numpy; fine-tuning
 against numpy SGD (and k = 0 against the global model, bitwise); chunked = unchunked and
 host store = device store bitwise; the stratified local split (deterministic, disjoint,
 stratified, never trained on); the metrics in a run's records; the refusals.
@@ -21,6 +21,7 @@ from fedjax_lama import federation, training
 from fedjax_lama.config import ConfigError
 from fedjax_lama.data import partitions, seeding
 from fedjax_lama.engine import client_store, evaluate, local, personal_eval, sharding
+from fedjax_lama.engine.algorithm import ServerState
 from fedjax_lama.run import records
 from fedjax_lama.run import spec as spec_lib
 
@@ -79,7 +80,7 @@ def _same(a: personal_eval.ClientSums, b: personal_eval.ClientSums):
 def test_known_per_client_accuracies_and_statistics():
   x, y, parts = _known_federation()
   sums = _evaluator(parts, x, y, chunk=4)(IDENTITY, {})
-  assert set(sums) == {"global"}  # no personalize, no fine-tuning: the global model only
+  assert set(sums) == {"global"}  # no serve, no fine-tuning: the global model only
   acc = sums["global"].accuracy
   np.testing.assert_array_equal(acc[[0, 1, 2, 3, 5]], [0.75, 0.5, 0.0, 1.0, 0.5])
   assert np.isnan(acc[4]) and sums["global"].count[4] == 0
@@ -108,10 +109,17 @@ def test_chunked_equals_unchunked():
     _same(_evaluator(parts, x, y, chunk=chunk)(IDENTITY, {})["global"], whole)
 
 
-def _bias_personalize(params, model_state, row):
+def _bias_serve(server, row, loss_at):
   """A toy personal model: the global model with the client's own bias added."""
-  dense = params["Dense_0"]
-  return {"Dense_0": {"kernel": dense["kernel"], "bias": dense["bias"] + row["b"]}}, model_state
+  del loss_at
+  dense = server.params["Dense_0"]
+  return ({"Dense_0": {"kernel": dense["kernel"], "bias": dense["bias"] + row["b"]}},
+          server.model_state)
+
+
+def _server(params, model_state=None):
+  """A server state holding `params` (what serve reads)."""
+  return ServerState(params, {} if model_state is None else model_state, (), {})
 
 
 def _numpy_sums(params, x, y, parts, biases):
@@ -130,8 +138,8 @@ def test_personalize_against_numpy_and_host_store_equals_device_store():
   x, y, parts = _known_federation()
   biases = np.random.default_rng(1).normal(0.0, 2.0, (len(parts), 2)).astype(np.float32)
   on_device = client_store.ClientStore({"b": biases}, _mesh(), on_host=False)
-  sums = _evaluator(parts, x, y, chunk=4, personalize=_bias_personalize)(
-      IDENTITY, {}, on_device)
+  sums = _evaluator(parts, x, y, chunk=4, serve=_bias_serve)(
+      IDENTITY, {}, on_device, server=_server(IDENTITY))
   loss, correct, count = _numpy_sums(IDENTITY, x, y, parts, biases)
   np.testing.assert_array_equal(sums["personal"].correct, correct)
   np.testing.assert_array_equal(sums["personal"].count, count)
@@ -141,8 +149,8 @@ def test_personalize_against_numpy_and_host_store_equals_device_store():
   # The host placement, chunked otherwise, gives the same bits.
   on_host = client_store.ClientStore({"b": biases}, _mesh(), on_host=True)
   for chunk in (1, 6):
-    again = _evaluator(parts, x, y, chunk=chunk, personalize=_bias_personalize)(
-        IDENTITY, {}, on_host)
+    again = _evaluator(parts, x, y, chunk=chunk, serve=_bias_serve)(
+        IDENTITY, {}, on_host, server=_server(IDENTITY))
     _same(again["personal"], sums["personal"])
     _same(again["global"], sums["global"])
 
@@ -391,7 +399,7 @@ def test_interrupted_run_resumes_the_per_client_metrics_exactly(tmp_path):
 
 # ---- 8 devices = 1 ------------------------------------------------------------------------
 def _device_case(out_path: str) -> None:
-  """Subprocess entry: the personalize + fine-tuning evaluation on every CPU device of this
+  """Subprocess entry: the serve + fine-tuning evaluation on every CPU device of this
   process (FEDJAX_TEST_CPU_DEVICES, set before any device exists), on both store placements."""
   jax.config.update("jax_num_cpu_devices", int(os.environ["FEDJAX_TEST_CPU_DEVICES"]))
   mesh = sharding.client_mesh(jax.devices())
@@ -403,10 +411,10 @@ def _device_case(out_path: str) -> None:
     store = client_store.ClientStore({"b": biases}, mesh, on_host=on_host)
     evaluator = personal_eval.PersonalEvaluator(
         evaluate.make_eval_fn(MODEL, False), mesh, test_x=x, test_y=y, test_parts=parts,
-        clients_per_chunk=3, personalize=_bias_personalize,
+        clients_per_chunk=3, serve=_bias_serve,
         loss_fn=local.make_loss_fn(MODEL, False), train_x=train_x, train_y=train_y,
         train_parts=train_parts, finetune_steps=2, finetune_lr=0.5, batch_size=3, seed=7)
-    sums = evaluator(IDENTITY, {}, store, round_idx=3)
+    sums = evaluator(IDENTITY, {}, store, round_idx=3, server=_server(IDENTITY))
     report[str(on_host)] = {model: [a.tolist() for a in s] for model, s in sums.items()}
   with open(out_path, "w") as f:
     json.dump(report, f)

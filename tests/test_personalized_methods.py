@@ -18,6 +18,7 @@ import pytest
 from fedjax_lama import algorithms, registry
 from fedjax_lama.algorithms import Common
 from fedjax_lama.engine import cohort as cohort_lib, sync_round
+from fedjax_lama.engine.algorithm import ServerState
 from tests import test_algorithm_contract as contract
 from tests.test_algorithm_reference import A, B, ETA, K, N, grad
 
@@ -29,6 +30,12 @@ X0 = np.array([0.3, -0.2])
 
 def hessian(i):
   return A[i].T @ A[i]
+
+
+def _served(alg, params, row, model_state=None):
+  """What `alg` serves a client with `row` when the server holds `params`."""
+  server = ServerState(params, {} if model_state is None else model_state, (), {})
+  return alg.serve(server, row, None)
 
 
 def _split(w):
@@ -140,7 +147,7 @@ def test_ditto_serves_the_personal_model_and_the_global_one_before_a_client_took
   np.testing.assert_allclose(rows["seen"], [0.0, 1.0])
   w = _split(np.array([5.0, 6.0]))
   for i, want in ((0, [5.0, 6.0]), (1, _join(rows["v"])[1])):
-    params, _ = alg.personalize(w, {}, jax.tree.map(lambda a, i=i: a[i], rows))
+    params, _ = _served(alg, w, jax.tree.map(lambda a, i=i: a[i], rows))
     np.testing.assert_allclose(_join(params), want)
   assert not np.allclose(_join(rows["v"])[1], X0)
 
@@ -214,10 +221,10 @@ def test_apfl_personal_model_is_the_mixture_and_unseen_clients_get_the_global_mo
   w = {"a": jnp.array([1.0]), "b": jnp.array([2.0])}
   row = {"v": {"a": jnp.array([3.0]), "b": jnp.array([0.0])},
          "alpha": {"a": jnp.array(0.25), "b": jnp.array(0.5)}, "seen": jnp.array(1.0)}
-  params, state = alg.personalize(w, {"s": 1}, row)
+  params, state = _served(alg, w, row, {"s": 1})
   assert state == {"s": 1}
   np.testing.assert_allclose(_join(params), [0.25 * 3 + 0.75 * 1, 0.5 * 0 + 0.5 * 2])
-  params, _ = alg.personalize(w, {}, {**row, "seen": jnp.array(0.0)})
+  params, _ = _served(alg, w, {**row, "seen": jnp.array(0.0)})
   np.testing.assert_allclose(_join(params), [1.0, 2.0])
 
 
@@ -248,10 +255,10 @@ def test_pfedme_matches_numpy(beta):
   server, rows = engine(alg, PARTIAL)
   np.testing.assert_allclose(server, x, atol=ATOL)
   np.testing.assert_allclose(_join(rows["theta"]), theta, atol=ATOL)
-  params, _ = alg.personalize(_split(np.zeros(2)), {}, jax.tree.map(lambda a: a[1], rows))
+  params, _ = _served(alg, _split(np.zeros(2)), jax.tree.map(lambda a: a[1], rows))
   np.testing.assert_allclose(_join(params), theta[1], atol=ATOL)
   unseen = {**jax.tree.map(lambda a: a[1], rows), "seen": np.float32(0)}
-  np.testing.assert_allclose(_join(alg.personalize(_split(np.ones(2)), {}, unseen)[0]),
+  np.testing.assert_allclose(_join(_served(alg, _split(np.ones(2)), unseen)[0]),
                              np.ones(2))
 
 
@@ -280,7 +287,7 @@ def test_perfedavg_matches_numpy(variant):
   assert not np.allclose(x, ref_perfedavg(0.3, variant != "hf", PARTIAL))
   server, _ = engine(algorithms.build("perfedavg", alpha=0.3, variant=variant), PARTIAL)
   np.testing.assert_allclose(server, x, atol=ATOL)
-  assert algorithms.build("perfedavg").personalize is None  # fine-tuning serves its clients
+  assert algorithms.build("perfedavg").personal is None  # fine-tuning serves its clients
 
 
 # ---- reductions bit for bit, on a network in float32 ------------------------------------------
@@ -358,14 +365,14 @@ def test_bad_hyper_parameters_are_named():
 
 
 @pytest.mark.parametrize("name", contract._core_first(NAMES, core=("ditto",)))
-def test_personalize_vmaps_over_a_runs_store(placed, name):
-  """`personalize` over every row of a run's store at once (per-client evaluation's use): the
+def test_serve_vmaps_over_a_runs_store(placed, name):
+  """`serve` over every row of a run's store at once (per-client evaluation's use): the
   clients that trained get their own model, the others the evaluated global model."""
   run = placed(name, False)
   program = run["program"]
   params, rows = run["straight"][0].params, run["straight"][1]
   alg = registry.build_algorithm(contract.config_for(name), num_clients=8)
-  personal, _ = jax.vmap(alg.personalize, in_axes=(None, None, 0))(params, {}, rows)
+  personal, _ = jax.vmap(lambda row: _served(alg, params, row))(rows)
   sampled = np.asarray(run["sampled"])
   never = np.setdiff1d(np.arange(program.store.num_clients), sampled)
   assert len(never) and len(sampled)

@@ -15,7 +15,7 @@ values at the step's start)
   alpha <- alpha - alpha_lr <v_i - w, grad f_i(v_bar_i; xi)>,  then clipped to [0, 1]
 (the paper's Algorithm 1, its gradient in alpha being the derivative of f_i(v_bar) in
 alpha). The server averages the uploaded w - w^t (FedAvg). The model APFL serves client i is
-alpha_i v_i + (1 - alpha_i) w with w the evaluated global model (`personalize`); a client
+alpha_i v_i + (1 - alpha_i) w with w the evaluated global model (`Personalization.serve`); a client
 that never took part has no personal model yet and is served w.
 
 Options (FedJAX 0.0.17's `fedjax.algorithms.apfl` takes the second reading of each):
@@ -45,7 +45,7 @@ import jax.numpy as jnp
 from fedjax_lama.algorithms import personal
 from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require,
                                            require_one_of, server_sgd)
-from fedjax_lama.engine.algorithm import Algorithm, upload_delta
+from fedjax_lama.engine.algorithm import Algorithm, Personalization, upload_delta
 
 
 class PersonalState(NamedTuple):
@@ -102,8 +102,7 @@ def build(hp: Hparams, common: Common) -> Algorithm:
   def held_init(ctx):
     v = ctx.row["v"]
     if hp.personal_start == "first_download":
-      seen = ctx.row["seen"] > 0
-      v = jax.tree.map(lambda mine, down: jnp.where(seen, mine, down), v, ctx.shared["params"])
+      v = personal.own_if_seen(ctx.row, v, ctx.shared["params"])
     return PersonalState(v, ctx.row["alpha"])
 
   local = personal.holding_optimizer(local_optimizer(common), held_init)
@@ -128,21 +127,20 @@ def build(hp: Hparams, common: Common) -> Algorithm:
   def finish(final, ctx, info):
     uploads, _ = upload_delta(final, ctx, info)
     state = personal.held(final.opt_state)
-    return uploads, {"v": state.v, "alpha": state.alpha,
-                     "seen": jnp.ones_like(ctx.row["seen"])}
+    return uploads, {"v": state.v, "alpha": state.alpha, "seen": personal.marked_seen(ctx.row)}
 
-  def personalize(eval_params, model_state, row):
-    mixed = mixture(row["alpha"], row["v"], eval_params)
-    seen = row["seen"] > 0
-    return jax.tree.map(lambda m, w: jnp.where(seen, m, w), mixed, eval_params), model_state
+  def serve(server, row, loss_at):
+    del loss_at
+    mixed = mixture(row["alpha"], row["v"], server.params)
+    return personal.own_if_seen(row, mixed, server.params), server.model_state
 
   def row_init(params):
     return {"v": jax.tree.map(jnp.asarray, params),
             "alpha": jax.tree.map(lambda p: jnp.asarray(hp.alpha, jnp.result_type(p)), params),
-            "seen": jnp.zeros((), jnp.float32)}
+            "seen": personal.unseen()}
 
   return Algorithm(local=local, server_tx=server_sgd(common), grad=grad, row_init=row_init,
-                   finish=finish, personalize=personalize,
+                   finish=finish, personal=Personalization(serve),
                    layerwise="each client's row holds a whole local model and its mixing "
                    "weight, trained beside the global model")
 

@@ -11,7 +11,7 @@ same batches, takes steps on its personal objective
   v_k <- v_k - personal_lr (grad F_k(v_k) + lam (v_k - w^t)),     (Algorithm 1's v-update)
 with w^t the global model the client downloaded this round. lam = 0 is local training alone,
 lam -> infinity FedAvg's model. v_k is written back to the row at the end of the round and is
-the model Ditto serves client k (`personalize`); clients that take no part keep their row, and
+the model Ditto serves client k (`Personalization.serve`); clients that take no part keep their row, and
 one that never took part is served the global model.
 
 Options:
@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from fedjax_lama.algorithms import personal
 from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require,
                                            require_nonnegative, server_sgd)
-from fedjax_lama.engine.algorithm import Algorithm, upload_delta
+from fedjax_lama.engine.algorithm import Algorithm, Personalization, upload_delta
 
 
 class PersonalState(NamedTuple):
@@ -87,20 +87,17 @@ def build(hp: Hparams, common: Common) -> Algorithm:
 
   def finish(final, ctx, info):
     uploads, _ = upload_delta(final, ctx, info)
-    return uploads, {"v": personal.held(final.opt_state).v,
-                     "seen": jnp.ones_like(ctx.row["seen"])}
+    return uploads, {"v": personal.held(final.opt_state).v, "seen": personal.marked_seen(ctx.row)}
 
-  def personalize(eval_params, model_state, row):
-    seen = row["seen"] > 0
-    return jax.tree.map(lambda v, w: jnp.where(seen, v, w), row["v"], eval_params), \
-        model_state
+  def serve(server, row, loss_at):
+    del loss_at
+    return personal.own_if_seen(row, row["v"], server.params), server.model_state
 
   def row_init(params):
-    return {"v": jax.tree.map(jnp.asarray, params), "seen": jnp.zeros((), jnp.float32)}
+    return {"v": jax.tree.map(jnp.asarray, params), "seen": personal.unseen()}
 
-  return Algorithm(local=local, server_tx=server_sgd(common), grad=grad,
-                   row_init=row_init,
-                   finish=finish, personalize=personalize,
+  return Algorithm(local=local, server_tx=server_sgd(common), grad=grad, row_init=row_init,
+                   finish=finish, personal=Personalization(serve),
                    layerwise="each client's row holds a whole personal model, trained beside "
                    "the global one")
 

@@ -29,10 +29,11 @@ that start equal would all tie and every client would choose x_1).
 
 The per-client choice is kept in each client's row ("cluster", -1 before its first round).
 The run evaluates x_1 as its global model. Per-client evaluation serves each client the
-current model of the cluster it chose in its last round (`personalize`, handed the k models
-by `Algorithm.served`), x_1 before its first round; FedJAX instead chooses again at
-evaluation, by the loss on the client's own data. The clusters share the server's normalisation
-statistics (one set, averaged over every client as FedAvg averages it).
+cluster model of lowest mean loss over its whole training part, chosen again from the
+current k models (`Personalization.serve`; ties: lowest j), as FedJAX's
+`HypClusterEvaluator` does, so a client never sampled is served its best cluster too. The
+clusters share the server's normalisation statistics (one set, averaged over every client as
+FedAvg averages it).
 
 Traffic: k models down, one model and one 32-bit scalar (c_i) up.
 """
@@ -45,8 +46,8 @@ import optax
 from fedjax_lama.algorithms import personal
 from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require,
                                            require_nonnegative, safe_positive, server_sgd)
-from fedjax_lama.engine.algorithm import (MEAN, MODEL_UPLOAD, Algorithm, Reduction,
-                                          apply_server_tx)
+from fedjax_lama.engine.algorithm import (MEAN, MODEL_UPLOAD, Algorithm, Personalization,
+                                          Reduction, apply_server_tx)
 from fedjax_lama.tree import tree_where
 
 CLUSTER_UPLOAD = "cluster"   # c_i, as a float32 scalar
@@ -102,11 +103,13 @@ def build(hp: Hparams, common: Common) -> Algorithm:
   local = personal.holding_optimizer(local_optimizer(common),
                                      lambda ctx: jnp.zeros((), jnp.int32))
 
-  def select(state, ctx, loss_at):
-    clusters = stacked(ctx.shared["params"], ctx.shared[OTHERS])
-    losses = jax.vmap(loss_at)(clusters)
-    choice = jnp.argmin(losses).astype(jnp.int32)
-    params = jax.tree.map(lambda s: s[choice], clusters)
+  def lowest_loss(clusters, loss_at):
+    """(the cluster model of lowest loss, its index); ties: the lowest index."""
+    choice = jnp.argmin(jax.vmap(loss_at)(clusters)).astype(jnp.int32)
+    return jax.tree.map(lambda s: s[choice], clusters), choice
+
+  def start(state, ctx, loss_at):
+    params, choice = lowest_loss(stacked(ctx.shared["params"], ctx.shared[OTHERS]), loss_at)
     return state._replace(params=params,
                           opt_state=personal.with_held(state.opt_state, choice))
 
@@ -169,19 +172,15 @@ def build(hp: Hparams, common: Common) -> Algorithm:
     del params
     return {"cluster": jnp.full((), -1.0, jnp.float32)}
 
-  def served(server):
-    return stacked(server.params, server.extra[OTHERS])
+  def serve(server, row, loss_at):
+    del row  # chosen again, on the client's whole training part
+    params, _ = lowest_loss(stacked(server.params, server.extra[OTHERS]), loss_at)
+    return params, server.model_state
 
-  def personalize(eval_params, model_state, row, clusters):
-    # The client's last choice (x_1, the evaluated model, before its first round).
-    del eval_params
-    choice = jnp.maximum(row["cluster"], 0).astype(jnp.int32)
-    return jax.tree.map(lambda s: s[choice], clusters), model_state
-
-  return Algorithm(local=local, server_tx=server_tx, select=select, finish=finish,
+  return Algorithm(local=local, server_tx=server_tx, finish=finish,
                    aggregate=aggregate, server_init=server_init, server_update=server_update,
-                   downloads=("params", OTHERS), row_init=row_init, served=served,
-                   personalize=personalize,
+                   downloads=("params", OTHERS), row_init=row_init,
+                   personal=Personalization(serve, start=start),
                    layerwise="its k cluster models are chosen whole, per client")
 
 

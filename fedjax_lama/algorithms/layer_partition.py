@@ -3,11 +3,11 @@
 The model's layers are split into shared layers, trained by every client and averaged by
 the server as in FedAvg, and personal layers, which never leave the client: they live in
 the client's row (engine/client_store.py), the client starts its local training from the
-downloaded shared layers with its own personal layers (`Algorithm.start`), uploads the
-shared layers' displacement only, writes its personal layers back to its row, and is
-served the shared layers with its own personal ones (`Algorithm.personalize`). Only the
+downloaded shared layers with its own personal layers (`Personalization.start`), uploads
+the shared layers' displacement only, writes its personal layers back to its row, and is
+served the shared layers with its own personal ones (`Personalization.serve`). Only the
 shared layers travel: floats up and down per client are d minus the personal layers' size
-(`Algorithm.exchanged`).
+(`Personalization.exchanged`).
 
 - FedPer: M. G. Arivazhagan, V. Aggarwal, A. K. Singh, S. Choudhary, "Federated Learning
   with Personalization Layers", arXiv 1912.00818 (2019). Base layers shared, the
@@ -55,7 +55,8 @@ import numpy as np
 import optax
 
 from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require, server_sgd)
-from fedjax_lama.engine.algorithm import MODEL_UPLOAD, Algorithm, LocalOptimizer
+from fedjax_lama.engine.algorithm import (MODEL_UPLOAD, Algorithm, LocalOptimizer,
+                                          Personalization)
 from fedjax_lama.errors import ConfigError
 from fedjax_lama.fedlama import layer_units
 from fedjax_lama.tree import PyTree, leaf_paths
@@ -271,9 +272,15 @@ def partition(common: Common, personal, *, personal_stats: bool = False,
     mask = personal(params)
     return _row(take(params, mask), batch_norm_stats(params, mask) if personal_stats else {})
 
-  def start(ctx, model_state):
-    params = put(ctx.shared["params"], ctx.row.get("params", {}))
-    return params, put(model_state, ctx.row.get("batch_stats", {}), "batch_stats")
+  def own_layers(params, model_state, row):
+    """The shared layers and statistics given, with the client's own personal ones."""
+    return (put(params, row.get("params", {})),
+            put(model_state, row.get("batch_stats", {}), "batch_stats"))
+
+  def start(state, ctx, loss_at):
+    del loss_at
+    params, model_state = own_layers(ctx.shared["params"], state.model_state, ctx.row)
+    return state._replace(params=params, model_state=model_state)
 
   def finish(final, ctx, info):
     del info
@@ -285,16 +292,16 @@ def partition(common: Common, personal, *, personal_stats: bool = False,
       stats = take_like(final.model_state, ctx.row.get("batch_stats", {}))
     return {MODEL_UPLOAD: delta}, _row(take(final.params, mask), stats)
 
-  def personalize(eval_params, model_state, row):
-    return (put(eval_params, row.get("params", {})),
-            put(model_state, row.get("batch_stats", {}), "batch_stats"))
+  def serve(server, row, loss_at):
+    del loss_at
+    return own_layers(server.params, server.model_state, row)
 
   def exchanged(params):
     return _as_tree(~personal(params), params)
 
   return Algorithm(local=local if local is not None else local_optimizer(common),
-                   server_tx=server_sgd(common), row_init=row_init, start=start, finish=finish,
-                   personalize=personalize, exchanged=exchanged,
+                   server_tx=server_sgd(common), row_init=row_init, finish=finish,
+                   personal=Personalization(serve, start=start, exchanged=exchanged),
                    layerwise=_FEDBN_NOT_LAYERWISE if personal_stats else True)
 
 

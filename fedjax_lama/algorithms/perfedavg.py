@@ -23,7 +23,7 @@ correlated across its parts, as in implementations that reuse a batch.
 Personalization: the model Per-FedAvg serves client i is w - alpha grad f_i(w) on the
 client's own training data at evaluation time, which the per-client evaluation computes as
 local fine-tuning (one step, rate alpha) from the global model: this module has no
-`personalize` (it keeps no row), and its personalized metrics are the fine-tuned ones.
+`Personalization` (it keeps no row), and its personalized metrics are the fine-tuned ones.
 """
 import dataclasses
 import math

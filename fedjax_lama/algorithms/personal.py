@@ -14,6 +14,7 @@ included, so clients with fewer steps train their personal model for their own s
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from fedjax_lama.engine.algorithm import ClientContext, LocalOptimizer
@@ -51,6 +52,24 @@ def held(opt_state: PyTree) -> PyTree:
 def with_held(opt_state: PyTree, value: PyTree) -> PyTree:
   """opt_state with its held state replaced by `value`."""
   return (value,) + tuple(opt_state[1:])
+
+
+def own_if_seen(row: PyTree, own: PyTree, fallback: PyTree) -> PyTree:
+  """`own` where the client has trained (row["seen"] > 0), else `fallback`, leaf by leaf: a
+  client never sampled has no personal model yet, and is served (or starts from) the global
+  one."""
+  seen = row["seen"] > 0
+  return jax.tree.map(lambda mine, other: jnp.where(seen, mine, other), own, fallback)
+
+
+def marked_seen(row: PyTree) -> jax.Array:
+  """The "seen" flag of a row written by a client that has trained."""
+  return jnp.ones_like(row["seen"])
+
+
+def unseen() -> jax.Array:
+  """The "seen" flag of an initial row: the client has not trained yet."""
+  return jnp.zeros((), jnp.float32)
 
 
 def sgd_step(params: PyTree, grads: PyTree, lr: float) -> PyTree:

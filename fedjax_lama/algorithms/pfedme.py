@@ -14,7 +14,7 @@ theta starts the round at w^t and carries over the round's steps (warm-started, 
 authors' code does). The server sets w <- (1 - beta) w + beta mean_S w_i, i.e.
 w + beta mean_S (w_i - w): beta is config.server_lr (default 1, FedAvg's average; the paper
 also runs beta = 2). The model pFedMe serves client i is its last theta~_i, kept in its row
-(`personalize`); a client that never took part is served the global model.
+(`Personalization.serve`); a client that never took part is served the global model.
 
 Options: lam (the paper's lambda, 15 in its MNIST runs), personal_lr (the inner step size,
 constant: the local schedule applies to lr only), inner_steps (the paper's K). The loss the
@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from fedjax_lama.algorithms import personal
 from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require,
                                            server_sgd)
-from fedjax_lama.engine.algorithm import Algorithm, upload_delta
+from fedjax_lama.engine.algorithm import Algorithm, Personalization, upload_delta
 
 
 def _positive(value) -> bool:
@@ -85,18 +85,17 @@ def build(hp: Hparams, common: Common) -> Algorithm:
   def finish(final, ctx, info):
     uploads, _ = upload_delta(final, ctx, info)
     return uploads, {"theta": personal.held(final.opt_state),
-                     "seen": jnp.ones_like(ctx.row["seen"])}
+                     "seen": personal.marked_seen(ctx.row)}
 
-  def personalize(eval_params, model_state, row):
-    seen = row["seen"] > 0
-    return jax.tree.map(lambda t, w: jnp.where(seen, t, w), row["theta"], eval_params), \
-        model_state
+  def serve(server, row, loss_at):
+    del loss_at
+    return personal.own_if_seen(row, row["theta"], server.params), server.model_state
 
   def row_init(params):
-    return {"theta": jax.tree.map(jnp.asarray, params), "seen": jnp.zeros((), jnp.float32)}
+    return {"theta": jax.tree.map(jnp.asarray, params), "seen": personal.unseen()}
 
   return Algorithm(local=local, server_tx=server_sgd(common), grad=grad, row_init=row_init,
-                   finish=finish, personalize=personalize,
+                   finish=finish, personal=Personalization(serve),
                    layerwise="each client's row holds a whole personal model, and theta is "
                    "solved for the whole model at once")
 

@@ -9,9 +9,8 @@ One synchronous round, and which function the engine calls where:
 
     shared  = {name: server value for name in downloads}         what goes down
     ctx     = ClientContext(shared, row, num_examples, client_id)
-    params, stats = start(ctx, server stats)       default: (shared["params"], server stats)
-    state   = LocalState(params, stats, local.init_state(ctx))
-    state   = select(state, ctx, loss on the first batch)  default: state (HypCluster's choice)
+    state   = LocalState(shared["params"], server stats, local.init_state(ctx))
+    state   = personal.start(state, ctx, loss on the first batch)   personalized methods only
     for each local step k (a lax.scan, vmapped over clients):
       (loss, aux), g, opt = grad(value_and_grad_at_this_batch, params, ctx, opt)
       g = correct(g, params, ctx)                                proximal pull, control variates
@@ -21,6 +20,7 @@ One synchronous round, and which function the engine calls where:
     aggregates[name] = stage(reduction.fn(uploads_i, info_i))   engine/aggregation.py
     server = server_update(server, Aggregates)                    the algorithm's own rule
     eval_params, scalars = report(server)                         what the run evaluates and logs
+    params_i, stats_i = personal.serve(server, row_i, loss_at)    each client's own model
 
 Conventions:
 - Sign: the upload named "delta" (MODEL_UPLOAD) is the model displacement y - x;
@@ -28,9 +28,10 @@ Conventions:
   FedLAMA's layer discrepancy reads it when it is there (else y - x from the slots).
 - Communication follows from the declaration: every upload travels (floats up
   = their sizes; all-scalar uploads are 32 bits each and are never compressed),
-  every name in `downloads` travels down. `exchanged` narrows the params-shaped ones to
-  the leaves that travel (the personalization methods' shared layers): the other leaves
-  of a params-shaped upload must be zeros, and `start` must not read their downloads.
+  every name in `downloads` travels down. `personal.exchanged` narrows the params-shaped ones
+  to the leaves that travel (the personalization methods' shared layers): the other leaves
+  of a params-shaped upload must be zeros, and `personal.start` must not read their
+  downloads.
   `aggregate`s are computed from the decoded uploads and `ClientInfo`, which the server
   knows without transmission (step counts, learning rates, example counts, ids).
 - Aggregation: `aggregate` declares each aggregate's reduction as an engine/stages.py
@@ -156,22 +157,38 @@ Finish = Callable[[LocalState, ClientContext, ClientInfo], tuple[dict, PyTree]]
 ServerUpdate = Callable[[ServerState, Aggregates], ServerState]
 # server -> (the params the run evaluates, {metric name: scalar} for the round's record)
 Report = Callable[[ServerState], tuple[PyTree, Mapping[str, jax.Array]]]
-# (the evaluated params, model_state, one client's row) -> (that client's personal params,
-# model_state): the model a personalized method serves the client (FedPer's shared body
-# with the client's own head, Ditto's personal model, APFL's mixture). An algorithm with
-# `served` gets a fourth argument, served(server) (HypCluster's k cluster models).
-Personalize = Callable[..., tuple[PyTree, PyTree]]
-# (ctx, the server's model_state) -> (params, model_state) the client's local training
-# starts from: FedPer's downloaded body with the client's own head from its row, FedBN's
-# own normalisation layers and statistics.
-Start = Callable[[ClientContext, PyTree], tuple[PyTree, PyTree]]
-# (state, ctx, loss_at) -> state: a choice made on the client's data before its first step.
-# loss_at(params) is the training loss of `params` on the client's first local batch (the
-# batch, augmentation, poisoning and dropout key of step 0), so the choice reads no example
-# the client does not train on. HypCluster picks the downloaded cluster model of lowest loss.
-Select = Callable[[LocalState, ClientContext, Callable[[PyTree], jax.Array]], LocalState]
+# (state, ctx, loss_at) -> state: where one client's local training starts, rewritten from
+# the default start (the downloaded model, the server's statistics, a fresh local optimizer)
+# once, before the first step. FedPer's downloaded body with the client's own head from its
+# row, FedBN's own normalisation layers and statistics, HypCluster's choice of the cluster
+# model of lowest loss. loss_at(params) is the training loss of `params` on the client's
+# first local batch (the batch, augmentation, poisoning and dropout key of step 0), so the
+# choice reads no example the client does not train on; it costs nothing unless called.
+Start = Callable[[LocalState, ClientContext, Callable[[PyTree], jax.Array]], LocalState]
+# (server, one client's row, loss_at) -> (that client's params, model_state): the model a
+# personalized method serves the client in per-client evaluation (FedPer's shared body with
+# the client's own head, Ditto's personal model, APFL's mixture, HypCluster's cluster model).
+# loss_at(params) is the mean loss of `params` over the client's whole training part
+# (evaluation mode); it costs nothing unless called.
+Serve = Callable[[ServerState, PyTree, Callable[[PyTree], jax.Array]], tuple[PyTree, PyTree]]
 # params -> a params-shaped pytree of Python bools (static): the leaves that travel.
 Exchanged = Callable[[PyTree], PyTree]
+
+
+@dataclasses.dataclass(frozen=True)
+class Personalization:
+  """What a personalized method adds to its record: the model each client is served, where
+  each client's local training starts, and which layers travel.
+
+  `serve` gives every client its own model in per-client evaluation (engine/personal_eval.py).
+  `start` (None: the default start) rewrites a client's starting state (see `Start`).
+  `exchanged` (None: all) names the params leaves that travel up and down; the others are
+  personal: params-shaped uploads hold zeros there and only the exchanged leaves are counted.
+  """
+  serve: Serve
+  start: Optional[Start] = None
+  exchanged: Optional[Exchanged] = None
+
 
 # The upload that is the model displacement y - x, by convention (FedLAMA's d_l reads it).
 MODEL_UPLOAD = "delta"
@@ -290,21 +307,9 @@ class Algorithm:
   downloads: tuple = ("params",)
   layerwise: Union[bool, str] = True     # may a layer-wise schedule run it? (str: why not)
   report: Report = report_model          # what the run evaluates, and scalars it logs
-  # Each client's own model for per-client evaluation; None: every client is served the
-  # evaluated global model (the non-personalized methods).
-  personalize: Optional[Personalize] = None
-  # Where each client's local training starts; None: the downloaded model and the server's
-  # normalisation statistics (every client the same, so the engine adds no client axis).
-  start: Optional[Start] = None
-  # The params leaves that travel, up and down; None: all. Leaves outside it are personal:
-  # params-shaped uploads hold zeros there and only the exchanged leaves are counted.
-  exchanged: Optional[Exchanged] = None
-  # A choice on the client's first local batch, after `start` and before the first step
-  # (see `Select`); None: the started state as it is.
-  select: Optional[Select] = None
-  # server -> what per-client evaluation hands `personalize` as its fourth argument, beside
-  # the evaluated params (HypCluster: the k cluster models); None: personalize takes three.
-  served: Optional[Callable[[ServerState], PyTree]] = None
+  # Each client's own model, start and exchanged layers (the personalization methods); None:
+  # every client starts from and is served the global model, and every leaf travels.
+  personal: Optional[Personalization] = None
 
   def __post_init__(self):
     if "params" not in self.downloads:
@@ -314,6 +319,21 @@ class Algorithm:
                        "LocalOptimizer (local_sgd(...), or LocalOptimizer(tx) for an adaptive one)")
 
   # ---- the engine's view, defaults resolved ------------------------------------------------
+  @property
+  def start(self) -> Optional[Start]:
+    """The personalized start (`Personalization.start`), or None: the default start."""
+    return self.personal.start if self.personal is not None else None
+
+  @property
+  def exchanged(self) -> Optional[Exchanged]:
+    """The leaves that travel (`Personalization.exchanged`), or None: all."""
+    return self.personal.exchanged if self.personal is not None else None
+
+  @property
+  def serve(self) -> Optional[Serve]:
+    """Each client's own model (`Personalization.serve`), or None: the global model."""
+    return self.personal.serve if self.personal is not None else None
+
   def shared(self, server: ServerState) -> dict:
     """What goes down: the declared downloads of the server state."""
     return {name: server.params if name == "params" else server.extra[name]

@@ -29,17 +29,17 @@ def fresh_state_axes(algorithm: Algorithm, shared_per_client: bool = False) -> L
   """Which fields of `fresh_states(..., batched=False)` have the client axis (0) and which
   are one value for every client (None): `local.vmap_clients`'s `state_axes`."""
   per_client_opt = algorithm.local.init is not None or shared_per_client
-  # Algorithm.start gives each client its own starting model and statistics.
-  own_start = algorithm.start is not None
-  return LocalState(0 if shared_per_client or own_start else None, 0 if own_start else None,
-                    0 if per_client_opt else None)
+  # A personalized start (Algorithm.start) runs inside each client's training, from this
+  # common state.
+  return LocalState(0 if shared_per_client else None, None, 0 if per_client_opt else None)
 
 
 def fresh_states(algorithm: Algorithm, ctx: ClientContext, model_state, num: int,
                  shared_per_client: bool = False, batched: bool = True) -> LocalState:
-  """Every client starts its round at the downloaded model (or where `Algorithm.start`
-  puts it) with a fresh local optimizer (local optimizer state "reset", the only rule
-  synchronous rounds run).
+  """Every client starts its round at the downloaded model with the server's statistics
+  and a fresh local optimizer (local optimizer state "reset", the only rule synchronous
+  rounds run); a personalized start (`Algorithm.start`) rewrites it inside the client's
+  training (engine/local.py).
 
   batched=False leaves the fields every client shares without the client axis
   (`fresh_state_axes` says which), for a ClientPhase built with those `state_axes`.
@@ -50,12 +50,7 @@ def fresh_states(algorithm: Algorithm, ctx: ClientContext, model_state, num: int
                    in_axes=(local.context_axes(shared_per_client),))(ctx)
   else:  # the same fresh state for everyone: built once
     opt = algorithm.local.tx.init(ctx.shared["params"])
-  if algorithm.start is not None:
-    params, model_state = jax.vmap(
-        algorithm.start, in_axes=(local.context_axes(shared_per_client), None))(ctx, model_state)
-  else:
-    params = ctx.shared["params"]
-  state = LocalState(params, model_state, opt)
+  state = LocalState(ctx.shared["params"], model_state, opt)
   if not batched:
     return state
   return LocalState(*(broadcast_clients(v, num) if a is None else v
@@ -87,23 +82,33 @@ class ClientPhase:
     # The run's uplink compressor (registry.uplink_compressor); None: the identity.
     self.compressor = compressor
     self.client_map = local.resolve_client_map(plan.client_map if plan is not None else None)
-    self._train = local.vmap_clients(
-        local.make_client_train(loss_fn, algorithm, learning_rate, augment=augment, unroll=unroll,
-                                poison=poison),
-        shared_per_client, client_map=self.client_map, state_axes=state_axes,
-        devices=client_devices,
-        scan_group_bytes=plan.scan_group_bytes if plan is not None else None)
+
+    def vmapped_train(begins: bool):
+      return local.vmap_clients(
+          local.make_client_train(loss_fn, algorithm, learning_rate, augment=augment,
+                                  unroll=unroll, poison=poison, begins=begins),
+          shared_per_client, client_map=self.client_map, state_axes=state_axes,
+          devices=client_devices,
+          scan_group_bytes=plan.scan_group_bytes if plan is not None else None)
+
+    # A call that begins the clients' round, and one that continues it (FedLAMA's later
+    # sub-rounds: no personalized start again); they differ only with Algorithm.start.
+    self._train = {True: vmapped_train(True)}
+    self._train[False] = (vmapped_train(False) if algorithm.start is not None
+                          else self._train[True])
     self._ctx_axes = local.context_axes(shared_per_client)
     self._uplink_key = compression.base_key(seed)
 
   def train(self, state: LocalState, ctx: ClientContext, data_x, data_y, cohort: Cohort, keys,
-            step_offset, key_offset=0, *, reduce_group: Optional[Callable] = None, extras=None):
+            step_offset, key_offset=0, *, reduce_group: Optional[Callable] = None, extras=None,
+            begins: bool = True):
     """(final, stats) stacked over the clients; with `reduce_group(final, stats, ctx,
     extras) -> (kept, sums)`, each group of clients is handed to it as it finishes and
-    (kept stacked over the clients, sums added) is returned (`local.vmap_clients`)."""
+    (kept stacked over the clients, sums added) is returned (`local.vmap_clients`).
+    `begins`: these steps begin the clients' round (the personalized start applies)."""
     batch = local.ClientBatch(cohort.indices, cohort.example_mask, cohort.step_mask, keys)
-    return self._train(state, ctx, data_x, data_y, batch, step_offset, key_offset,
-                       reduce_group=reduce_group, extras=extras)
+    return self._train[bool(begins)](state, ctx, data_x, data_y, batch, step_offset,
+                                     key_offset, reduce_group=reduce_group, extras=extras)
 
   def info(self, stats: local.StepStats, cohort: Cohort, step_offset) -> ClientInfo:
     lr0 = jnp.broadcast_to(jnp.asarray(self.learning_rate(step_offset), jnp.result_type(float)),

@@ -164,12 +164,16 @@ def make_loss_fn(model, has_model_state: bool, label_smoothing: float = 0.0,
 def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
                       learning_rate: Callable[[jax.Array], jax.Array], *,
                       augment: Optional[Callable[[jax.Array, jax.Array], jax.Array]] = None,
-                      unroll: int | bool = 1, poison: Optional[Callable] = None):
+                      unroll: int | bool = 1, poison: Optional[Callable] = None,
+                      begins: bool = True):
   """Builds `client_train(state, ctx, data_x, data_y, batch, step_offset, key_offset=0)
   -> (state, StepStats summed over steps)` for ONE client (`batch`: its ClientBatch).
 
-  `algorithm.select`, when set, rewrites the started state once, before the first step, from
-  the losses it asks for on step 0's batch (HypCluster's choice of cluster).
+  With `begins` (a call that starts the client's round; False for the later spans of a
+  round split into several calls, FedLAMA's sub-rounds), `algorithm.start` (the
+  personalized start, engine/algorithm.py), when set, rewrites the given state once, before
+  the first step, from the losses it may ask for on step 0's batch (FedPer's own head,
+  HypCluster's choice of cluster).
   Each step evaluates `algorithm.grad` (one or more gradients on the step's batch; it may
   also update the local optimizer state), adds `algorithm.correct(g, params, ctx)`, and
   moves the parameters by -lr * local.tx(g) (engine/algorithm.py). Beside it the same
@@ -186,7 +190,8 @@ def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
   evaluation stamps it.
   """
   local_tx, grad_oracle, correct = algorithm.local.tx, algorithm.grad, algorithm.correct
-  rule, select = algorithm.local.rule, algorithm.select
+  rule = algorithm.local.rule
+  start = algorithm.start if begins else None
 
   def client_train(state: LocalState, ctx: ClientContext, data_x, data_y, batch: ClientBatch,
                    step_offset, key_offset=0):
@@ -203,12 +208,15 @@ def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
         x, y = poison(x, y, idx, ctx.client_id)
       return x, y
 
-    if select is not None:
-      # The choice sees step 0's batch exactly as step 0 trains on it.
-      x0, y0 = step_batch(batch.indices[0], keys[0])
-      loss_at = lambda p: loss_fn(p, state.model_state, x0, y0, batch.example_mask[0],
-                                  keys[0])[0]
-      state = select(state, ctx, loss_at)
+    if start is not None:
+      given = state
+
+      def loss_at(params):
+        # Step 0's batch exactly as step 0 trains on it (traced only if the start asks).
+        x0, y0 = step_batch(batch.indices[0], keys[0])
+        return loss_fn(params, given.model_state, x0, y0, batch.example_mask[0], keys[0])[0]
+
+      state = start(state, ctx, loss_at)
 
     def step(both, inp):
       carry, unit = both

@@ -7,8 +7,9 @@ and device memory is flat in the number of clients (it grows with C, never with 
 
     for each client i of the chunk (vmapped):
       global_i   = metrics of the evaluated model x on client i's test part
-      w_i, s_i   = algorithm.personalize(x, model_state, row_i)      (or x, model_state)
-                   (with a fourth argument, Algorithm.served(server), when it has one)
+      w_i, s_i   = algorithm.serve(server, row_i, loss_at)            (or x, model_state)
+                   (loss_at: a model's mean loss over client i's training part, computed
+                   only for a serve that reads it, HypCluster's choice)
       w_i, s_i   = k steps of local SGD from w_i on client i's training part (fine-tuning)
       personal_i = metrics of w_i on client i's test part
 
@@ -89,14 +90,17 @@ class PersonalEvaluator:
     test_x, test_y: the arrays the test parts index.
     test_parts: per client, its test indices (into test_x, test_y).
     clients_per_chunk: C, rounded up to a multiple of the device count.
-    personalize: Algorithm.personalize, or None (every client is served the global model).
-    loss_fn, train_x, train_y, train_parts, finetune_steps, finetune_lr, batch_size, seed:
-      local fine-tuning (finetune_steps > 0): k steps of plain SGD at finetune_lr with
-      batches of batch_size drawn from each client's training part.
+    serve: Algorithm.serve (server, row, loss_at) -> (params, model_state), or None (every
+      client is served the global model).
+    train_x, train_y, train_parts: the clients' training parts: serve's loss_at (the mean
+      loss over the client's whole training part) and fine-tuning's batches read them.
+    loss_fn, finetune_steps, finetune_lr, batch_size, seed: local fine-tuning (with loss_fn):
+      k steps of plain SGD at finetune_lr with batches of batch_size drawn from each client's
+      training part.
   """
 
   def __init__(self, eval_fn, mesh, *, test_x, test_y, test_parts, clients_per_chunk: int,
-               personalize: Optional[Callable] = None, loss_fn: Optional[Callable] = None,
+               serve: Optional[Callable] = None, loss_fn: Optional[Callable] = None,
                train_x=None, train_y=None, train_parts=None, finetune_steps: int = 0,
                finetune_lr: float = 0.0, batch_size: int = 1, seed: int = 0,
                unroll: int = 1):
@@ -108,33 +112,37 @@ class PersonalEvaluator:
     self.chunk = sharding.padded_size(max(1, int(clients_per_chunk)), mesh)
     self.indices, self.mask = pack_parts(test_parts)
     self.test_x, self.test_y = _replicated(test_x, mesh), _replicated(test_y, mesh, np.int32)
-    self.personalize, self.finetune_steps = personalize, int(finetune_steps)
+    self.serve, self.finetune_steps = serve, int(finetune_steps)
     self.train_parts, self.batch_size, self.seed = train_parts, int(batch_size), int(seed)
+    self._raw_train = (train_x, train_y)
+    self._train_arrays = None   # the training arrays on the mesh, when something reads them
+    self._train_packed = None   # [N, T] index and mask arrays of the training parts
+    self._serve_reads_loss = None  # whether serve calls loss_at (probed on the first call)
     # Fine-tuning is configured when its loss and data are given; k = 0 then runs the same
     # code over an empty step axis (the model comes back as it went in).
     self.finetunes = loss_fn is not None and train_parts is not None
     if self.finetunes:
-      self.train_x = _replicated(train_x, mesh)
-      self.train_y = _replicated(train_y, mesh, np.int32)
       rate = float(finetune_lr)
       client_train = local.make_client_train(loss_fn, Algorithm(), lambda step: rate,
                                              unroll=unroll)
     else:
-      self.train_x = self.train_y = None
       client_train = None
-    self.has_personal_model = personalize is not None or self.finetune_steps > 0
+    self.has_personal_model = serve is not None or self.finetune_steps > 0
 
-    def one_client(params, model_state, served, row, test_x, test_y, indices, mask, train_x,
-                   train_y, batch, num_examples, client_id, personal):
+    def one_client(params, model_state, server, row, test_x, test_y, indices, mask, train_x,
+                   train_y, batch, num_examples, client_id, own_indices, own_mask, personal):
       global_sums = _client_sums(eval_fn, params, model_state, test_x, test_y, indices, mask)
       if not personal:
         return global_sums, global_sums
-      if personalize is None:
+      if serve is None:
         own, own_state = params, model_state
-      elif served is None:
-        own, own_state = personalize(params, model_state, row)
-      else:  # Algorithm.served: what the server hands personalize (HypCluster's k models)
-        own, own_state = personalize(params, model_state, row, served)
+      else:
+        def loss_at(candidate):
+          # The mean loss over the client's training part (traced only if serve asks).
+          loss_sum, _, count = _client_sums(eval_fn, candidate, server.model_state, train_x,
+                                            train_y, own_indices, own_mask)
+          return loss_sum / jnp.maximum(count, 1.0)
+        own, own_state = serve(server, row, loss_at)
       if client_train is not None:
         tx = Algorithm().local.tx
         ctx = ClientContext({"params": own}, row, num_examples, client_id)
@@ -143,14 +151,40 @@ class PersonalEvaluator:
         own, own_state = final.params, final.model_state
       return global_sums, _client_sums(eval_fn, own, own_state, test_x, test_y, indices, mask)
 
-    def chunk_fn(params, model_state, served, rows, test_x, test_y, indices, mask, train_x,
-                 train_y, batch, num_examples, client_ids, personal):
-      per_client = lambda *a: one_client(params, model_state, served, *a, personal)
-      return jax.vmap(per_client, in_axes=(0, None, None, 0, 0, None, None, 0, 0, 0))(
+    def chunk_fn(params, model_state, server, rows, test_x, test_y, indices, mask, train_x,
+                 train_y, batch, num_examples, client_ids, own_indices, own_mask, personal):
+      per_client = lambda *a: one_client(params, model_state, server, *a, personal)
+      return jax.vmap(per_client, in_axes=(0, None, None, 0, 0, None, None, 0, 0, 0, 0, 0))(
           rows, test_x, test_y, indices, mask, train_x, train_y, batch, num_examples,
-          client_ids)
+          client_ids, own_indices, own_mask)
 
-    self._chunk = jax.jit(chunk_fn, static_argnums=13)
+    self._chunk = jax.jit(chunk_fn, static_argnums=15)
+
+  def _train_data(self):
+    """The training arrays on the mesh (copied once, when first read)."""
+    if self._train_arrays is None:
+      train_x, train_y = self._raw_train
+      self._train_arrays = (_replicated(train_x, self.mesh),
+                            _replicated(train_y, self.mesh, np.int32))
+    return self._train_arrays
+
+  def _reads_loss(self, server, rows) -> bool:
+    """Whether `serve` calls its loss_at (HypCluster's choice): traced once for shapes."""
+    if self._serve_reads_loss is None:
+      calls = []
+
+      def probe(params):
+        del params
+        calls.append(True)
+        return jnp.zeros((), jnp.float32)
+
+      row = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), rows)
+      jax.eval_shape(lambda s, r: self.serve(s, r, probe), server, row)
+      if calls and self.train_parts is None:
+        raise ValueError("this algorithm's serve reads the clients' training loss: pass "
+                         "train_x, train_y and train_parts")
+      self._serve_reads_loss = bool(calls)
+    return self._serve_reads_loss
 
   def _finetune_batches(self, ids: np.ndarray, real: int, round_idx: int, personal: bool):
     """The chunk's fine-tuning batches (local.ClientBatch [C, k, B]) and example counts."""
@@ -171,15 +205,18 @@ class PersonalEvaluator:
     return batch, packed.num_examples.astype(np.float32)
 
   def __call__(self, params, model_state, store=None, round_idx: int = 0,
-               personal: Optional[bool] = None, served=None) -> dict:
+               personal: Optional[bool] = None, server=None) -> dict:
     """{"global": ClientSums, "personal": ClientSums (when personal)} over all N clients.
 
-    store: the run's ClientStore of the algorithm's rows (None: no rows; personalize then
-      gets {}). personal: evaluate the personal models too (default: when there is one,
-      a personalize hook or fine-tuning). served: the algorithm's `served(server)`, handed
-      to personalize as its fourth argument (None: personalize takes three).
+    store: the run's ClientStore of the algorithm's rows (None: no rows; serve then gets
+      {}). personal: evaluate the personal models too (default: when there is one, a serve
+      hook or fine-tuning). server: the run's ServerState, which serve reads (needed with
+      serve).
     """
     personal = self.has_personal_model if personal is None else bool(personal)
+    serves = personal and self.serve is not None
+    if serves and server is None:
+      raise ValueError("this evaluator serves each client its own model: pass the server state")
     outputs = {"global": [], "personal": []}
     for start in range(0, self.num_clients, self.chunk):
       real = min(self.chunk, self.num_clients - start)
@@ -191,12 +228,21 @@ class PersonalEvaluator:
       mask = np.where(np.arange(self.chunk)[:, None] < real, self.mask[ids], 0.0)
       batch, num_examples = self._finetune_batches(ids, real, round_idx, personal)
       rows = store.gather(ids.astype(np.int32)) if (store is not None and personal) else {}
+      if serves and self._reads_loss(server, rows):
+        if self._train_packed is None:
+          self._train_packed = pack_parts(self.train_parts)
+        own_indices, own_mask = (a[ids] for a in self._train_packed)
+      else:  # nothing reads the training parts: one padded example each, never used
+        own_indices, own_mask = np.zeros((self.chunk, 1), np.int32), np.zeros((self.chunk, 1))
       mapped = sharding.shard_clients(
           (indices.astype(np.int32), mask.astype(np.float32), batch, num_examples,
-           ids.astype(np.int32)), self.mesh)
-      sums = self._chunk(params, model_state, served, rows, self.test_x, self.test_y,
-                         mapped[0], mapped[1], self.train_x, self.train_y, mapped[2],
-                         mapped[3], mapped[4], personal)
+           ids.astype(np.int32), own_indices.astype(np.int32), own_mask.astype(np.float32)),
+          self.mesh)
+      reads_train = self.finetunes or (serves and self._serve_reads_loss)
+      train_x, train_y = self._train_data() if reads_train else (None, None)
+      sums = self._chunk(params, model_state, server if serves else None, rows, self.test_x,
+                         self.test_y, mapped[0], mapped[1], train_x, train_y, mapped[2],
+                         mapped[3], mapped[4], mapped[5], mapped[6], personal)
       host = jax.device_get(sums)
       outputs["global"].append([np.asarray(a, np.float64)[:real] for a in host[0]])
       outputs["personal"].append([np.asarray(a, np.float64)[:real] for a in host[1]])
@@ -215,7 +261,7 @@ def metric_name(model: str, statistic: str) -> str:
   """The record's name of one statistic: client_test_accuracy/{global,personal}/{statistic}.
 
   "global" is the evaluated global model on every client's test part; "personal" each
-  client's own model (Algorithm.personalize, then fine-tuning), present only when the run
+  client's own model (Algorithm.serve, then fine-tuning), present only when the run
   has one. `statistic` is one of STATISTICS (see `summarize`).
   """
   if model not in MODELS or statistic not in STATISTICS:

@@ -33,11 +33,9 @@ def traffic(algorithm: Algorithm, server: ServerState, row: PyTree) -> Traffic:
   info = ClientInfo(f32, f32, f32, f32, i32)
 
   def one_client(ctx, info):
-    if algorithm.start is not None:
-      params, model_state = algorithm.start(ctx, server.model_state)
-    else:
-      params, model_state = ctx.shared["params"], server.model_state
-    state = LocalState(params, model_state, algorithm.local.init_state(ctx))
+    state = LocalState(ctx.shared["params"], server.model_state, algorithm.local.init_state(ctx))
+    if algorithm.start is not None:  # only shapes are traced: any loss will do
+      state = algorithm.start(state, ctx, lambda params: jnp.zeros((), jnp.float32))
     return algorithm.finish(state, ctx, info)
 
   uploads, _ = jax.eval_shape(one_client, ctx, info)

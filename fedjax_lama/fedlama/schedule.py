@@ -250,19 +250,16 @@ class FedLamaProgram(ProgramBase):
           (r == 0 or fl.client_sampling == "round")):
         slots = slots._replace(opt_state=self._fresh_opt_states(ctx))
         since_m = jnp.zeros_like(since_m)  # no earlier gradient continues through momentum
-      if alg.start is not None and r == 0:
-        # The window's clients start from their own layers (Algorithm.start); every layer
-        # synchronised at the last window's end, so the others are the server's. Its
-        # statistics are not used: the slots keep theirs (fedlama.bn_stats_sync).
-        started, _ = jax.vmap(alg.start, in_axes=(local.context_axes(), None))(
-            ctx, server.model_state)
-        slots = slots._replace(params=started)
       keys = rng.client_keys(key if fl.client_sampling == "window" else
                              rng.round_key(self.opts.seed, rng.STREAM_TRAIN, sub_round),
                              c.client_ids)
       step0 = window * self.window_steps + r * self.unit
       key_offset = r * self.unit if fl.client_sampling == "window" else 0
-      slots, st = self.phase.train(slots, ctx, data_x, data_y, c, keys, step0, key_offset)
+      # The window's first sub-round begins the clients' round: a personalized start
+      # (Algorithm.start) puts their own layers in (every layer synchronised at the last
+      # window's end, so the others are the server's).
+      slots, st = self.phase.train(slots, ctx, data_x, data_y, c, keys, step0, key_offset,
+                                   begins=r == 0)
       stats_sum = stats_sum + jnp.stack([jnp.sum(st.loss_sum), jnp.sum(st.correct),
                                          jnp.sum(st.count), 0.0])
       since_steps = since_steps + st.steps[:, None]
@@ -434,6 +431,9 @@ class FedLamaProgram(ProgramBase):
   def eval_params(self, state):
     server = state["fedlama"].server
     return self.reporter.eval_params(server), server.model_state
+
+  def server_state(self, state):
+    return state["fedlama"].server
 
   def local_steps_done(self, window: int) -> int:
     return (window + 1) * self.window_steps

@@ -221,12 +221,9 @@ class ProgramBase:
     evaluating each client's personal model (run/records.py)."""
     return self._adopt_rows(state["rows"])
 
-  def served(self, state):
-    """What per-client evaluation hands the algorithm's `personalize` beside the evaluated
-    params (Algorithm.served of the server; None when the algorithm has none)."""
-    if getattr(self.algorithm, "served", None) is None:
-      return None
-    return self.algorithm.served(state["server"])
+  def server_state(self, state):
+    """The ServerState of `state`, which per-client evaluation hands the algorithm's serve."""
+    return state["server"]
 
   def host_state(self) -> dict:
     return {}

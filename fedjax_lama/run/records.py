@@ -198,8 +198,8 @@ class Run:
       self.personal_evaluator = make_personal_evaluator(self.records_options, self.program,
                                                         self.fed)
     store = self.program.rows_store(state) if hasattr(self.program, "rows_store") else None
-    served = self.program.served(state) if hasattr(self.program, "served") else None
-    sums = self.personal_evaluator(params, model_state, store, round_idx, served=served)
+    server = self.program.server_state(state) if hasattr(self.program, "server_state") else None
+    sums = self.personal_evaluator(params, model_state, store, round_idx, server=server)
     self.last_client_accuracy = {model: s.accuracy for model, s in sums.items()}
     return client_test_record(sums)
 
@@ -294,7 +294,7 @@ def _per_client_train(eval_batch_size, program, params, model_state, fed) -> dic
 
 def make_personal_evaluator(options, program, fed, eval_batch_size: Optional[int] = None):
   """The per-client evaluator of a run with test parts: the global model and, when the
-  algorithm has `personalize` or options.finetune_steps > 0, each client's own model.
+  algorithm has `serve` or options.finetune_steps > 0, each client's own model.
 
   Chunks hold about eval_batch_size test examples (at least one client)."""
   ds = fed.dataset
@@ -306,21 +306,21 @@ def make_personal_evaluator(options, program, fed, eval_batch_size: Optional[int
   width = max([1] + [len(p) for p in fed.client_test])
   eval_batch_size = eval_batch_size if options is None else options.eval_batch_size
   algorithm = getattr(program, "algorithm", None)
-  finetune = {}
+  # The clients' training parts: fine-tuning's batches and serve's training loss read them.
+  finetune = dict(train_x=train_x, train_y=train_y, train_parts=fed.client_train)
   if options is not None and options.finetune_steps > 0:
     loss_fn = getattr(program, "loss_fn", None)
     if loss_fn is None:
       raise errors.ConfigError(
           f"config.finetune_steps={options.finetune_steps} is not accepted by this run's "
           "program (vectorized runs evaluate the global model only); accepted: 0")
-    finetune = dict(loss_fn=loss_fn, train_x=train_x, train_y=train_y,
-                    train_parts=fed.client_train, finetune_steps=options.finetune_steps,
+    finetune.update(loss_fn=loss_fn, finetune_steps=options.finetune_steps,
                     finetune_lr=options.finetune_lr, batch_size=options.batch_size,
                     seed=options.seed)
   return personal_eval.PersonalEvaluator(
       program.eval_fn, program.mesh, test_x=test_x, test_y=test_y, test_parts=fed.client_test,
       clients_per_chunk=max(1, eval_batch_size // width),
-      personalize=algorithm.personalize if algorithm is not None else None, **finetune)
+      serve=algorithm.serve if algorithm is not None else None, **finetune)
 
 
 def client_test_record(sums: dict) -> dict:
