@@ -76,6 +76,48 @@ def fed_avg_round(fedjax, model, params, model_state, x, y, indices, lr: float):
   return run
 
 
+def hyp_cluster_evaluation(fedjax, model, cluster_params, train, test):
+  """FedJAX's `hyp_cluster.HypClusterEvaluator` on our flax model (no BatchNorm statistics).
+
+  train[c], test[c]: client c's (x, y) training and test data. Each client is assigned the
+  cluster model of lowest average loss over its whole training data (FedJAX's maximization
+  step, one padded batch holding it all) and evaluated with that model on its test data.
+  Returns (the choices, {client: {"accuracy", "loss"}} of FedJAX's evaluation: the means
+  over the client's test examples).
+  """
+  from fedjax.algorithms import hyp_cluster  # pylint: disable=g-import-not-at-top
+
+  def apply_for_train(p, b, rng=None):
+    rngs = {"dropout": rng} if rng is not None else {}
+    return model.apply({"params": p}, b["x"], train=True, rngs=rngs)
+
+  def apply_for_eval(p, b):
+    return model.apply({"params": p}, b["x"], train=False)
+
+  def train_loss(b, preds):
+    return optax.softmax_cross_entropy_with_integer_labels(preds, b["y"])
+
+  fmodel = fedjax.Model(
+      init=lambda rng: cluster_params[0], apply_for_train=apply_for_train,
+      apply_for_eval=apply_for_eval, train_loss=train_loss,
+      eval_metrics={"accuracy": fedjax.metrics.Accuracy(),
+                    "loss": fedjax.metrics.CrossEntropyLoss()})
+  as_dataset = lambda xy: fedjax.ClientDataset({"x": np.asarray(xy[0]),
+                                                "y": np.asarray(xy[1])})
+  rngs = jax.random.split(jax.random.PRNGKey(0), len(train))
+  train_clients = [(str(c).encode(), as_dataset(xy), rngs[c]) for c, xy in enumerate(train)]
+  test_clients = [(str(c).encode(), as_dataset(xy)) for c, xy in enumerate(test)]
+  largest = max(len(xy[1]) for xy in list(train) + list(test))
+  batch_hparams = fedjax.PaddedBatchHParams(batch_size=largest)
+  choices = hyp_cluster.maximization_step(
+      evaluator=fedjax.AverageLossEvaluator(fedjax.model_per_example_loss(fmodel)),
+      cluster_params=list(cluster_params), clients=train_clients, batch_hparams=batch_hparams)
+  metrics = hyp_cluster.HypClusterEvaluator(fmodel).evaluate_clients(
+      list(cluster_params), train_clients, test_clients, batch_hparams)
+  return ({int(cid.decode()): int(j) for cid, j in choices.items()},
+          {int(cid.decode()): {name: float(v) for name, v in m.items()} for cid, m in metrics})
+
+
 def version() -> str:
   """The installed FedJAX's version (its package has no __version__)."""
   import importlib.metadata  # pylint: disable=g-import-not-at-top

@@ -10,7 +10,12 @@ loss on FedJAX's side (third_party/fedjax_peer.py), the same k = 3 initial clust
 to 4, client SGD at lr 0.1, server SGD(1.0) on each cluster's example-weighted mean.
 Compared after every round: the k cluster models and each client's chosen cluster.
 
-The convention difference: FedJAX chooses a client's cluster by the mean loss over all of its
+Per-client evaluation beside FedJAX's `HypClusterEvaluator`: each client served the cluster
+model of lowest mean loss over its whole training part and evaluated on its test part; the
+per-client accuracy and mean loss agree to 1e-12 (float64; FedJAX's choice uses its train-mode
+loss, ours the evaluation mode, the same on this model without dropout or BatchNorm).
+
+The convention difference in training: FedJAX chooses a client's cluster by the mean loss over all of its
 examples before training; ours by the loss on the client's first local batch (what the
 client trains on first). Two settings:
 - one batch per client (8 examples; 2 local epochs, so 2 steps on it): the first batch is
@@ -33,6 +38,8 @@ import optax  # pylint: disable=wrong-import-position
 from fedjax_lama import algorithms  # pylint: disable=wrong-import-position
 from fedjax_lama.algorithms import hypcluster  # pylint: disable=wrong-import-position
 from fedjax_lama.engine import local as local_lib  # pylint: disable=wrong-import-position
+# pylint: disable-next=wrong-import-position
+from fedjax_lama.engine import client_store, evaluate, personal_eval, sharding
 # pylint: disable-next=wrong-import-position
 from fedjax_lama.engine import cohort as cohort_lib, sync_round
 from fedjax_lama.models import zoo  # pylint: disable=wrong-import-position
@@ -166,3 +173,43 @@ def test_first_batch_choice_distance_from_fedjax():
   want_differing, want_worst = MINIBATCH_DISTANCE
   assert differing == want_differing
   assert worst == pytest.approx(want_worst, rel=1e-3, abs=1e-13)
+
+
+def test_per_client_evaluation_equals_fedjax_hyp_cluster_evaluator():
+  clusters, _ = inputs("one_batch")
+  rng = np.random.default_rng(3)
+  sizes = ((7, 5), (9, 4), (6, 6), (8, 3))   # (train, test) examples per client
+  data = [[(rng.normal(size=(n, D_IN)) + 0.8 * c,
+            np.where(rng.random(n) < 0.6, c % CLASSES, rng.integers(0, CLASSES, n)))
+           for n in pair] for c, pair in enumerate(sizes)]
+  train, test = [d[0] for d in data], [d[1] for d in data]
+  with jax.enable_x64(True):
+    choices, theirs = fedjax_peer.hyp_cluster_evaluation(
+        fedjax, model(), [jax.tree.map(jnp.asarray, p) for p in clusters], train, test)
+    alg = algorithms.build("hypcluster", num_clusters=K_CLUSTERS)
+    first = jax.tree.map(jnp.asarray, clusters[0])
+    others = jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *clusters[1:])
+    server = alg.init_server(first, {})
+    server = server._replace(extra={**server.extra, hypcluster.OTHERS: others})
+    offsets = np.cumsum([0] + [len(y) for _, y in train])
+    test_offsets = np.cumsum([0] + [len(y) for _, y in test])
+    mesh = sharding.client_mesh(jax.devices()[:1])
+    evaluator = personal_eval.PersonalEvaluator(
+        evaluate.make_eval_fn(model(), False), mesh,
+        test_x=np.concatenate([x for x, _ in test]),
+        test_y=np.concatenate([y for _, y in test]),
+        test_parts=[np.arange(a, b) for a, b in zip(test_offsets[:-1], test_offsets[1:])],
+        clients_per_chunk=len(sizes), serve=alg.serve,
+        train_x=np.concatenate([x for x, _ in train]),
+        train_y=np.concatenate([y for _, y in train]),
+        train_parts=[np.arange(a, b) for a, b in zip(offsets[:-1], offsets[1:])])
+    store = client_store.ClientStore.create(alg.row_init(first), len(sizes), mesh)
+    sums = evaluator(first, {}, store, server=server)["personal"]
+  ours = {c: {"accuracy": sums.correct[c] / sums.count[c],
+              "loss": sums.loss_sum[c] / sums.count[c]} for c in range(len(sizes))}
+  print(f"\nhypcluster evaluation vs FedJAX {fedjax_peer.version()} HypClusterEvaluator: "
+        f"choices {choices}; ours {ours}; theirs {theirs}")
+  assert len(set(choices.values())) >= 2, choices  # not vacuous: the clients differ
+  for c in range(len(sizes)):
+    assert ours[c]["accuracy"] == pytest.approx(theirs[c]["accuracy"], abs=1e-12)
+    assert ours[c]["loss"] == pytest.approx(theirs[c]["loss"], abs=1e-12)
