@@ -15,11 +15,13 @@ classes) and a tiny MLP (16 -> 16 -> 4). Two runs on the same federation and coh
   gradient work of FedAvg's.
 
 Printed per N: the host store's bytes, the process's peak host memory (max RSS), device
-memory in use where the backend reports it, the round time (best of the repeats after a
+memory in use where the backend reports it, the bytes of the live device arrays after the
+rounds beside the training data (any backend: what the run keeps on the device), the round time (best of the repeats after a
 compiling round) of both runs, and the time of one per-client evaluation of all N clients
 (global and personal models; best of the repeats after a compiling one). The last line is
 JSON.
 """
+import gc
 import json
 import resource
 import time
@@ -84,6 +86,17 @@ def _device_mb():
   return stats["bytes_in_use"] / 2**20
 
 
+def _live_device_mb(program) -> tuple[float, float]:
+  """(MB of every live jax array, MB of those that are the program's training arrays): what
+  stays on the device between rounds, measured on any backend (the CPU backend reports no
+  memory_stats). The rest is the run's state: it holds the cohort's rows, never all N."""
+  gc.collect()
+  live = sum(a.nbytes for a in jax.live_arrays())
+  data = sum(getattr(program, name).nbytes for name in ("data_x", "data_y")
+             if isinstance(getattr(program, name, None), jax.Array))
+  return live / 2**20, data / 2**20
+
+
 def _best_round_seconds(program, repeats: int) -> float:
   state = program.init_state()
   state, _ = program.run_round(state, 0)  # compiles
@@ -109,6 +122,9 @@ def run_one(num_clients: int, cohort: int, repeats: int) -> dict:
                                                        spec.plan.kernels)
     program = training.build_program(c, model, params, model_state, fed, mesh)
     out[f"{name}_round_s"] = _best_round_seconds(program, repeats)
+    live_mb, data_mb = _live_device_mb(program)
+    out[f"{name}_device_state_mb"] = live_mb - data_mb
+    out["device_data_mb"] = data_mb
     if name == "personal":
       store = program.store
       out["host_store_mb"] = store.nbytes / 2**20
@@ -145,7 +161,9 @@ def run(sizes, cohort: int, repeats: int) -> list:
     results.append(r)
     device = "n/a" if r["device_mb"] is None else f"{r['device_mb']:.1f} MB"
     print(f"N={n:>7}: host store {r['host_store_mb']:.1f} MB, peak host {r['peak_host_mb']:.0f}"
-          f" MB, device {device}; round {r['fedavg_round_s'] * 1e3:.1f} ms FedAvg, "
+          f" MB, device in use {device}; live device arrays beside the training data "
+          f"({r['device_data_mb']:.1f} MB): FedAvg {r['fedavg_device_state_mb'] * 1024:.1f} kB, "
+          f"with host rows {r['personal_device_state_mb'] * 1024:.1f} kB; round {r['fedavg_round_s'] * 1e3:.1f} ms FedAvg, "
           f"{r['personal_round_s'] * 1e3:.1f} ms with host rows; per-client evaluation of all "
           f"N clients {r['per_client_eval_s']:.2f} s", flush=True)
   print(json.dumps({"personal_scale": results}))
