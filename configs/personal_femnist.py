@@ -10,34 +10,16 @@ purely local model trains on every round, see the study), 10 local steps of batc
 (normalization "per_channel"): LEAF's images are white with dark ink (mean 0.96), and the
 raw inputs left the MLP at 0.34 test accuracy after 30 rounds at rate 0.1, against 0.73
 standardised. 10 % of the training split is held out for validation, where FedAvg's local
-rate is tuned. The per-client evaluation runs once, after the last round.
+rate is tuned. The per-client evaluation runs once, after the last round. Other fields as
+configs/personal_fmnist.py.
 Files: <data_dir>/femnist_leaf/.
 """
-from fedjax_lama.config import base_config
+from configs.personal_fmnist import study_setting
 
 
 def get_config():
-  c = base_config()
-  c.algorithm = "fedavg"
-  c.dataset = "femnist"
-  c.partition = "natural"
-  c.model = "mlp"
-  c.model_options.hidden_sizes = (128,)
+  c = study_setting("femnist", "natural")
   c.normalization = "per_channel"
-  c.client_sampling = "fixed"
-  c.active_ratio = 1.0
-  c.weighting = "examples"
-  c.batch_size = 32
-  c.local_steps = 10
-  c.rounds = 30
-  c.local_lr = 0.1
-  c.validation_fraction = 0.1
-  # Natural LEAF clients keep their own test examples; the fraction only switches the local
-  # test parts on (the training parts are not split).
-  c.local_test_fraction = 0.2
-  c.per_client_eval = "final"
-  c.eval_every = 5
-  c.checkpoint_every = 10
-  c.eval_batch_size = 2000
-  c.plots = False
+  # Natural LEAF clients keep their own test examples; local_test_fraction only switches
+  # the local test parts on (the training parts are not split).
   return c

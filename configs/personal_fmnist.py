@@ -13,13 +13,14 @@ Files: <data_dir>/fashion_mnist/.
 from fedjax_lama.config import base_config
 
 
-def get_config():
+def study_setting(dataset: str, partition: str):
+  """What both settings of the personalization study share: the MLP (784-128-classes), every
+  client in every round, 10 local steps of batch 32, 30 rounds, rate 0.1 before tuning, a
+  validation split of 10 %, local test parts, one per-client evaluation at the end."""
   c = base_config()
   c.algorithm = "fedavg"
-  c.dataset = "fashion_mnist"
-  c.partition = "shards"
-  c.classes_per_client = 2
-  c.num_clients = 50
+  c.dataset = dataset
+  c.partition = partition
   c.model = "mlp"
   c.model_options.hidden_sizes = (128,)
   c.client_sampling = "fixed"
@@ -36,4 +37,11 @@ def get_config():
   c.checkpoint_every = 10
   c.eval_batch_size = 2000
   c.plots = False
+  return c
+
+
+def get_config():
+  c = study_setting("fashion_mnist", "shards")
+  c.classes_per_client = 2
+  c.num_clients = 50
   return c
