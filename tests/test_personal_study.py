@@ -110,19 +110,25 @@ def test_claims_on_made_up_numbers():
            "ditto": {"mean": _stat(0.90, 0.01), "p10": _stat(0.70, 0.02),
                      "std": _stat(0.10, 0.01)},
            "fedrep": {"mean": _stat(0.705, 0.02)},
-           "apfl": {"mean": _stat(0.60, 0.01)}}
-  ditto, fedrep, above = ps.claims(stats)
+           "apfl": {"mean": _stat(0.60, 0.01)},
+           "fedavg_bn": {"mean": _stat(0.65, 0.01)},
+           "fedbn": {"mean": _stat(0.80, 0.02)}}
+  ditto, fedrep, fedbn, above = ps.claims(stats)
   assert ditto.startswith("Ditto's fairness") and ": holds (" in ditto
   assert "FedRep above FedAvg" in fedrep and "holds within the seeds' spread" in fedrep
   assert "FedAvg + fine-tuning 0.8500" in fedrep
-  assert ("above by more than the seeds' spread: fedavg_ft 0.8500, ditto 0.9000; not: "
-          "fedrep 0.7050 (holds within the seeds' spread), apfl 0.6000.") in above
+  assert "FedBN above FedAvg on the same model" in fedbn and ": holds (" in fedbn
+  assert "0.8000 against 0.6500" in fedbn
+  # FedAvg's rows of the global model (fedavg_bn) are not personalization rows.
+  assert ("above by more than the seeds' spread: fedavg_ft 0.8500, ditto 0.9000, fedbn "
+          "0.8000; not: fedrep 0.7050 (holds within the seeds' spread), apfl 0.6000.") in above
   # A lower spread but a lower 10th percentile: partly.
   stats["ditto"]["p10"] = _stat(0.30, 0.01)
   assert "partly holds" in ps.claims(stats)[0]
   stats["ditto"]["std"] = _stat(0.30, 0.01)
   assert "Ditto's fairness" in ps.claims(stats)[0] and "does not hold (" in ps.claims(stats)[0]
   assert "not measured" in ps.claims({"fedavg": stats["fedavg"]})[1]
+  assert "not measured" in ps.claims({"fedavg": stats["fedavg"]})[2]
   assert ps.compare(None, _stat(0.5)) == "not measured"
   assert ps.compare(_stat(0.1), _stat(0.3), higher_is_better=False) == "holds"
 
