@@ -16,8 +16,8 @@ classes) and a tiny MLP (16 -> 16 -> 4). Two runs on the same federation and coh
 
 Printed per N: the host store's bytes, the process's peak host memory (max RSS), device
 memory in use where the backend reports it, the bytes of the live device arrays after the
-rounds beside the training data (any backend: what the run keeps on the device), the round time (best of the repeats after a
-compiling round) of both runs, and the time of one per-client evaluation of all N clients
+rounds beside the training data (any backend: what the run keeps on the device), the round
+time (best of the repeats after a compiling round) of both runs, and the time of one per-client evaluation of all N clients
 (global and personal models; best of the repeats after a compiling one). The last line is
 JSON.
 """
@@ -163,7 +163,8 @@ def run(sizes, cohort: int, repeats: int) -> list:
     print(f"N={n:>7}: host store {r['host_store_mb']:.1f} MB, peak host {r['peak_host_mb']:.0f}"
           f" MB, device in use {device}; live device arrays beside the training data "
           f"({r['device_data_mb']:.1f} MB): FedAvg {r['fedavg_device_state_mb'] * 1024:.1f} kB, "
-          f"with host rows {r['personal_device_state_mb'] * 1024:.1f} kB; round {r['fedavg_round_s'] * 1e3:.1f} ms FedAvg, "
+          f"with host rows {r['personal_device_state_mb'] * 1024:.1f} kB; "
+          f"round {r['fedavg_round_s'] * 1e3:.1f} ms FedAvg, "
           f"{r['personal_round_s'] * 1e3:.1f} ms with host rows; per-client evaluation of all "
           f"N clients {r['per_client_eval_s']:.2f} s", flush=True)
   print(json.dumps({"personal_scale": results}))

@@ -11,8 +11,8 @@ same batches, takes steps on its personal objective
   v_k <- v_k - personal_lr (grad F_k(v_k) + lam (v_k - w^t)),     (Algorithm 1's v-update)
 with w^t the global model the client downloaded this round. lam = 0 is local training alone,
 lam -> infinity FedAvg's model. v_k is written back to the row at the end of the round and is
-the model Ditto serves client k (`Personalization.serve`); clients that take no part keep their row, and
-one that never took part is served the global model.
+the model Ditto serves client k (`Personalization.serve`); clients that take no part keep
+their row, and one that never took part is served the global model.
 
 Options:
 - lam: the pull toward the global model (the paper tunes it over {0.01, 0.1, 1, 2}).

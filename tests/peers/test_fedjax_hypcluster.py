@@ -15,9 +15,9 @@ model of lowest mean loss over its whole training part and evaluated on its test
 per-client accuracy and mean loss agree to 1e-12 (float64; FedJAX's choice uses its train-mode
 loss, ours the evaluation mode, the same on this model without dropout or BatchNorm).
 
-The convention difference in training: FedJAX chooses a client's cluster by the mean loss over all of its
-examples before training; ours by the loss on the client's first local batch (what the
-client trains on first). Two settings:
+The convention difference in training: FedJAX chooses a client's cluster by the mean loss
+over all of its examples before training; ours by the loss on the client's first local batch
+(what the client trains on first). Two settings:
 - one batch per client (8 examples; 2 local epochs, so 2 steps on it): the first batch is
   all of the client's data, the choices are the same, and the runs agree to 1e-13;
 - 2, 3 and 4 batches of 4 examples per client (one epoch): the choices may differ; the
