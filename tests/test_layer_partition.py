@@ -17,10 +17,10 @@ import pytest
 
 from fedjax_lama import algorithms, checkpointing, training
 from fedjax_lama import config as config_lib
-from fedjax_lama.engine import sharding, traffic as traffic_lib
+from fedjax_lama.engine import personal_eval, sharding, traffic as traffic_lib
 from fedjax_lama.errors import ConfigError, HparamError
 from tests import test_algorithm_reference as ref
-from tests import test_sharding as helpers
+from tests import test_personal_eval, test_sharding as helpers
 
 A, B, ETA, P, N = ref.A, ref.B, ref.ETA, ref.P, ref.N
 W0 = np.array([[0.5, -0.2], [0.1, 0.3]])
@@ -418,3 +418,13 @@ def test_fedlama_counts_the_shared_tensors_of_a_partly_personal_module():
     assert per_leaf["Dense_1/kernel"] == 0 and per_leaf["Dense_1/bias"] > 0
   heads = program.store.to_numpy()["params"]["Dense_1"]
   assert set(heads) == {"kernel"}
+
+
+def test_per_client_evaluation_under_fedlama_serves_each_client_its_head(tmp_path):
+  """Through train_and_evaluate with the FedLAMA schedule: the evaluator reads the schedule's
+  server state and rows, and each client's model is its own head on the shared body (the
+  global model's head stays as initialised, so the two differ)."""
+  config = test_personal_eval._tiny(algorithm="fedper", schedule="fedlama", active_ratio=1.0)
+  summary = training.train_and_evaluate(config, str(tmp_path))
+  personal = summary[personal_eval.metric_name("personal", "mean")]
+  assert personal > summary[personal_eval.metric_name("global", "mean")] + 0.2
