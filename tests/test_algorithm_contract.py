@@ -11,8 +11,9 @@ traffic table below must then name them):
 - padded clients, steps and examples change nothing (engine level);
 - chunked rounds equal unchunked ones;
 - 8 fake CPU devices equal 1 (one subprocess per mesh, all algorithms in it);
-- the costliest of these (padding, chunking, FedLAMA's resume, 8 devices) for a core of
-  algorithms in the default suite and for every algorithm under `-m slow` (CORE below);
+- the costliest of these (padding, chunking, FedLAMA at phi = 1 and its resume, 8 devices)
+  for a core of algorithms in the default suite and for every algorithm under `-m slow`
+  (CORE below);
 - FedLAMA over the algorithm: phi = 1 is the algorithm itself (local momentum 0.9, the
   local optimizer's state started afresh each round under both), a phi = 2 run resumes
   exactly and compiles once; combinations that cannot work stop with a ConfigError naming
@@ -265,7 +266,7 @@ def test_fedlama_over_the_algorithm_resumes_and_compiles_once(runs, name):
         out.floats_down_per_layer.sum()) * up_d
 
 
-@pytest.mark.parametrize("name", LAYERWISE)
+@pytest.mark.parametrize("name", _core_first(LAYERWISE))
 def test_fedlama_with_phi_one_is_the_algorithm(runs, name):
   """With local momentum 0.9 (0 for the adaptive local optimizers, which refuse it)."""
   lama = config_for(name, fedlama=True, active_ratio=0.25)

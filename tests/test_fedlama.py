@@ -49,7 +49,8 @@ def _assert_same_run(a, b):
   assert [r["test_accuracy"] for r in ra] == [r["test_accuracy"] for r in rb]
 
 
-@pytest.mark.parametrize("overrides", [{}, {"local_momentum": 0.9}])
+@pytest.mark.parametrize("overrides", [pytest.param({}, marks=pytest.mark.slow),
+                                       {"local_momentum": 0.9}])
 def test_phi_one_is_fedavg_base_interval(tmp_path, overrides):
   """With local momentum too: the local optimizer starts afresh each round under both
   (config.local_optimizer_state="reset", the default)."""

@@ -208,7 +208,7 @@ def test_lam_mask_and_the_shared_weight_decay():
       close(decayed, local_step(build(name), params, l2, v_hat)[0], rtol=1e-15, atol=0)
 
 
-@pytest.mark.parametrize("zero_norm", ["unit_ratio", "skip"])
+@pytest.mark.parametrize("zero_norm", ["unit_ratio", pytest.param("skip", marks=pytest.mark.slow)])
 def test_a_flax_model_with_zero_biases_stays_finite(zero_norm):
   """A full round of an MLP whose biases flax initialises to 0 (keras init), float32."""
   model = models.get("mlp", num_classes=3, hidden_sizes=(8,), init_style="keras")

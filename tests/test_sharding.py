@@ -291,6 +291,9 @@ def _check_placement(kind, cohort, placed, devices=8):
   assert {p for p in placed if p.startswith("server_")} == {"server_P()"}
 
 
+# The default suite keeps 8 devices = 1 through the contract table (test_algorithm_contract)
+# and the aggregation stage; this report's placement checks run with -m slow.
+@pytest.mark.slow
 @pytest.mark.parametrize("case", FAST)
 def test_eight_devices_equal_one_device(eight_device_report, case):
   kind, cohort = case.split(":")
