@@ -17,9 +17,9 @@ classes) and a tiny MLP (16 -> 16 -> 4). Two runs on the same federation and coh
 Printed per N: the host store's bytes, the process's peak host memory (max RSS), device
 memory in use where the backend reports it, the bytes of the live device arrays after the
 rounds beside the training data (any backend: what the run keeps on the device), the round
-time (best of the repeats after a compiling round) of both runs, and the time of one per-client evaluation of all N clients
-(global and personal models; best of the repeats after a compiling one). The last line is
-JSON.
+time (best of the repeats after a compiling round) of both runs, and the time of one
+per-client evaluation of all N clients (global and personal models; best of the repeats
+after a compiling one). The last line is JSON.
 """
 import gc
 import json

@@ -63,8 +63,8 @@ compiles its own programs: the compilation of N rows runs on N cores).
 
 Runs of the default study, per dataset: FedAvg at 3 rates on seed 0 to tune (one of them
 reused; a pick at an edge adds a rate), then 13 runs x 3 seeds: 82 runs in 28 vectorized
-groups for both datasets. The costliest are pFedMe (6 gradients a
-local step) and the rows taking 2 (local, Ditto, APFL, Per-FedAvg); --rounds scales them all.
+groups for both datasets. The costliest are pFedMe (6 gradients a local step) and the rows
+taking 2 (local, Ditto, APFL, Per-FedAvg); --rounds scales them all.
 """
 import dataclasses
 import importlib
