@@ -208,12 +208,18 @@ def records(workdir):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-  """FedAT on the clock: one uninterrupted run; one interrupted after tick 1, then resumed."""
-  root = tmp_path_factory.mktemp("clock")
+def whole_run(tmp_path_factory):
+  """FedAT on the clock, one uninterrupted run: (its workdir, its summary)."""
+  whole = str(tmp_path_factory.mktemp("clock") / "whole")
+  return whole, training.train_and_evaluate(clock_config(), whole)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, whole_run):
+  """The uninterrupted run, and the same run interrupted after tick 1, then resumed."""
   c = clock_config()
-  whole, split = str(root / "whole"), str(root / "split")
-  summary = training.train_and_evaluate(c, whole)
+  whole, summary = whole_run
+  split = str(tmp_path_factory.mktemp("clock") / "split")
   interrupted = training.train_and_evaluate(c, split, stop_after_round=1)
   resumed = training.train_and_evaluate(c, split)
   return whole, split, summary, interrupted, resumed
@@ -235,8 +241,8 @@ def test_interrupted_then_resumed_run_equals_uninterrupted(runs, setup):
   assert tree_equal(a["method_state"]["tier_models"], b["method_state"]["tier_models"])
 
 
-def test_dropped_out_clients_never_report_again(runs, setup):
-  state = clock_run.latest_state(runs[0], setup[2])
+def test_dropped_out_clients_never_report_again(whole_run, setup):
+  state = clock_run.latest_state(whole_run[0], setup[2])
   log = state["event_log"]
   dropouts = {client: time for _, time, kind, client, _, _ in log if kind == "dropout"}
   assert len(dropouts) == 3 and all(t < 20.0 for t in dropouts.values())
