@@ -42,8 +42,10 @@ tuned local rate.
 
 Learning rate: FedAvg's local rate is picked on the validation split (mean validation
 accuracy of the last 3 evaluations, seed --tune_seed) from --lrs, widened into FULL_LRS while
-the pick sits at an edge (experiments/sweep.py), per dataset, and used by every row: a
-per-method tuning does not fit a 2-core CPU budget.
+the pick sits at an edge (experiments/sweep.py), per dataset, and used by every row on the
+setting's model: a per-method tuning does not fit a 2-core CPU budget. The rows on the model
+with BatchNorm (FedAvg's and FedBN's) take FedAvg's rate on that model, picked the same way
+(Run.tuning).
 
 Columns (mean ± std over seeds of each run's per-client statistics, clients unweighted):
 the served model's mean accuracy over clients and its 10th percentile, the global model's
@@ -61,9 +63,9 @@ continues where it stopped; the seeds of one row train as one vectorized computa
 --processes=N trains the rows in N processes at once after the rates are picked (each
 compiles its own programs: the compilation of N rows runs on N cores).
 
-Runs of the default study, per dataset: FedAvg at 3 rates on seed 0 to tune (one of them
-reused; a pick at an edge adds a rate), then 13 runs x 3 seeds: 82 runs in 28 vectorized
-groups for both datasets. The costliest are pFedMe (6 gradients a local step) and the rows
+Runs of the default study, per dataset: FedAvg at 3 rates on seed 0 to tune on each of the
+two models (one of them reused; a pick at an edge adds a rate), then 13 runs x 3 seeds: 86
+runs in 32 vectorized groups for both datasets. The costliest are pFedMe (6 gradients a local step) and the rows
 taking 2 (local, Ditto, APFL, Per-FedAvg); --rounds scales them all.
 """
 import dataclasses
@@ -103,6 +105,9 @@ class Run:
   finetune: bool = False           # fine-tuning on at evaluation (config.finetune_steps)
   finetune_scale: float = 1.0      # the fine-tuning rate times this
   needs_batchnorm: bool = False    # skipped on a model without BatchNorm (it is FedAvg there)
+  # The run whose FedAvg rate, picked on the validation split, this run takes: "fedavg" (the
+  # setting's model), or "fedavg_bn" for the rows on the model with BatchNorm.
+  tuning: str = "fedavg"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,8 +134,10 @@ RUNS = (
     Run("lg_fedavg", "lg_fedavg"),
     # FedBN needs normalization layers: it and its FedAvg baseline train the setting's MLP
     # with a BatchNorm per hidden layer (on the plain MLP FedBN is FedAvg exactly).
-    Run("fedavg_bn", "fedavg", lambda lr: dict(WITH_BATCHNORM)),
-    Run("fedbn", "fedbn", lambda lr: dict(WITH_BATCHNORM), needs_batchnorm=True),
+    # Their rate is FedAvg's on that model, picked on the validation split as for the others.
+    Run("fedavg_bn", "fedavg", lambda lr: dict(WITH_BATCHNORM), tuning="fedavg_bn"),
+    Run("fedbn", "fedbn", lambda lr: dict(WITH_BATCHNORM), needs_batchnorm=True,
+        tuning="fedavg_bn"),
     Run("hypcluster", "hypcluster"),
 )
 RUNS_BY_KEY = {r.key: r for r in RUNS}
@@ -228,25 +235,33 @@ class Study:
   def config(self, run: Run, lr: float, seed: int):
     return run_config(self.base, run, lr, seed, self.finetune_steps, self.finetune_lr)
 
-  def tune(self, runs_dir: str) -> sweep.Tuned:
-    """FedAvg's local rate on the validation split (its tuning runs are FedAvg's own runs:
-    fine-tuning changes only the per-client evaluation, not the validation score)."""
-    fedavg = RUNS_BY_KEY["fedavg"]
-    if len(self.lrs) == 1:
-      return sweep.Tuned(self.lrs[0], {})
-    return sweep.tune_widening(lambda lr, s: self.config(fedavg, lr, s), self.lrs,
-                               self.tune_seed,
-                               lambda lr, s: self.workdir(runs_dir, fedavg, lr, s),
-                               self.full_lrs)
+  def tune(self, runs_dir: str) -> Dict[str, sweep.Tuned]:
+    """Run.tuning key -> FedAvg's local rate on the validation split, for the setting's model
+    ("fedavg") and every other model a run trains ("fedavg_bn"). The tuning runs are that
+    FedAvg run's own (fine-tuning changes only the per-client evaluation, not the validation
+    score)."""
+    out = {}
+    for key in ["fedavg"] + sorted({r.tuning for r in self.runs} - {"fedavg"}):
+      tuner = RUNS_BY_KEY[key]
+      if len(self.lrs) == 1:
+        out[key] = sweep.Tuned(self.lrs[0], {})
+        continue
+      out[key] = sweep.tune_widening(
+          lambda lr, s, tuner=tuner: self.config(tuner, lr, s), self.lrs, self.tune_seed,
+          lambda lr, s, tuner=tuner: self.workdir(runs_dir, tuner, lr, s), self.full_lrs)
+    return out
 
-  def train(self, runs_dir: str, lr: float, shard: tuple = (0, 1)) -> Dict[str, list]:
-    """Every run of this shard (runs index, index + count, ...) with every seed: run key ->
-    summaries (a diverged run as {"diverged": message})."""
+  def train(self, runs_dir: str, lrs: Dict[str, float], shard: tuple = (0, 1)
+            ) -> Dict[str, list]:
+    """Every run of this shard (runs index, index + count, ...) with every seed, at the rate
+    of its tuning (lrs: Run.tuning key -> rate): run key -> summaries (a diverged run as
+    {"diverged": message})."""
     index, count = shard
     out = {}
     for i, run in enumerate(self.runs):
       if i % count != index:
         continue
+      lr = lrs[run.tuning]
       outcomes = sweep.run_group([self.config(run, lr, s) for s in self.seeds],
                                  [self.workdir(runs_dir, run, lr, s) for s in self.seeds])
       out[run.key] = [{"diverged": str(r)} if isinstance(r, training.TrainingError) else r
@@ -402,8 +417,15 @@ def plot(path: str, panels: Dict[str, tuple]) -> None:
   plt.close(fig)
 
 
-def setting_text(study: Study, lr: float, scores: dict) -> str:
+def setting_text(study: Study, lr: float, scores: dict, others: Optional[dict] = None) -> str:
+  """The setting's paragraph; `others`: Run.tuning key -> (rate, scores) of the runs tuned
+  apart (the model with BatchNorm)."""
   b = study.base
+  apart = "".join(
+      f" FedAvg and FedBN on the MLP with BatchNorm: local rate {rate:g} (FedAvg's on that "
+      "model, picked on the validation split"
+      + (": " + ", ".join(f"{k:g}: {v:.4f}" for k, v in sorted(sc.items())) if sc else "")
+      + ")." for key, (rate, sc) in sorted((others or {}).items()))
   partition = (f"{b.partition}" + (f", {b.classes_per_client} classes per client"
                                    if b.partition in ("shards", "class_cyclic") else ""))
   return (f"Setting: {b.dataset}, partition {partition}, "
@@ -413,11 +435,11 @@ def setting_text(study: Study, lr: float, scores: dict) -> str:
           f"validation split {b.validation_fraction:.0%} of the training data, local test "
           + ("parts: each writer's own LEAF test examples" if b.partition == "natural" else
              f"parts {b.local_test_fraction:.0%} of each client's data (stratified by label)")
-          + f". Local rate {lr:g} for every row (FedAvg's, picked on the validation split"
+          + f". Local rate {lr:g} for every other row (FedAvg's, picked on the validation split"
           + (": " + ", ".join(f"{k:g}: {v:.4f}" for k, v in sorted(scores.items()))
              if scores else ", a single rate given") + f"); fine-tuning "
           f"{study.finetune_steps} steps at rate {study.finetune_lr or lr:g} (and "
-          f"{(study.finetune_lr or lr) / 10:g} in its second row).")
+          f"{(study.finetune_lr or lr) / 10:g} in its second row)." + apart)
 
 
 def write_report(studies: Dict[str, Study], results: Dict[str, dict], out: str, command: str,
@@ -430,7 +452,7 @@ def write_report(studies: Dict[str, Study], results: Dict[str, dict], out: str, 
     stats = row_stats(study.rows, res["runs"])
     panels[name] = (study.rows, stats)
     sections += [f"### {DATASET_TITLES.get(name, name)}", "",
-                 setting_text(study, res["lr"], res["scores"]), "",
+                 setting_text(study, res["lr"], res["scores"], res.get("others")), "",
                  table(study.rows, stats, study.skipped), "",
                  *[f"- {line}" for line in claims(stats)], ""]
   plot(out + ".png", panels)
@@ -460,6 +482,9 @@ def write_report(studies: Dict[str, Study], results: Dict[str, dict], out: str, 
   with open(out + ".json", "w") as f:
     json.dump({name: {"lr": res["lr"],
                       "scores": {f"{k:g}": v for k, v in res["scores"].items()},
+                      "tuned_apart": {key: {"lr": rate,
+                                            "scores": {f"{k:g}": v for k, v in sc.items()}}
+                                      for key, (rate, sc) in res.get("others", {}).items()},
                       "seeds": studies[name].seeds, "skipped": studies[name].skipped,
                       "rows": {r.label: {"run": r.run, "model": r.model}
                                for r in studies[name].rows},
@@ -517,19 +542,22 @@ def main(argv) -> None:
   tuned = {}
   for name, study in studies.items():
     tuned[name] = study.tune(runs_dir)
-    print(f"{name}: local rate {tuned[name].value:g} {tuned[name].scores}", flush=True)
+    for key, t in tuned[name].items():
+      print(f"{name}: local rate {t.value:g} ({key}) {t.scores}", flush=True)
     for label, why in study.skipped.items():
       print(f"{name}: {label} skipped ({why})", flush=True)
   if FLAGS.shard:
     shard = robust_study.parse_shard(FLAGS.shard)
     for name, study in studies.items():
-      study.train(runs_dir, tuned[name].value, shard)
+      study.train(runs_dir, {k: t.value for k, t in tuned[name].items()}, shard)
     return
   if FLAGS.processes > 1:
     robust_study.run_shards(FLAGS.processes, sys.argv[1:], module="experiments.personal_study",
                             runs_dir=runs_dir)
-  results = {name: {"lr": tuned[name].value, "scores": tuned[name].scores,
-                    "runs": study.train(runs_dir, tuned[name].value)}
+  results = {name: {"lr": tuned[name]["fedavg"].value, "scores": tuned[name]["fedavg"].scores,
+                    "others": {k: (t.value, t.scores) for k, t in tuned[name].items()
+                               if k != "fedavg"},
+                    "runs": study.train(runs_dir, {k: t.value for k, t in tuned[name].items()})}
              for name, study in studies.items()}
   command = " ".join(["python -m experiments.personal_study"] + [
       f"{a.partition('=')[0]}=DATA" if a.startswith("--data_dir=") else a

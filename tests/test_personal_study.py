@@ -9,6 +9,7 @@ import pytest
 
 from configs import personal_femnist, personal_fmnist
 from experiments import personal_study as ps
+from experiments import sweep
 from fedjax_lama.config import validate
 from fedjax_lama.errors import ConfigError
 
@@ -139,8 +140,13 @@ def test_report_from_made_up_runs_has_a_row_per_method(tmp_path):
           "local": [_summary(0.7, 0.5, 0.5)] * 2,
           "ditto": [_summary(0.9, 0.8, 0.5)] * 2}
   out = str(tmp_path / "results" / "personal")
-  text = ps.write_report({"digits": study}, {"digits": {"lr": 0.1, "scores": {}, "runs": runs}},
-                         out, "python -m experiments.personal_study --quick")
+  results = {"digits": {"lr": 0.1, "scores": {}, "runs": runs,
+                        "others": {"fedavg_bn": (0.3, {0.1: 0.5, 0.3: 0.6})}}}
+  text = ps.write_report({"digits": study}, results, out,
+                         "python -m experiments.personal_study --quick")
+  # The rows on the model with BatchNorm say their own rate and its scores.
+  assert ("FedAvg and FedBN on the MLP with BatchNorm: local rate 0.3 (FedAvg's on that "
+          "model, picked on the validation split: 0.1: 0.5000, 0.3: 0.6000).") in text
   for ext in (".md", ".png", ".json"):
     assert os.path.getsize(out + ext) > 0
   assert open(out + ".md").read() == text
@@ -153,6 +159,7 @@ def test_report_from_made_up_runs_has_a_row_per_method(tmp_path):
     report = json.load(f)
   assert report["digits"]["stats"]["ditto"]["mean"] == [0.9, 0.0]
   assert "records" not in report["digits"]["runs"]["fedavg"][0]
+  assert report["digits"]["tuned_apart"]["fedavg_bn"]["lr"] == 0.3
 
 
 @pytest.mark.slow
@@ -179,3 +186,34 @@ def test_quick_command_writes_the_files_and_the_table(tmp_path):
   # The fine-tuned and the global model differ; the local row's global model is FedAvg's.
   assert report["stats"]["fedavg_ft"]["mean"] != report["stats"]["fedavg"]["mean"]
   assert report["stats"]["local"]["global_mean"] == report["stats"]["fedavg"]["mean"]
+
+
+def test_the_batchnorm_rows_take_fedavg_s_rate_on_their_own_model(monkeypatch, tmp_path):
+  """tune() picks a rate for each model (FedAvg's runs on it), train() runs each row at its
+  model's rate; the tuning of the BatchNorm model trains the MLP with BatchNorm."""
+  study = ps.Study("digits", ps.quick_config(), [ROW["fedavg"], ROW["fedbn"]], [0, 1],
+                   [0.1, 0.3], 0, 5, None)
+  tuned_configs = {}
+
+  def fake_tune(config_for, lrs, seed, workdir_for, full_lrs):
+    del full_lrs
+    config = config_for(lrs[0], seed)
+    tuned_configs[workdir_for(lrs[0], seed)] = config
+    return sweep.Tuned(0.3 if config.model_options.get("batch_norm") else 0.1, {})
+
+  trained = {}
+
+  def fake_group(configs, workdirs):
+    for c, w in zip(configs, workdirs):
+      trained[w] = c.local_lr
+    return [{} for _ in configs]
+
+  monkeypatch.setattr(ps.sweep, "tune_widening", fake_tune)
+  monkeypatch.setattr(ps.sweep, "run_group", fake_group)
+  tuned = study.tune(str(tmp_path))
+  assert {k: t.value for k, t in tuned.items()} == {"fedavg": 0.1, "fedavg_bn": 0.3}
+  assert sorted(os.path.relpath(w, tmp_path).split(os.sep)[1] for w in tuned_configs) == [
+      "fedavg", "fedavg_bn"]
+  study.train(str(tmp_path), {k: t.value for k, t in tuned.items()})
+  rates = {os.path.relpath(w, tmp_path).split(os.sep)[1]: lr for w, lr in trained.items()}
+  assert rates == {"fedavg": 0.1, "fedbn": 0.3}
