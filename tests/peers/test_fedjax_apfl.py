@@ -32,13 +32,10 @@ fedjax = fedjax_import.fedjax_or_skip()
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax.numpy as jnp  # pylint: disable=wrong-import-position
-import optax  # pylint: disable=wrong-import-position
 
 from fedjax_lama import algorithms  # pylint: disable=wrong-import-position
-from fedjax_lama.engine import local as local_lib  # pylint: disable=wrong-import-position
-# pylint: disable-next=wrong-import-position
-from fedjax_lama.engine import cohort as cohort_lib, sync_round
 from fedjax_lama.models import zoo  # pylint: disable=wrong-import-position
+from tests.peers import engine_rounds  # pylint: disable=wrong-import-position
 
 pytestmark = pytest.mark.slow
 
@@ -80,37 +77,13 @@ def inputs(seed=0):
 def ours(initial, batches, reading) -> list[dict]:
   """Our apfl through the engine's rounds on the same batches, float64; records like the
   peer's (server params; local model and mixing weights of every client seen so far)."""
-  max_steps = max(BATCHES_PER_CLIENT)
   history = []
   with jax.enable_x64(True):
     alg = algorithms.build("apfl", alpha=ALPHA, personal_lr=LR, alpha_lr=LR, **reading)
-    train_chunk, server_update = sync_round.make_round_fns(
-        local_lib.make_loss_fn(model(), False), alg, optax.constant_schedule(LR), seed=0,
-        weighting="examples", local_steps=max_steps, population=N)
-    flat = [b for client in batches for b in client]
-    data_x = jnp.asarray(np.concatenate([x for x, _ in flat]))
-    data_y = jnp.asarray(np.concatenate([y for _, y in flat]), jnp.int32)
-    first_row = np.cumsum((0,) + BATCHES_PER_CLIENT)[:-1] * BATCH
-    params = jax.tree.map(jnp.asarray, initial)
-    server = alg.init_server(params, {})
-    store = jax.tree.map(lambda r: jnp.stack([r] * N), alg.row_init(params))
+    server = alg.init_server(jax.tree.map(jnp.asarray, initial), {})
     seen = set()
-    for r, cohort_ids in enumerate(COHORTS):
-      c = len(cohort_ids)
-      indices = np.zeros((c, max_steps, BATCH), np.int32)
-      step_mask = np.zeros((c, max_steps))
-      for j, i in enumerate(cohort_ids):
-        for k in range(BATCHES_PER_CLIENT[i]):
-          indices[j, k] = first_row[i] + k * BATCH + np.arange(BATCH)
-          step_mask[j, k] = 1.0
-      ids = jnp.asarray(cohort_ids, jnp.int32)
-      sizes = np.array([BATCHES_PER_CLIENT[i] * BATCH for i in cohort_ids], np.float64)
-      cohort = cohort_lib.Cohort(jnp.asarray(indices), jnp.ones(indices.shape),
-                                 jnp.asarray(step_mask), jnp.ones(c), ids, jnp.asarray(sizes))
-      rows = cohort_lib.gather_rows(store, ids)
-      sums, new_rows, _ = train_chunk(server, rows, data_x, data_y, cohort, r)
-      store = cohort_lib.scatter_rows(store, ids, jnp.ones(c), new_rows)
-      server = server_update(server, sums)
+    for cohort_ids, server, store in engine_rounds.rounds(alg, model(), batches, COHORTS,
+                                                           server, LR):
       seen |= set(cohort_ids)
       host = jax.tree.map(np.asarray, store)
       history.append({

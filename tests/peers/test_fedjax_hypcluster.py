@@ -33,16 +33,13 @@ fedjax = fedjax_import.fedjax_or_skip()
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax.numpy as jnp  # pylint: disable=wrong-import-position
-import optax  # pylint: disable=wrong-import-position
 
 from fedjax_lama import algorithms  # pylint: disable=wrong-import-position
 from fedjax_lama.algorithms import hypcluster  # pylint: disable=wrong-import-position
-from fedjax_lama.engine import local as local_lib  # pylint: disable=wrong-import-position
 # pylint: disable-next=wrong-import-position
 from fedjax_lama.engine import client_store, evaluate, personal_eval, sharding
-# pylint: disable-next=wrong-import-position
-from fedjax_lama.engine import cohort as cohort_lib, sync_round
 from fedjax_lama.models import zoo  # pylint: disable=wrong-import-position
+from tests.peers import engine_rounds  # pylint: disable=wrong-import-position
 
 pytestmark = pytest.mark.slow
 
@@ -85,41 +82,15 @@ def inputs(setting, seed=0):
 
 
 def ours(clusters, batches, setting) -> list[dict]:
-  per_client, batch, epochs, _, _ = SETTINGS[setting]
-  steps = [n * epochs for n in per_client]
-  max_steps = max(steps)
-  n = len(per_client)
+  per_client, _, epochs, _, _ = SETTINGS[setting]
   history = []
   with jax.enable_x64(True):
     alg = algorithms.build("hypcluster", num_clusters=K_CLUSTERS)
-    train_chunk, server_update = sync_round.make_round_fns(
-        local_lib.make_loss_fn(model(), False), alg, optax.constant_schedule(LR), seed=0,
-        weighting="examples", local_steps=max_steps, population=n)
-    flat = [b for client in batches for b in client]
-    data_x = jnp.asarray(np.concatenate([x for x, _ in flat]))
-    data_y = jnp.asarray(np.concatenate([y for _, y in flat]), jnp.int32)
-    first_row = np.cumsum((0,) + per_client)[:-1] * batch
-    first = jax.tree.map(jnp.asarray, clusters[0])
-    server = alg.init_server(first, {})
+    server = alg.init_server(jax.tree.map(jnp.asarray, clusters[0]), {})
     others = jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *clusters[1:])
     server = server._replace(extra={**server.extra, "others": others})
-    store = jax.tree.map(lambda r: jnp.stack([r] * n), alg.row_init(first))
-    for r, cohort_ids in enumerate(COHORTS):
-      c = len(cohort_ids)
-      indices = np.zeros((c, max_steps, batch), np.int32)
-      step_mask = np.zeros((c, max_steps))
-      for j, i in enumerate(cohort_ids):
-        for k in range(steps[i]):
-          indices[j, k] = first_row[i] + (k % per_client[i]) * batch + np.arange(batch)
-          step_mask[j, k] = 1.0
-      ids = jnp.asarray(cohort_ids, jnp.int32)
-      sizes = np.array([per_client[i] * batch for i in cohort_ids], np.float64)
-      cohort = cohort_lib.Cohort(jnp.asarray(indices), jnp.ones(indices.shape),
-                                 jnp.asarray(step_mask), jnp.ones(c), ids, jnp.asarray(sizes))
-      rows = cohort_lib.gather_rows(store, ids)
-      sums, new_rows, _ = train_chunk(server, rows, data_x, data_y, cohort, r)
-      store = cohort_lib.scatter_rows(store, ids, jnp.ones(c), new_rows)
-      server = server_update(server, sums)
+    for cohort_ids, server, store in engine_rounds.rounds(
+        alg, model(), batches, COHORTS, server, LR, steps=[n * epochs for n in per_client]):
       stacked = hypcluster.stacked(server.params, server.extra["others"])
       chosen = np.asarray(store["cluster"])
       history.append({
