@@ -352,25 +352,22 @@ def claims(stats: Dict[str, dict]) -> List[str]:
   else:
     lines.append("Ditto's fairness (Li et al., ICML 2021): not measured (Ditto or FedAvg not "
                  "run).")
-  if "fedrep" in stats and "fedavg" in stats:
-    verdict = compare(get("fedrep", "mean"), get("fedavg", "mean"))
-    lines.append(
-        f"FedRep above FedAvg (Collins et al., ICML 2021): {verdict} (mean over clients "
-        f"{get('fedrep', 'mean')[0]:.4f} against {get('fedavg', 'mean')[0]:.4f}"
-        + (f"; FedAvg + fine-tuning {get('fedavg_ft', 'mean')[0]:.4f}"
-           if "fedavg_ft" in stats else "") + ").")
-  else:
-    lines.append("FedRep above FedAvg (Collins et al., ICML 2021): not measured (FedRep not "
-                 "run).")
-  if "fedbn" in stats and "fedavg_bn" in stats:
-    verdict = compare(get("fedbn", "mean"), get("fedavg_bn", "mean"))
-    lines.append(
-        f"FedBN above FedAvg on the same model with BatchNorm (Li et al., ICLR 2021, shown "
-        f"there under feature shift; here the skew is the setting's): {verdict} (mean over "
-        f"clients {get('fedbn', 'mean')[0]:.4f} against {get('fedavg_bn', 'mean')[0]:.4f}).")
-  else:
-    lines.append("FedBN above FedAvg on the same model (Li et al., ICLR 2021): not measured "
-                 "(FedBN or its FedAvg baseline not run).")
+  def above(method: str, baseline: str, claim: str, why_not: str, extra: str = "") -> str:
+    """The claim that `method`'s mean over clients is above `baseline`'s."""
+    if method not in stats or baseline not in stats:
+      return f"{claim}: not measured ({why_not} not run)."
+    return (f"{claim}: {compare(get(method, 'mean'), get(baseline, 'mean'))} (mean over "
+            f"clients {get(method, 'mean')[0]:.4f} against {get(baseline, 'mean')[0]:.4f}"
+            f"{extra}).")
+
+  lines.append(above(
+      "fedrep", "fedavg", "FedRep above FedAvg (Collins et al., ICML 2021)", "FedRep or FedAvg",
+      f"; FedAvg + fine-tuning {get('fedavg_ft', 'mean')[0]:.4f}" if "fedavg_ft" in stats
+      else ""))
+  lines.append(above(
+      "fedbn", "fedavg_bn", "FedBN above FedAvg on the same model with BatchNorm (Li et al., "
+      "ICLR 2021, shown there under feature shift; here the skew is the setting's)",
+      "FedBN or its FedAvg baseline"))
   if "fedavg" in stats:
     above, below = [], []
     global_rows = {r.label for r in ROWS if r.model == GLOBAL}
