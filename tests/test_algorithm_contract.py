@@ -166,13 +166,18 @@ def _server_and_rows(program, state):
 
 
 def _run_resumed(config, tmp_path, rounds=3, stop_after=1):
+  """`run_resumed` of the program `config` builds."""
+  return run_resumed(helpers.build(config, MESH), tmp_path, rounds, stop_after)
+
+
+def run_resumed(program, tmp_path, rounds=3, stop_after=1):
   """Rounds straight through (counting compilations after round 1), then the same run
-  checkpointed after `stop_after` rounds and resumed from the checkpoint into a new state.
+  checkpointed after `stop_after` rounds and resumed from the checkpoint into a new state:
+  "straight" and "resumed" are (server state, rows) on the host.
 
   One program serves both runs (its jitted functions compile once): init_state() starts a
   new store and state, as a new process would, and restoring hands the checkpoint's rows
   to it."""
-  program = helpers.build(config, MESH)
   state = program.init_state()
   initial_rows = program.store.to_numpy() if program.store is not None else {}
   outs, sampled = [], set()

@@ -15,10 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_lama import algorithms, checkpointing, training
+from fedjax_lama import algorithms, training
 from fedjax_lama import config as config_lib
 from fedjax_lama.engine import personal_eval, sharding, traffic as traffic_lib
 from fedjax_lama.errors import ConfigError, HparamError
+from tests import test_algorithm_contract as contract
 from tests import test_algorithm_reference as ref
 from tests import test_personal_eval, test_sharding as helpers
 
@@ -345,32 +346,11 @@ def _program(name, **overrides):
                                 fed, MESH)
 
 
-def _final(program, state):
-  host = lambda t: jax.tree_util.tree_map(lambda x: np.asarray(sharding.to_host(x)), t)
-  return host(state["server"]), program.store.to_numpy()
-
-
-def _straight_and_resumed(program, tmp_path, rounds=3, stop_after=1):
-  state = program.init_state()
-  for r in range(rounds):
-    state, _ = program.run_round(state, r)
-  straight = _final(program, state)
-  state = program.init_state()
-  for r in range(stop_after):
-    state, _ = program.run_round(state, r)
-  ckpt = checkpointing.Checkpointer(str(tmp_path / "ckpt"))
-  ckpt.save(stop_after - 1, state, {"round": stop_after - 1})
-  state, _ = ckpt.restore(stop_after - 1, program.init_state())
-  ckpt.close()
-  for r in range(stop_after, rounds):
-    state, _ = program.run_round(state, r)
-  return straight, _final(program, state)
-
-
 @pytest.mark.parametrize("on_host", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_fedbn_rows_resume_exactly_and_chunks_change_nothing(tmp_path, on_host):
   program = _program("fedbn", **{"engine.client_state_on_host": on_host})
-  straight, resumed = _straight_and_resumed(program, tmp_path)
+  run = contract.run_resumed(program, tmp_path)
+  straight, resumed = run["straight"], run["resumed"]
   assert _bits(resumed) == _bits(straight)
   server, rows = straight
   # The rows hold the BatchNorm layer's scale and bias and its running statistics; the
@@ -390,14 +370,16 @@ def test_fedbn_rows_resume_exactly_and_chunks_change_nothing(tmp_path, on_host):
     chunked = _program("fedbn", **{"engine.clients_per_chunk": 3})
     assert chunked.chunk_size == 3
     state, _ = helpers.run(chunked)
-    chex.assert_trees_all_close(_final(chunked, state), straight, rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(contract._server_and_rows(chunked, state), straight,
+                                rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["fedper", "fedrep", "lg_fedavg"])
 def test_personal_rows_resume_exactly_on_a_host_store(tmp_path, name):
   program = _program(name, **{"engine.client_state_on_host": True})
-  straight, resumed = _straight_and_resumed(program, tmp_path)
+  run = contract.run_resumed(program, tmp_path)
+  straight, resumed = run["straight"], run["resumed"]
   assert _bits(resumed) == _bits(straight)
 
 
