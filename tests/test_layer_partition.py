@@ -166,7 +166,7 @@ def test_fedbn_keeps_normalization_layers_and_statistics_local():
   w, s0 = V0.copy(), BN_PARAMS["BatchNorm_0"]["scale"]
   own = [(s0.copy(), np.zeros(2), np.ones(2)) for _ in range(N)]
   for _ in range(3):
-    moves, finals = [], []
+    moves = []
     for i in range(N):
       wi, (si, mi, vi) = w.copy(), own[i]
       for _ in range(ref.K):

@@ -6,7 +6,7 @@ bit-for-bit unchanged (a `jnp.where` on the carry, not a zero-gradient step,
 which would still move momentum and weight decay).
 """
 import math
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp

@@ -37,11 +37,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_lama import compression, plots, rng
-from fedjax_lama.engine import (aggregation, client_store, clients as clients_lib,
-                                cohort as cohort_lib, evaluate, leafwise, local, reduce, sharding,
+from fedjax_lama.engine import (aggregation, clients as clients_lib, cohort as cohort_lib,
+                                evaluate, leafwise, local, reduce, sharding,
                                 traffic as traffic_lib)
-from fedjax_lama.engine.algorithm import (MODEL_UPLOAD, Algorithm, ClientContext, ClientInfo,
-                                          LocalState, ServerState)
+from fedjax_lama.engine.algorithm import (MODEL_UPLOAD, Algorithm, ClientContext, LocalState,
+                                          ServerState)
 from fedjax_lama.errors import ConfigError
 from fedjax_lama.fedlama import layer_sync, layer_units as layers, selection as sel
 from fedjax_lama.fedlama.options import FedLamaOptions

@@ -1,11 +1,21 @@
-"""Our engine's synchronous rounds on a peer test's batches (engine/sync_round.py), for the
-FedJAX peer tests: the same batches, in the same order, as the peer trains on."""
+"""For the FedJAX peer tests: our engine's synchronous rounds on a peer test's batches
+(engine/sync_round.py; the same batches, in the same order, as the peer trains on), and the
+distance the tests compare the two sides by."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 from fedjax_lama.engine import cohort as cohort_lib, local as local_lib, sync_round
+
+
+def largest(a, b) -> float:
+  """max |a - b| over two pytrees of the same structure (dicts with int keys included)."""
+  leaves_a, tree_a = jax.tree_util.tree_flatten(a)
+  leaves_b, tree_b = jax.tree_util.tree_flatten(b)
+  assert tree_a == tree_b, (tree_a, tree_b)
+  return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+             for x, y in zip(leaves_a, leaves_b))
 
 
 def rounds(alg, model, batches, cohorts, server, lr: float, steps=None):

@@ -36,6 +36,7 @@ import jax.numpy as jnp  # pylint: disable=wrong-import-position
 from fedjax_lama import algorithms  # pylint: disable=wrong-import-position
 from fedjax_lama.models import zoo  # pylint: disable=wrong-import-position
 from tests.peers import engine_rounds  # pylint: disable=wrong-import-position
+from tests.peers.engine_rounds import largest  # pylint: disable=wrong-import-position
 
 pytestmark = pytest.mark.slow
 
@@ -98,15 +99,6 @@ def peer(initial, batches) -> list[dict]:
   with jax.enable_x64(True):
     return fedjax_peer.apfl_rounds(fedjax, model(), jax.tree.map(jnp.asarray, initial),
                                    batches, COHORTS, LR, ALPHA)
-
-
-def largest(a, b) -> float:
-  """max |a - b| over two pytrees of the same structure (dicts with int keys included)."""
-  leaves_a, tree_a = jax.tree_util.tree_flatten(a)
-  leaves_b, tree_b = jax.tree_util.tree_flatten(b)
-  assert tree_a == tree_b, (tree_a, tree_b)
-  return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
-             for x, y in zip(leaves_a, leaves_b))
 
 
 @pytest.fixture(scope="module")

@@ -40,6 +40,7 @@ from fedjax_lama.algorithms import hypcluster  # pylint: disable=wrong-import-po
 from fedjax_lama.engine import client_store, evaluate, personal_eval, sharding
 from fedjax_lama.models import zoo  # pylint: disable=wrong-import-position
 from tests.peers import engine_rounds  # pylint: disable=wrong-import-position
+from tests.peers.engine_rounds import largest  # pylint: disable=wrong-import-position
 
 pytestmark = pytest.mark.slow
 
@@ -106,14 +107,6 @@ def peer(clusters, batches, setting) -> list[dict]:
     return fedjax_peer.hyp_cluster_rounds(
         fedjax, model(), [jax.tree.map(jnp.asarray, p) for p in clusters], batches, COHORTS,
         LR, num_epochs=SETTINGS[setting][2])
-
-
-def largest(a, b) -> float:
-  leaves_a, tree_a = jax.tree_util.tree_flatten(a)
-  leaves_b, tree_b = jax.tree_util.tree_flatten(b)
-  assert tree_a == tree_b, (tree_a, tree_b)
-  return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
-             for x, y in zip(leaves_a, leaves_b))
 
 
 def compare(setting):
