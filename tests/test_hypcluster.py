@@ -16,9 +16,9 @@ from fedjax_lama import algorithms, registry, training
 from fedjax_lama.algorithms import Common, hypcluster
 from fedjax_lama.engine import (client_store, cohort as cohort_lib, local, personal_eval,
                                 sharding, sync_round)
-from fedjax_lama.run import spec as spec_lib
 from fedjax_lama.engine.algorithm import Algorithm, ClientContext, LocalState, Personalization
 from tests import test_algorithm_contract as contract, test_personal_eval
+from tests import test_sharding as helpers
 from tests.test_algorithm_reference import A, B, ETA, K, N, grad
 from tests.test_personalized_methods import (ATOL, FULL, PARTIAL, X0, _bits, _fedavg_round,
                                              _join, _split, split_loss)
@@ -155,13 +155,14 @@ def test_refusals_are_named():
 
 
 def test_robust_defences_are_refused():
-  """A defence would replace one cluster's masked mean by a reducer over the whole cohort.
-  (DP's refusal, for the upload c_i, is tests/test_privacy_contract.py's.)"""
+  """A defence would replace one cluster's masked mean by a reducer over the whole cohort:
+  refused before any training, because HypCluster declares its own aggregate of the model
+  upload. (DP's refusal, for the upload c_i, is tests/test_privacy_contract.py's.)"""
   config = contract.config_for("hypcluster")
   config.robust.defence = "median"
   with pytest.raises(ValueError, match=r"config\.robust\.defence='median' is not accepted with "
-                     r"config\.algorithm='hypcluster'"):
-    spec_lib.build_spec(config)
+                     r"config\.algorithm='hypcluster' \(it declares its own aggregate"):
+    helpers.build(config, sharding.client_mesh(jax.devices()[:1]))
 
 
 def test_per_client_evaluation_serves_each_client_its_lowest_loss_cluster():

@@ -38,6 +38,7 @@ from fedjax_lama import data as fdata
 from fedjax_lama import rng
 from fedjax_lama.engine import reduce as reduce_lib
 from fedjax_lama.engine import stages
+from fedjax_lama.engine.algorithm import MODEL_UPLOAD
 from fedjax_lama.errors import ConfigError, HparamError
 from fedjax_lama.robust import attacks, defences
 
@@ -188,12 +189,6 @@ def read(config, mode: str) -> Optional[RobustSpec]:
         "config.privacy.enabled=True are not accepted yet (the noise of DP-FedAvg is "
         "calibrated to a clipped mean, not to a robust aggregate or an attacked cohort); "
         "accepted: config.privacy or config.robust, not both")
-  if r.defence != "none" and config.get("algorithm") == "hypcluster":
-    # A defence replaces the reducer of the model upload's aggregate; HypCluster's is one
-    # cluster's masked mean, which a robust reducer over all the cohort would not give.
-    raise ConfigError(
-        f"config.robust.defence={r.defence!r} is not accepted with "
-        "config.algorithm='hypcluster' (its model aggregate is per cluster); accepted: 'none'")
   if not (_is_count(r.f) and r.f >= 0):
     _fail("f", r.f, "an int >= 0 (Byzantine clients per cohort)")
   hparams = {}
@@ -405,6 +400,20 @@ def build_stage(spec: Optional[RobustSpec], num_clients: int) -> Optional[stages
   # uploads before the attackers' replace them).
   reducer = whole_cohort_mean() if rule is None else defence_stage(rule, False)
   return stages.chain(attack_stage(spec, num_clients), reducer)
+
+
+def check_algorithm(spec: Optional[RobustSpec], algorithm, algorithm_name: str) -> None:
+  """Refuses a defence over an algorithm that declares its own reduction of the model upload
+  (Algorithm.aggregate[MODEL_UPLOAD], HypCluster's per-cluster masked mean): the defence
+  replaces the mean of the displacement the clients upload, which that aggregate is not."""
+  if spec is None or spec.defence == "none":
+    return
+  if MODEL_UPLOAD in (algorithm.aggregate or {}):
+    raise ConfigError(
+        f"config.robust.defence={spec.defence!r} is not accepted with "
+        f"config.algorithm={algorithm_name!r} (it declares its own aggregate of the model "
+        f"upload {MODEL_UPLOAD!r}); accepted: 'none', or an algorithm that averages the "
+        "uploaded displacement as it is")
 
 
 def with_stage(spec: Optional[RobustSpec], opts, num_clients: int):

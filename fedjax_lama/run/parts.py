@@ -215,6 +215,7 @@ def program(spec, parts: Parts, mesh=None):
   if mesh is None:
     mesh = client_mesh(opts.batch_size, parts, chunk_cap(opts))
   algorithm = spec.algorithm.build(fed.num_clients, float(np.mean(fed.client_sizes)))
+  robust_stage.check_algorithm(spec.robust, algorithm, spec.records.algorithm)
   compressor = spec.algorithm.compressor
   if spec.records.privacy is not None:  # what the noise covers, before any training
     privacy_stage.check_federation(spec.records.privacy, fed.num_clients)
