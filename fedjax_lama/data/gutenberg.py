@@ -359,6 +359,11 @@ def read_milton(source: Source) -> dict[str, str]:
   return {name: clean_prose(text) for name, text in read_texts(source, MILTON).items()}
 
 
+def milton_name(file: str) -> str:
+  """A Milton text's client name: its file name without `_gut.txt`."""
+  return file[:-len('_gut.txt')] if file.endswith('_gut.txt') else file
+
+
 def milton_stream(source: Source) -> np.ndarray:
   """All Milton texts as one int32 stream of LEAF Shakespeare ids (a space between texts):
   the flat character stream for central pretraining."""

@@ -168,20 +168,25 @@ def _unclosed_end(block: str, start: int) -> int:
     pos = nl + 1
 
 
+_BRACKET = re.compile(r'[\[\]{}]')
+
+
 def strip_directions(block: str) -> str:
   """A paragraph without its stage directions: bracketed spans (`[...]`, `{...]`, nested
   ones included) and stray closing brackets."""
   out, i = [], 0
-  while i < len(block):
-    ch = block[i]
-    if ch in '[{':
-      end = _closing(block, i)
-      i = end if end >= 0 else _unclosed_end(block, i)
+  while True:
+    m = _BRACKET.search(block, i)
+    if m is None:
+      out.append(block[i:])
+      return ''.join(out)
+    j = m.start()
+    out.append(block[i:j])
+    if block[j] in '[{':
+      end = _closing(block, j)
+      i = end if end >= 0 else _unclosed_end(block, j)
     else:
-      if ch not in ']}':
-        out.append(ch)
-      i += 1
-  return ''.join(out)
+      i = j + 1
 
 
 def _paragraphs(lines: Sequence[str]) -> list[list[str]]:
@@ -251,6 +256,8 @@ def _personae(lines: Sequence[str]) -> list[Persona]:
 
 def _name_splits(line: str) -> list[tuple[str, str]]:
   """(before, after) at every full stop followed by a space, the longest `before` first."""
+  if '.' not in line[:_MAX_NAME + 1]:
+    return []
   cuts = [m.end() for m in re.finditer(r'\.(?=\s+\S)', line[:_MAX_NAME + 1])]
   return [(line[:c], line[c:].strip()) for c in reversed(cuts)]
 
@@ -276,8 +283,10 @@ def _title_again(line: str, title: str) -> bool:
   """The title printed again, without a full stop (a speaker `MACBETH.` has one): the whole
   title (`THE TEMPEST`) or two or more of its words (`TROILUS AND CRESSIDA` in `THE HISTORY
   OF TROILUS AND CRESSIDA`)."""
+  if line.endswith('.') or len(line) > 2 * len(title) + 1:
+    return False
   words, full = _words(line), _words(title)
-  if line.endswith('.') or not words:
+  if not words:
     return False
   return words == full or (len(words) >= 2 and any(
       full[i:i + len(words)] == words for i in range(len(full))))
@@ -717,24 +726,50 @@ def make_task(build: RolesBuild, split: str = 'sample', train_fraction: float = 
               without_test)
 
 
-def windows(split: TaskSplit, target: str = 'sequence', seq_len: int = SEQ_LEN
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """(x int32 [N, seq_len], y, client index int32 [N]) of a split: y is the next character
-  of every position, [N, seq_len] ('sequence'), or LEAF's one next character, [N] ('last')."""
-  total = int(split.sizes().sum())
+def _count(lo: int, hi: int, step: int) -> int:
+  return len(range(lo, hi, step))
+
+
+def gather_windows(streams: Sequence[np.ndarray], starts: Sequence[tuple[int, int, int]],
+                   target: str = 'sequence', seq_len: int = SEQ_LEN
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(x int32 [N, seq_len], y, owner int32 [N]) of the windows starting at
+  range(*starts[k]) in `streams[k]`: y is the next character of every position,
+  [N, seq_len] ('sequence'), or LEAF's one next character, [N] ('last'); owner is k. Every
+  start s needs s + seq_len < len(stream)."""
+  if target not in leaf_text.SHAKESPEARE_TARGETS:
+    raise ValueError(f'target must be one of {list(leaf_text.SHAKESPEARE_TARGETS)}, got '
+                     f'{target!r}')
+  total = sum(_count(*r) for r in starts)
   x = np.empty((total, seq_len), np.int32)
-  y = (np.empty((total, seq_len), np.int32) if target == 'sequence' else
-       np.empty((total,), np.int32))
-  client = np.empty((total,), np.int32)
+  y = np.empty((total, seq_len) if target == 'sequence' else (total,), np.int32)
+  owner = np.empty((total,), np.int32)
   at = 0
-  for k, (stream, (lo, hi)) in enumerate(zip(split.streams, split.ranges)):
-    n = hi - lo
-    view = np.lib.stride_tricks.sliding_window_view(stream, seq_len + 1)[lo:hi]
+  for k, (stream, (lo, hi, step)) in enumerate(zip(streams, starts)):
+    n = _count(lo, hi, step)
+    view = np.lib.stride_tricks.sliding_window_view(stream, seq_len + 1)[lo:hi:step]
     x[at:at + n] = view[:, :seq_len]
     y[at:at + n] = view[:, 1:] if target == 'sequence' else view[:, seq_len]
-    client[at:at + n] = k
+    owner[at:at + n] = k
     at += n
-  return x, y, client
+  return x, y, owner
+
+
+def windows(split: TaskSplit, target: str = 'sequence', seq_len: int = SEQ_LEN
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """`gather_windows` of a split's roles: (x, y, role index in `split.users`)."""
+  return gather_windows(split.streams, [(lo, hi, 1) for lo, hi in split.ranges], target,
+                        seq_len)
+
+
+def text_split(length: int, test_fraction: float, seq_len: int = SEQ_LEN, stride: int = 1
+               ) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+  """Window starts (start, stop, step) of one text cut in two at
+  int((1 - test_fraction) * length): training windows (inputs and targets) lie before the
+  cut, test windows after it, every `stride` characters from each part's start. Used for
+  the Milton texts."""
+  cut = int((1.0 - test_fraction) * length)
+  return (0, max(0, cut - seq_len), stride), (cut, max(cut, length - seq_len), stride)
 
 
 # ----------------------------------------------------------------------------
