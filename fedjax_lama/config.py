@@ -26,7 +26,8 @@ from fedjax_lama.engine.plan import CLIENT_MAPS
 from fedjax_lama.errors import ConfigError, closest
 
 DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist", "femnist",
-            "sentiment140", "shakespeare", "reddit", "tinyimagenet", "synthetic")
+            "sentiment140", "shakespeare", "reddit", "tinyimagenet", "synthetic",
+            "shakespeare_roles", "milton")
 AUGMENTATIONS = ("none", "crop_flip")
 DATA_SOURCES = ("auto", "files", "tfds", "builtin")
 PARTITIONS = ("iid", "dirichlet", "dirichlet_balanced", "shards", "class_cyclic", "one_class", "natural",

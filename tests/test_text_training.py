@@ -221,7 +221,7 @@ def test_bad_combinations_stop_before_the_workdir(tmp_path, overrides, names):
 
 def test_configs_validate():
   for module, dataset, model in ((fedat_sentiment140_logreg, "sentiment140", "logreg"),
-                                 (shakespeare_lstm, "shakespeare", "lstm_lm")):
+                                 (shakespeare_lstm, "shakespeare_roles", "lstm_lm")):
     c = module.get_config()
     config_lib.validate(c)
     assert (c.dataset, c.model, c.partition) == (dataset, model, "natural")

@@ -11,7 +11,10 @@ token row; the user of each row is its natural client.
   any other character maps to id 80 (`<oov>`), giving 81 classes. LEAF's own
   task predicts only y; `target="sequence"` (default) turns each row into a
   full next-token sequence for `lstm_lm` (targets = x[1:] followed by y), and
-  `target="last"` keeps LEAF's single target.
+  `target="last"` keeps LEAF's single target. LEAF's `split_data.py` leaves out the
+  79 windows between a role's training and test windows but counts them in the test
+  file's `num_samples`, so a user's `num_samples` may be its windows or its windows + 79
+  (the window length minus one); any other count is refused.
 * Reddit (LEAF `data/reddit`, built by its `source/preprocess.py`): x is a
   list of comments, each a list of 10-token sequences (`<BOS>` ... `<EOS>`,
   padded with `<PAD>`); y is a list of per-comment dicts whose
@@ -69,11 +72,13 @@ class TokenSplit:
   y: list[np.ndarray]
 
 
-def _read_users(directory: str, check_num_samples: bool
+def _read_users(directory: str, check_num_samples: bool, window_gap: bool = False
                 ) -> list[tuple[str, str, list[Any], list[Any]]]:
   """(file, user, x, y) of every user of a LEAF split, in file order.
 
-  The same checks as `leaf.read_leaf_split`, with `num_samples` optional.
+  The same checks as `leaf.read_leaf_split`, with `num_samples` optional. With
+  `window_gap`, `num_samples` may also exceed the data by the window length minus one
+  (LEAF's Shakespeare test files: module docstring).
   """
   files = leaf.leaf_files(directory)
   if not files:
@@ -97,8 +102,11 @@ def _read_users(directory: str, check_num_samples: bool
         raise DataError(
             f'{path}: user {user!r} has {len(data["x"])} inputs but '
             f'{len(data["y"])} targets')
+      counts = {len(data['y'])}
+      if window_gap and data['x'] and isinstance(data['x'][0], str):
+        counts.add(len(data['y']) + len(data['x'][0]) - 1)
       if (check_num_samples and num_samples is not None and
-          num_samples[i] != len(data['y'])):
+          num_samples[i] not in counts):
         raise DataError(
             f'{path}: user {user!r}: num_samples says {num_samples[i]}, '
             f'data holds {len(data["y"])}')
@@ -158,7 +166,8 @@ def read_shakespeare_split(directory: str, target: str = 'sequence'
         f'{target!r}')
   users, xs, ys = [], [], []
   seq_len = None
-  for path, user, x, y in _read_users(directory, check_num_samples=True):
+  for path, user, x, y in _read_users(directory, check_num_samples=True,
+                                      window_gap=True):
     ids, tgt, seq_len = _shakespeare_user(path, user, x, y, seq_len, target)
     users.append(user)
     xs.append(ids)

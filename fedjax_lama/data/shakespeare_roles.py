@@ -785,3 +785,59 @@ def size_summary(sizes: Sequence[int]) -> dict[str, float]:
   q1, med, q3 = np.percentile(a, [25, 50, 75])
   return {'roles': int(a.size), 'samples': int(a.sum()), 'min': int(a.min()),
           'q1': float(q1), 'median': float(med), 'q3': float(q3), 'max': int(a.max())}
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+  """One preprocessing setting of the statistics table (LEAF's flags in brackets)."""
+  label: str
+  split: str | None = None       # None: all roles with a window, before any split
+  min_samples: int = 0           # -k
+  fraction: float = 1.0          # --sf
+  train_fraction: float = TRAIN_FRACTION
+  seed: int = 0
+
+
+# The settings `statistics` reports: the whole task, LEAF's minimum, both splits, and the
+# subset of LEAF's paper experiments (paper_experiments/shakespeare.sh).
+SETTINGS = (
+    Setting('all roles (-k 0)'),
+    Setting('-k 64', min_samples=64),
+    Setting('-k 2000', min_samples=2000),
+    Setting('-t sample', split='sample'),
+    Setting('-t sample -k 2000', split='sample', min_samples=2000),
+    Setting('-t user', split='user'),
+    Setting('--sf 0.05 -k 64 -t sample', split='sample', min_samples=64, fraction=0.05),
+)
+
+
+def statistics(build: RolesBuild, settings: Sequence[Setting] = SETTINGS,
+               seq_len: int = SEQ_LEN) -> list[dict]:
+  """Per setting and split: the number of roles, of samples, and the per-role size
+  distribution (`size_summary`); only window counts are computed, no windows."""
+  rows = []
+  for st in settings:
+    task = make_task(build, st.split or 'sample', st.train_fraction, st.min_samples,
+                     st.fraction, st.seed, seq_len)
+    if st.split is None:
+      sizes = [hi for hi in (num_windows(len(r.text), seq_len) for r in build.roles) if hi]
+      if st.fraction < 1.0:
+        raise ValueError('a setting without a split takes fraction 1')
+      sizes = [n for n in sizes if n >= st.min_samples]
+      rows.append({'setting': st.label, 'part': 'all', **size_summary(sizes)})
+      continue
+    for part, split in (('train', task.train), ('test', task.test)):
+      rows.append({'setting': st.label, 'part': part, **size_summary(split.sizes())})
+  return rows
+
+
+def corpus_facts(build: RolesBuild) -> dict[str, int]:
+  """Counts of the parse: plays, poems skipped, speaker names by how they were read, roles
+  kept and left out, lines spoken by no one found."""
+  how = collections.Counter(h for p in build.plays for _, h in p.speakers.values())
+  return {'plays': len(build.plays), 'poem_collections_skipped': len(build.poems),
+          'speaker_names': sum(how.values()), 'resolved_by_personae': how['personae'],
+          'merged_into_longer_name': how['speaker'], 'kept_as_printed': how['own'],
+          'joint_speakers': how['joint'], 'roles_over_two_lines': len(build.roles),
+          'roles_two_lines_or_fewer': sum(p.few_lines for p in build.plays),
+          'lines_without_speaker': sum(p.discarded_lines for p in build.plays)}
