@@ -63,7 +63,8 @@ Deviations from LEAF:
 
 The parse runs once per source and is cached (`load_roles`): a JSON file in the cache
 directory ($FEDJAX_LAMA_CACHE_DIR, else $XDG_CACHE_HOME/fedjax_lama, else
-~/.cache/fedjax_lama), named by a hash of the input files' SHA-256 and `BUILD_VERSION`.
+~/.cache/fedjax_lama), named by a hash of the input files' SHA-256 and of this module's
+code, so a changed parse never reads an older file.
 The input files are verified against the package's SHA-256 on every load
 (`gutenberg.read_texts`), so an incomplete or changed source stops with a `DataError`
 naming the file; a cache file that does not parse or does not match is rebuilt.
@@ -89,7 +90,7 @@ SEQ_LEN = 80                 # LEAF's window
 TRAIN_FRACTION = 0.9         # LEAF's --tf default
 SPLITS = ('sample', 'user')  # LEAF's -t
 MIN_LINES = 3                # LEAF keeps roles with more than two lines
-# Bumped whenever the parse changes, so older cache files are not read.
+# The cache format; the cache key also hashes this module's code (`_code_digest`).
 BUILD_VERSION = 1
 CACHE_DIR_ENV = 'FEDJAX_LAMA_CACHE_DIR'
 # Published figures the statistics are compared with.
@@ -267,7 +268,7 @@ def _split_same_line(line: str, known: set[str]) -> tuple[str, str] | None:
   own line elsewhere in the play (`MRS. PAGE. Text` is read as `MRS. PAGE.`); two such
   names (`TITINIUS. MESSALA.`) are one joint speaker, joined by `&`."""
   for name, rest in _name_splits(line):
-    if name in known:
+    if name in known and not _JOINT.match(' ' + rest):  # `Cor. and Corn.` is one name
       return (f'{name} & {rest}', '') if rest in known else (name, rest)
   return None
 
@@ -534,9 +535,15 @@ def cache_dir() -> str:
   return os.path.join(base, 'fedjax_lama')
 
 
+def _code_digest() -> str:
+  """SHA-256 of this module's source: any change to the parse makes a new cache file."""
+  with open(__file__, 'rb') as f:
+    return hashlib.sha256(f.read()).hexdigest()
+
+
 def _cache_key(files: Mapping[str, str]) -> str:
-  spec = json.dumps({'version': BUILD_VERSION, 'files': dict(sorted(files.items()))},
-                    sort_keys=True)
+  spec = json.dumps({'version': BUILD_VERSION, 'code': _code_digest(),
+                     'files': dict(sorted(files.items()))}, sort_keys=True)
   return hashlib.sha256(spec.encode()).hexdigest()[:20]
 
 
