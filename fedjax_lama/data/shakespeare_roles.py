@@ -44,11 +44,11 @@ speaker string as a user. Group speakers (`All.`, `Both.`, `Lords.`) are roles t
 LEAF. `PlayReport` lists, per play, how every speaker name was read.
 
 Deviations from LEAF:
-* Source: the 36 plays of the package's Gutenberg texts (per-play etexts, mostly from
-  1998-2000) instead of Gutenberg's 1994 complete works (`100.txt`) LEAF downloads. The
-  6 poem collections (the Sonnets, Lucrece, ...) have no roles and are skipped, as LEAF
-  skips the Sonnets and its other non-play text; they are found as the texts without a
-  Dramatis Personae.
+* Source: the 37 plays of the package's Gutenberg texts (per-play etexts of other
+  editions) instead of Gutenberg's 1994 complete works (`100.txt`) LEAF downloads. The 5
+  poem texts (the Sonnets, Lucrece, ...) have no roles and are skipped, as LEAF skips the
+  Sonnets and keeps only texts with two or more speakers; they are found as the texts
+  without a Dramatis Personae.
 * LEAF keys a role by the speaker prefix as printed, upper-cased, so one character
   written two ways is two users; here abbreviations are resolved (above).
 * In these texts a speaker's name stands on its own line before the speech, where LEAF's
@@ -467,6 +467,8 @@ class PlayReport:
     roles: roles kept (more than two lines).
     few_lines: roles left out with at most two lines.
     discarded_lines: lines spoken by no one found.
+    as_printed: {speaker name as printed, upper-cased: [lines, characters]}, the roles LEAF's
+      keying would make (no name resolved), for the statistics.
   """
   file: str
   title: str
@@ -474,6 +476,7 @@ class PlayReport:
   roles: int
   few_lines: int
   discarded_lines: int
+  as_printed: dict[str, list[int]]
 
 
 @dataclasses.dataclass
@@ -505,6 +508,9 @@ def build_roles(texts: Mapping[str, str]) -> RolesBuild:
       user = leaf_user(parsed.title, role)
       lines_of.setdefault(user, []).extend(lines)
       name_of.setdefault(user, role)
+    printed: dict[str, list[str]] = {}
+    for speaker, lines in parsed.speeches:
+      printed.setdefault(' '.join(_words(speaker)), []).extend(lines)
     kept = 0
     for user, lines in lines_of.items():
       if len(lines) >= MIN_LINES:
@@ -512,7 +518,9 @@ def build_roles(texts: Mapping[str, str]) -> RolesBuild:
                           gutenberg.normalize_whitespace(lines)))
         kept += 1
     plays.append(PlayReport(name, parsed.title, {s: list(v) for s, v in resolved.items()},
-                            kept, len(lines_of) - kept, len(parsed.discarded)))
+                            kept, len(lines_of) - kept, len(parsed.discarded),
+                            {k: [len(v), len(gutenberg.normalize_whitespace(v))]
+                             for k, v in printed.items()}))
   seen: dict[str, str] = {}
   for role in roles:
     if role.user in seen:
@@ -838,13 +846,20 @@ def statistics(build: RolesBuild, settings: Sequence[Setting] = SETTINGS,
   return rows
 
 
-def corpus_facts(build: RolesBuild) -> dict[str, int]:
+def corpus_facts(build: RolesBuild, seq_len: int = SEQ_LEN) -> dict[str, int]:
   """Counts of the parse: plays, poems skipped, speaker names by how they were read, roles
-  kept and left out, lines spoken by no one found."""
+  kept and left out, lines spoken by no one found, and the roles with a window if speaker
+  names were kept as printed (LEAF's keying)."""
   how = collections.Counter(h for p in build.plays for _, h in p.speakers.values())
+  printed = [v for p in build.plays for v in p.as_printed.values()]
   return {'plays': len(build.plays), 'poem_collections_skipped': len(build.poems),
           'speaker_names': sum(how.values()), 'resolved_by_personae': how['personae'],
           'merged_into_longer_name': how['speaker'], 'kept_as_printed': how['own'],
           'joint_speakers': how['joint'], 'roles_over_two_lines': len(build.roles),
           'roles_two_lines_or_fewer': sum(p.few_lines for p in build.plays),
-          'lines_without_speaker': sum(p.discarded_lines for p in build.plays)}
+          'lines_without_speaker': sum(p.discarded_lines for p in build.plays),
+          'roles_with_a_window': sum(num_windows(len(r.text), seq_len) > 0
+                                     for r in build.roles),
+          'roles_with_a_window_names_as_printed': sum(
+              lines >= MIN_LINES and num_windows(chars, seq_len) > 0
+              for lines, chars in printed)}
