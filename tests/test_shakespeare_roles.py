@@ -563,3 +563,33 @@ def test_train_and_evaluate_on_built_roles(tmp_path, monkeypatch):
   assert all(np.isfinite(r["train_loss"]) and 0.0 <= r["test_accuracy"] <= 1.0 for r in rows)
   assert rows[-1]["train_loss"] < rows[0]["train_loss"]
   assert np.isfinite(summary["final_test_loss"])
+
+
+def test_statistics_command_tables():
+  from experiments import shakespeare_stats  # pylint: disable=g-import-not-at-top
+  build = shakespeare_roles.build_roles({"testing_gut.txt": PLAY, "lovers_test_gut.txt": POEM})
+  settings = (shakespeare_roles.Setting("all"),
+              shakespeare_roles.Setting("user", split="user", train_fraction=0.67))
+  rows = shakespeare_roles.statistics(build, settings, seq_len=8)
+  sizes = sorted(len(t) - 8 for t in (HAMLET, KENT, CORDELIA))
+  assert rows[0] == {"setting": "all", "part": "all", "roles": 3, "samples": sum(sizes),
+                     "min": sizes[0], "q1": float(np.percentile(sizes, 25)),
+                     "median": float(sizes[1]), "q3": float(np.percentile(sizes, 75)),
+                     "max": sizes[2]}
+  assert [r["roles"] for r in rows[1:]] == [2, 1]  # int(0.67 * 3) roles train
+  facts = shakespeare_roles.corpus_facts(build, seq_len=8)
+  assert (facts["plays"], facts["poem_collections_skipped"], facts["joint_speakers"],
+          facts["roles_over_two_lines"], facts["roles_two_lines_or_fewer"]) == (1, 1, 1, 3, 2)
+  table = shakespeare_stats.format_tables(facts, rows)
+  assert f"| all | all | 3 | {sum(sizes):,} |" in table and "| LEAF" in table
+
+
+def test_bad_option_through_the_config_is_one_config_error(corpus):
+  c = config_lib.base_config()
+  c.dataset = "shakespeare_roles"
+  c.dataset_options = ml_collections.ConfigDict({"train_fraction": 2.0})
+  c.model = "lstm_lm"
+  c.partition = "natural"
+  with pytest.raises(config_lib.ConfigError) as err:
+    training.load_dataset(c, corpus)
+  assert "config.dataset_options" in _one_line(err) and "train_fraction=2.0" in str(err.value)
