@@ -23,6 +23,7 @@ from fedjax_lama import data, training
 from fedjax_lama.data import gutenberg, leaf_text, shakespeare_roles
 from fedjax_lama.data.data_errors import DataError
 from tests.conftest import shared_data_dir_or_skip
+from tests.test_text_training import _config as text_config
 
 PLAY = """The Project Gutenberg EBook of The Tragedy of Testing
 Ham.
@@ -540,22 +541,11 @@ def _generated_play(num_roles=4, lines=14):
 
 
 def test_train_and_evaluate_on_built_roles(tmp_path, monkeypatch):
-  root = _write_corpus(tmp_path / "data", monkeypatch, plays={"gen_gut.txt": _generated_play()})
-  c = config_lib.base_config()
-  c.dataset = "shakespeare_roles"
-  c.dataset_options = ml_collections.ConfigDict({"seq_len": 8, "split": "sample"})
-  c.data_dir = root
-  c.model = "lstm_lm"
-  c.model_options = ml_collections.ConfigDict({"embed_size": 4, "hidden_size": 8})
-  c.partition = "natural"
-  c.rounds = 2
-  c.local_steps = 2
-  c.batch_size = 4
-  c.eval_every = 1
-  c.eval_batch_size = 64
-  c.local_lr = 0.5
-  c.per_client_eval = "never"
-  c.plots = False
+  _write_corpus(tmp_path / "data", monkeypatch, plays={"gen_gut.txt": _generated_play()})
+  c = text_config(tmp_path, dataset="shakespeare_roles", model="lstm_lm", rounds=2,
+                  local_steps=2, eval_every=1, eval_batch_size=64, local_lr=0.5,
+                  per_client_eval="never", dataset_options={"seq_len": 8, "split": "sample"},
+                  model_options={"embed_size": 4, "hidden_size": 8})
   summary = training.train_and_evaluate(c, str(tmp_path / "w"))
   with open(tmp_path / "w" / "metrics.jsonl") as f:
     rows = [json.loads(line) for line in f]
