@@ -31,17 +31,18 @@ and so does this module:
 
 Speaker names are resolved within their play (`resolve_speakers`). A speaker's
 abbreviation (`Ham.`, `K. Hen.`, `Lady M.`) is matched word by word against the names of
-the play's Dramatis Personae (each word a prefix of a name's word, in order): an exact
-match first, then a match starting at the name's first word (`Cor.` is Cordelia, not the
-Duke of Cornwall), then a match anywhere (`France.` is the King of France); the role gets
-the name found. A speaker matching two or more names at its best level, or none, keeps
+the play's Dramatis Personae (each word a prefix of a name's word, in order, the name's
+other words only titles, `of` or regnal numbers, so `Herald.` is not the Roman Herald and
+`Lord.` not Polonius, Lord Chamberlain): an exact match first, then a match starting at
+the name's first word (`Cor.` is Cordelia, not the Duke of Cornwall), then a match
+anywhere (`France.` is the King of France); the role gets the name found. A speaker matching two or more names at its best level, or none, keeps
 its own name, unless it is a word-by-word prefix of exactly one other speaker name of the
 play (`Off.` and `Officer.` are one role). Speeches given to several speakers at once
 (`Alb. and Corn.`, `PRINCE & POINS.`, `TITINIUS. MESSALA.`) are one role of their own,
 named by the resolved parts (`DUKE OF ALBANY AND DUKE OF CORNWALL`): their lines were
-spoken jointly and belong to neither speaker alone, and LEAF likewise keeps such a
-speaker string as a user. Group speakers (`All.`, `Both.`, `Lords.`) are roles too, as in
-LEAF. `PlayReport` lists, per play, how every speaker name was read.
+spoken jointly and belong to neither speaker alone (giving them to both would put the
+same text in two clients). Group speakers (`All.`, `Both.`, `Lords.`) are roles too, as
+in LEAF. `PlayReport` lists, per play, how every speaker name was read.
 
 Deviations from LEAF:
 * Source: the 37 plays of the package's Gutenberg texts (per-play etexts of other
@@ -64,8 +65,7 @@ Deviations from LEAF:
 The parse runs once per source and is cached (`load_roles`): a JSON file in the cache
 directory ($FEDJAX_LAMA_CACHE_DIR, else $XDG_CACHE_HOME/fedjax_lama, else
 ~/.cache/fedjax_lama), named by a hash of the input files' SHA-256 and of this module's
-code, so a changed parse never reads an older file.
-The input files are verified against the package's SHA-256 on every load
+code, so a changed parse never reads an older file. The input files are verified against the package's SHA-256 on every load
 (`gutenberg.read_texts`), so an incomplete or changed source stops with a `DataError`
 naming the file; a cache file that does not parse or does not match is rebuilt.
 """
@@ -95,7 +95,7 @@ BUILD_VERSION = 1
 CACHE_DIR_ENV = 'FEDJAX_LAMA_CACHE_DIR'
 # Published figures the statistics are compared with.
 LEAF_ROLES, LEAF_SAMPLES = 1129, 4226158   # Caldas et al. 2018, Table 1
-FEDAVG_ROLES = 1146                        # McMahan et al. 2017, Sec. 3
+FEDAVG_ROLES = 1146                        # McMahan et al. 2017, Shakespeare by role
 TFF_ROLES = 715                            # tff.simulation.datasets.shakespeare
 
 # ----------------------------------------------------------------------------
