@@ -171,7 +171,7 @@ def population_section(config, num_parameters: int, rows: Sequence[Dict]) -> str
   return "\n".join(lines)
 
 
-# ---- the guide ------------------------------------------------------------------------------------
+# ---- the guide --------------------------------------------------------------------------------
 def sections() -> Dict[str, str]:
   """{section: its generated text}; the runs' progress lines are held back meanwhile."""
   level = progress.logger.level

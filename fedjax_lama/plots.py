@@ -56,6 +56,13 @@ def _finite(records, key):
   return [r for r in records if r.get(key) is not None and np.isfinite(r[key])]
 
 
+def _titled(title: str, what: str) -> str:
+  """A figure's title: what it shows after the run's first line (algorithm and dataset); the
+  run's further lines (privacy, attack and defence) below."""
+  first, _, rest = title.partition("\n")
+  return f"{first}: {what}" + (f"\n{rest}" if rest else "")
+
+
 def _accuracy_axis(ax, label: str) -> None:
   """An accuracy axis from 0 to 1, so that figures of different runs compare at a glance."""
   ax.set_ylabel(label)
@@ -82,7 +89,7 @@ def run_figures(records: Sequence[dict], title: str) -> dict:
   acc = [r["test_accuracy"] for r in records]
   figures = {
       ROUND_FILE: accuracy_figure([r["round"] for r in records], acc, "round",
-                                  f"{title}: test accuracy by round"),
+                                  _titled(title, "test accuracy by round")),
       COMM_FILE: comm_figure(records, title),
   }
   private = _finite(records, "dp_epsilon")
@@ -97,7 +104,7 @@ def epsilon_figure(records: Sequence[dict], title: str):
   return accuracy_figure([r["dp_epsilon"] for r in records],
                          [r["test_accuracy"] for r in records],
                          "epsilon spent (at the run's delta)",
-                         f"{title}: test accuracy by privacy spent")
+                         _titled(title, "test accuracy by privacy spent"))
 
 
 def comm_figure(records: Sequence[dict], title: str):
@@ -105,7 +112,7 @@ def comm_figure(records: Sequence[dict], title: str):
   return accuracy_figure([r["comm_floats_up"] + r["comm_floats_down"] for r in records],
                          [r["test_accuracy"] for r in records],
                          "floats communicated (up + down)",
-                         f"{title}: test accuracy by communication")
+                         _titled(title, "test accuracy by communication"))
 
 
 def run_plots(workdir: str, records: Sequence[dict], title: str) -> list[str]:
@@ -130,7 +137,7 @@ def client_accuracy_figure(accuracy: dict, title: str):
   ax.set_xlabel("fraction of clients (sorted by accuracy)")
   _accuracy_axis(ax, "client test accuracy")
   ax.set_xlim(0.0, 1.0)
-  ax.set_title(f"{title}: per-client test accuracy")
+  ax.set_title(_titled(title, "per-client test accuracy"))
   ax.grid(alpha=0.3)
   _legend_beside(ax)
   return fig
@@ -155,7 +162,7 @@ def virtual_time_figure(records: Sequence[dict], title: str):
   ax.set_xlabel("virtual time (s)")
   _accuracy_axis(ax, "test accuracy")
   ax.set_xlim(0.0, max(float(t.max()) if t.size else 0.0, 1e-9))
-  ax.set_title(f"{title}: test accuracy over virtual time")
+  ax.set_title(_titled(title, "test accuracy over virtual time"))
   ax.grid(alpha=0.3)
   _legend_beside(ax)
   return fig

@@ -489,6 +489,10 @@ def test_accuracy_axes_span_zero_to_one_and_a_dp_run_plots_accuracy_by_epsilon()
   assert list(epsilon.lines[0].get_xdata()) == [0.5, 1.0, 1.5]
   assert list(epsilon.lines[0].get_ydata()) == [r["test_accuracy"] for r in records]
   assert epsilon.get_xlabel().startswith("epsilon spent")
+  # What a figure shows follows the run's first line; privacy, attack and defence below.
+  titled = plots.run_figures(records, "fedavg / digits\nDP epsilon 2 at delta 1e-05 (sigma 3)")
+  assert titled[plots.ROUND_FILE].axes[0].get_title() == (
+      "fedavg / digits: test accuracy by round\nDP epsilon 2 at delta 1e-05 (sigma 3)")
   accuracy_figures = list(figures.values()) + [
       plots.clock_figures(_clock_records(), "t")[plots.VIRTUAL_TIME_FILE],
       plots.client_accuracy_figure({"global": [0.2, 0.3], "personal": [0.4, 0.5]}, "t")]

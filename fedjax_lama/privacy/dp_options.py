@@ -231,8 +231,9 @@ def noise_statement(options: DpOptions, num_parameters: int) -> str:
   sigma_text = (f"sigma = {options.noise_multiplier:.4g} (sigma_delta = {sigma:.4g} on the "
                 "updates)" if adaptive else f"sigma = {sigma:.4g}")
   line = (f"differential privacy: {sigma_text}, expected cohort "
-          f"{options.sampling.expected_cohort:g} clients, noise std on the averaged update sigma C / cohort = {std:.4g} per "
-          f"coordinate beside the {'initial ' if adaptive else ''}clip C = {clip:g}; over the "
+          f"{options.sampling.expected_cohort:g} clients, noise std on the averaged update "
+          f"sigma C / cohort = {std:.4g} per coordinate beside the "
+          f"{'initial ' if adaptive else ''}clip C = {clip:g}; over the "
           f"model's {num_parameters:,} parameters its norm is about {norm:.4g}, "
           f"{norm / clip:.3g} x C (the mean of the clipped updates has norm at most C)")
   if norm > clip:

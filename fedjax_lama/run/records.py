@@ -51,7 +51,8 @@ class Run:
     self.ckpt_dir = os.path.join(workdir, workdir_lib.CHECKPOINTS)
     self.ckpt = checkpointing.Checkpointer(self.ckpt_dir)
     self.start_round, self.wall_offset = 0, 0.0
-    self.host = {"best_test_accuracy": None, "loss_sum": 0.0, "loss_count": 0.0}
+    self.host = {"best_test_accuracy": None, "loss_sum": 0.0, "loss_count": 0.0,
+                 START_LOSS: None}
     self.records, self.tensorboard = [], None
     # The backdoor's test set (robust_stage.Backdoor.test_set), triggered once on the host.
     self.backdoor_test = (records.backdoor.test_set(fed.dataset)
@@ -77,7 +78,8 @@ class Run:
       self.records = _records_up_to(self.writer, meta["round"] + 1, self.primary)
       if START_LOSS not in self.host:  # a checkpoint written before the growth check: the
         # training loss of the first record (the mean over the rounds up to it) stands in
-        self.host[START_LOSS] = self.records[0].get("train_loss") if self.records else None
+        first = self.records[0].get("train_loss") if self.records else None
+        self.host[START_LOSS] = first if first else None  # 0: no round had trained anyone
       if extended_from is not None:
         self._forget_final_evaluation(extended_from)
         progress.info("extending the run of %d rounds in %s to %d rounds", extended_from,
