@@ -253,8 +253,11 @@ class Run:
       with progress.Phase(f"writing plots to {self.workdir}"):
         title = run_title(options, self.records)
         plots.run_plots(self.workdir, self.records, title=title)
-        if self.last_client_accuracy is not None:
-          plots.client_accuracy_plot(self.workdir, self.last_client_accuracy, title=title)
+        if self.last_client_accuracy is not None:  # under DP: outside the guarantee
+          plots.client_accuracy_plot(
+              self.workdir, self.last_client_accuracy,
+              title=title + ("; per-client accuracies outside the guarantee"
+                             if options.privacy is not None else ""))
         self.program.plot(self.workdir, self.ledger)
     return summary
 
