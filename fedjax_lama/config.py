@@ -36,6 +36,10 @@ SAMPLINGS = ("fixed", "bernoulli")
 WEIGHTINGS = ("examples", "uniform")
 LR_DECAYS = ("constant", "cosine", "step", "exponential")
 SCHEDULES = registry.SCHEDULES
+# config.max_loss_growth's default: a training loss 1000 times its starting value is a run that
+# has left any useful region (the default config under DP at epsilon 2, whose noise is 119
+# times the clip, passes it in its second round), while a healthy run's loss falls.
+MAX_LOSS_GROWTH = 1000.0
 
 # Fields renamed since runs were first written, old dotted path -> current one: the kernel
 # set is called "kernels" everywhere, and "schedule" is FedLAMA's aggregation schedule only
@@ -186,6 +190,10 @@ def base_config() -> ml_collections.ConfigDict:
       }),
   })
   # Run.
+  # A round whose training loss exceeds this multiple of the run's starting training loss
+  # (its first round's, or first clock tick's) stops the run as diverged, with the same one
+  # line as a NaN; 0 turns the check off. Healthy runs stay far below it (docs/guide.md).
+  c.max_loss_growth = MAX_LOSS_GROWTH
   c.eval_every = 1
   c.checkpoint_every = 10
   c.eval_batch_size = 1000
@@ -337,6 +345,11 @@ def validate(c: ml_collections.ConfigDict, num_classes: int | None = None) -> No
   _one_of(c, "normalization", ("none", "per_channel", "per_pixel"))
   if c.weight_decay < 0:
     _fail("weight_decay", c.weight_decay, "a number >= 0")
+  growth = c.max_loss_growth
+  if not (isinstance(growth, (int, float)) and not isinstance(growth, bool)
+          and math.isfinite(growth) and (growth == 0 or growth > 1)):
+    _fail("max_loss_growth", growth, "a finite number > 1 (a multiple of the starting training "
+          "loss), or 0 to turn the check off")
   registry.validate(c)
 
 

@@ -1,9 +1,10 @@
-"""Divergence checks: a non-finite loss, metric or parameter stops a run with one line.
+"""Divergence checks: a non-finite loss, metric or parameter, or a training loss grown past a
+multiple of its starting value, stops a run with one line.
 
-The line names where (round or clock tick), the quantity and its value, and what a rerun of
-the same command does: resume after the last checkpoint on disk (the checks run before each
-checkpoint is written, so every checkpoint on disk holds finite parameters), or start afresh
-when no checkpoint exists yet.
+The line names where (round or clock tick), the quantity and its value, why it counts as
+diverged, and what a rerun of the same command does: resume after the last checkpoint on disk
+(the checks run before each checkpoint is written, so every checkpoint on disk holds what
+passed them), or start afresh when no checkpoint exists yet.
 """
 import math
 from typing import Callable, Mapping, Optional
@@ -56,9 +57,28 @@ def check(where: str, quantities: Mapping[str, Optional[float]], params,
 
 
 def fail(where: str, what: str, rerun: Callable[[], str], advice: str,
-         error: type = TrainingDiverged) -> None:
-  """Raises `error` with the one-line message of `check`."""
-  raise error(f"training diverged at {where}: {what} (non-finite); {rerun()}; {advice}")
+         error: type = TrainingDiverged, why: str = "non-finite") -> None:
+  """Raises `error` with the one-line message of `check` (`why`: what makes `what` a
+  divergence)."""
+  raise error(f"training diverged at {where}: {what} ({why}); {rerun()}; {advice}")
+
+
+def grown_past(loss: Optional[float], start: Optional[float], limit: float) -> bool:
+  """Whether `loss` exceeds `limit` times the starting loss `start` (limit 0: never; no
+  starting loss yet: never). Both losses are means of non-negative per-example losses."""
+  return bool(limit) and start is not None and loss is not None and loss > limit * start
+
+
+def check_growth(where: str, loss: Optional[float], start: Optional[float], limit: float,
+                 field: str, rerun: Callable[[], str], advice: str,
+                 error: type = TrainingDiverged) -> None:
+  """Raises `error` (the one line of `check`) when the training loss `loss` has grown past
+  `limit` times `start`, the loss the run started at; `field` is the config field of `limit`,
+  named with how to turn the check off."""
+  if grown_past(loss, start, limit):
+    fail(where, f"train_loss is {loss:.4g}", rerun, advice, error,
+         why=f"above {field}={limit:g} times the starting train_loss {start:.4g}; "
+             f"{field}=0 turns this check off")
 
 
 def rerun_statement(last_checkpoint: Optional[str], directory: str) -> str:

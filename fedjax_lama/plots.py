@@ -2,11 +2,14 @@
 
 Figures are built as matplotlib `Figure` objects (no pyplot state, so nothing leaks between
 runs and tests can inspect them), then saved as PNG files into the run's workdir. Every
-figure has a title, axes say their units, legends sit beside the axes rather than on the
-data, and virtual-time axes are in seconds from 0.
+figure has a title (a run's names its algorithm and schedule, dataset, privacy and attack or
+defence: `fedjax_lama.run.records.run_title`), axes say their units, accuracy axes span
+[0, 1] whatever the run reached, legends sit beside the axes rather than on the data, and
+virtual-time axes are in seconds from 0.
 
-- Synchronous runs: accuracy against rounds and against communicated floats; with per-client
-  test parts, the distribution of the clients' test accuracies (global and personal models).
+- Synchronous runs: accuracy against rounds and against communicated floats, and under
+  differential privacy against the epsilon spent; with per-client test parts, the
+  distribution of the clients' test accuracies (global and personal models).
 - Runs on the simulated clock: accuracy against virtual time (s) with the per-client
   spread, and against communicated floats.
 - FedLAMA (Lee et al., AAAI 2023): synchronisations and communicated floats per layer,
@@ -24,6 +27,7 @@ from fedjax_lama import metrics
 
 ROUND_FILE = "accuracy_vs_round.png"
 COMM_FILE = "accuracy_vs_comm.png"
+EPSILON_FILE = "accuracy_vs_epsilon.png"
 VIRTUAL_TIME_FILE = "accuracy_vs_virtual_time.png"
 LAYER_COMM_FILE = "fedlama_layer_comm.png"
 CURVES_FILE = "fedlama_curves.png"
@@ -52,28 +56,55 @@ def _finite(records, key):
   return [r for r in records if r.get(key) is not None and np.isfinite(r[key])]
 
 
+def _titled(title: str, what: str) -> str:
+  """A figure's title: what it shows after the run's first line (algorithm and dataset); the
+  run's further lines (privacy, attack and defence) below."""
+  first, _, rest = title.partition("\n")
+  return f"{first}: {what}" + (f"\n{rest}" if rest else "")
+
+
+def _accuracy_axis(ax, label: str) -> None:
+  """An accuracy axis from 0 to 1, so that figures of different runs compare at a glance."""
+  ax.set_ylabel(label)
+  ax.set_ylim(0.0, 1.0)
+
+
 # ---- synchronous runs --------------------------------------------------------------------------
 def accuracy_figure(xs: Sequence[float], accuracy: Sequence[float], xlabel: str, title: str):
   fig, ax = _figure(5.5, 3.5)
   ax.plot(xs, accuracy, marker=".")
   ax.set_xlabel(xlabel)
-  ax.set_ylabel("test accuracy")
+  _accuracy_axis(ax, "test accuracy")
   ax.set_title(title)
   ax.grid(alpha=0.3)
   return fig
 
 
 def run_figures(records: Sequence[dict], title: str) -> dict:
-  """{file name: Figure}: test accuracy against rounds and against communicated floats."""
+  """{file name: Figure}: test accuracy against rounds and against communicated floats, and
+  against the epsilon spent when the records carry `dp_epsilon` (a DP run with noise)."""
   records = _finite(records, "test_accuracy")
   if not records:
     return {}
   acc = [r["test_accuracy"] for r in records]
-  return {
+  figures = {
       ROUND_FILE: accuracy_figure([r["round"] for r in records], acc, "round",
-                                  f"{title}: test accuracy by round"),
+                                  _titled(title, "test accuracy by round")),
       COMM_FILE: comm_figure(records, title),
   }
+  private = _finite(records, "dp_epsilon")
+  if private:
+    figures[EPSILON_FILE] = epsilon_figure(private, title)
+  return figures
+
+
+def epsilon_figure(records: Sequence[dict], title: str):
+  """Test accuracy against the privacy spent: each evaluation's `dp_epsilon`, the epsilon of
+  the rounds done so far at the run's delta."""
+  return accuracy_figure([r["dp_epsilon"] for r in records],
+                         [r["test_accuracy"] for r in records],
+                         "epsilon spent (at the run's delta)",
+                         _titled(title, "test accuracy by privacy spent"))
 
 
 def comm_figure(records: Sequence[dict], title: str):
@@ -81,7 +112,7 @@ def comm_figure(records: Sequence[dict], title: str):
   return accuracy_figure([r["comm_floats_up"] + r["comm_floats_down"] for r in records],
                          [r["test_accuracy"] for r in records],
                          "floats communicated (up + down)",
-                         f"{title}: test accuracy by communication")
+                         _titled(title, "test accuracy by communication"))
 
 
 def run_plots(workdir: str, records: Sequence[dict], title: str) -> list[str]:
@@ -104,9 +135,9 @@ def client_accuracy_figure(accuracy: dict, title: str):
     ax.step(share, np.append(values, values[-1]), where="post",
             label=f"{model} model ({values.size} clients)")
   ax.set_xlabel("fraction of clients (sorted by accuracy)")
-  ax.set_ylabel("client test accuracy")
+  _accuracy_axis(ax, "client test accuracy")
   ax.set_xlim(0.0, 1.0)
-  ax.set_title(f"{title}: per-client test accuracy")
+  ax.set_title(_titled(title, "per-client test accuracy"))
   ax.grid(alpha=0.3)
   _legend_beside(ax)
   return fig
@@ -129,9 +160,9 @@ def virtual_time_figure(records: Sequence[dict], title: str):
   ax.plot(t, acc, marker=".", label="accuracy (pooled local test sets)")
   ax.fill_between(t, mean - std, mean + std, alpha=0.2, label="per-client mean ± std")
   ax.set_xlabel("virtual time (s)")
-  ax.set_ylabel("test accuracy")
+  _accuracy_axis(ax, "test accuracy")
   ax.set_xlim(0.0, max(float(t.max()) if t.size else 0.0, 1e-9))
-  ax.set_title(f"{title}: test accuracy over virtual time")
+  ax.set_title(_titled(title, "test accuracy over virtual time"))
   ax.grid(alpha=0.3)
   _legend_beside(ax)
   return fig

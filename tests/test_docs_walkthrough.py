@@ -67,5 +67,23 @@ def readme_algorithm_names() -> set[str]:
   return names
 
 
+def table_differences(table: set[str], registered) -> str:
+  """What the README's table lacks and what it names beyond the registry, in one line ("" when
+  they agree)."""
+  missing, extra = sorted(set(registered) - table), sorted(table - set(registered))
+  parts = ([f"lacks {', '.join(missing)} (registered)"] if missing else []) + (
+      [f"names {', '.join(extra)} (not registered)"] if extra else [])
+  return f"README.md's algorithm table {' and '.join(parts)}" if parts else ""
+
+
 def test_readme_algorithm_table_is_the_registry():
-  assert readme_algorithm_names() == set(registry.names())
+  differences = table_differences(readme_algorithm_names(), registry.names())
+  assert not differences, differences
+
+
+def test_a_table_that_differs_from_the_registry_is_named():
+  table = set(registry.names()) - {"scaffold"} | {"fedfoo"}
+  assert table_differences(table, registry.names()) == (
+      "README.md's algorithm table lacks scaffold (registered) and names fedfoo (not "
+      "registered)")
+  assert table_differences(set(registry.names()), registry.names()) == ""

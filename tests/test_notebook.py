@@ -76,7 +76,8 @@ def test_notebook_is_clean_and_full_by_default():
   assert "FEDJAX_LAMA_NOTEBOOK_SMOKE" in params.source
 
 
-@pytest.mark.slow
+# In the default suite, not under -m slow: the README says CI executes the notebook, and
+# .ci/run runs the default suite.
 def test_notebook_runs_in_smoke_setting(tmp_path, monkeypatch):
   work = tmp_path / "cwd"
   out = tmp_path / "out"

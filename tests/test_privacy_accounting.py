@@ -197,6 +197,7 @@ def test_importing_the_accountant_without_dp_accounting_names_the_install(monkey
   assert isinstance(raised.value, FedjaxLamaError)
   message = str(raised.value)
   assert "\n" not in message and "pip install 'fedjax-lama[privacy]'" in message
+  assert 'pip install -c constraints.txt -e ".[privacy]"' in message  # a checkout's command
 
 
 def test_both_accountants_take_a_schedule():

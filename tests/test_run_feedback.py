@@ -3,6 +3,7 @@ the clock writes each tick's record as it happens, and the figures read without 
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 
@@ -11,9 +12,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fedjax_lama import config as config_lib
 from fedjax_lama import errors, metrics, plots, progress, training
+from fedjax_lama.privacy import dp_options
+from fedjax_lama.privacy.dp_options import AdaptiveClipOptions, DpOptions, SamplingOptions
 from fedjax_lama.programs.sync import SyncProgram
+from fedjax_lama.run import records as records_lib, spec as spec_lib
 from fedjax_lama.simulation import clock_run
+from tests import test_privacy_runs as privacy_runs
 from tests.test_fedat_engine import clock_config
 from tests.test_training import tiny_config
 
@@ -116,6 +122,28 @@ def test_clock_divergence_names_the_tick_and_the_checkpoint(tmp_path, monkeypatc
   assert [r["tick"] for r in _records(tmp_path)] == [0, 1, 2]  # the diverged tick is not kept
 
 
+@pytest.mark.slow
+def test_clock_loss_growth_names_the_tick_and_the_starting_loss(tmp_path, monkeypatch):
+  original = clock_run.tick_record
+  seen = []
+
+  def tick_record(tick, previous, position, num_parameters):
+    record = original(tick, previous, position, num_parameters)
+    seen.append(record["train_loss"])
+    return dict(record, train_loss=record["train_loss"] * 5000) if position == 3 else record
+
+  monkeypatch.setattr(clock_run, "tick_record", tick_record)
+  with pytest.raises(training.DivergenceError) as caught:
+    training.train_and_evaluate(clock_config(), str(tmp_path))
+  start = clock_run.start_loss([{"train_loss": v} for v in seen])  # tick 1's: tick 0 trains none
+  assert start == seen[1]
+  assert str(caught.value).startswith(
+      f"training diverged at tick 3 (virtual time 30 s): train_loss is {5000 * seen[3]:.4g} "
+      f"(above config.max_loss_growth=1000 times the starting train_loss {start:.4g}; "
+      "config.max_loss_growth=0 turns this check off); a rerun resumes after tick 1, ")
+  assert [r["tick"] for r in _records(tmp_path)] == [0, 1, 2]
+
+
 def test_clock_huge_learning_rate_stops_before_the_codec_sees_a_nan(tmp_path):
   # The first training call diverges (tick 0 is at t = 0, before any training): the check
   # after each training call catches it before the polyline codec would refuse the NaNs.
@@ -123,6 +151,134 @@ def test_clock_huge_learning_rate_stops_before_the_codec_sees_a_nan(tmp_path):
                      match=r"training diverged at virtual time [\d.]+ s \(after tick 0\): "
                      r"(train_loss is nan|a trained client model) .*no checkpoint exists yet"):
     training.train_and_evaluate(clock_config(local_lr=1e30), str(tmp_path))
+
+
+# ---- a training loss that grows past config.max_loss_growth --------------------------------------
+def _inflate(monkeypatch, at_round, factor):
+  """SyncProgram.run_round, with round `at_round`'s (0-based) training loss times `factor`."""
+  original = SyncProgram.run_round
+
+  def run_round(self, state, round_idx):
+    state, out = original(self, state, round_idx)
+    if round_idx == at_round:
+      out = out._replace(train_loss=out.train_loss * factor)
+    return state, out
+
+  monkeypatch.setattr(SyncProgram, "run_round", run_round)
+
+
+def test_loss_growth_stops_naming_the_round_and_resumes_with_the_check_off(tmp_path,
+                                                                           monkeypatch):
+  c = tiny_config(rounds=6, eval_every=1, checkpoint_every=2)  # one round per record
+  workdir = str(tmp_path)
+  assert "interrupted_after_round" in training.train_and_evaluate(c, workdir,
+                                                                   stop_after_round=1)
+  _inflate(monkeypatch, at_round=2, factor=2000.0)  # round 3: 2000 x its own loss
+  with pytest.raises(training.DivergenceError) as caught:
+    training.train_and_evaluate(c, workdir)  # resumed: the starting loss is checkpointed
+  message = str(caught.value)
+  assert [r["round"] for r in _records(workdir)] == [1, 2]  # round 3 is not recorded
+
+  c.max_loss_growth = 0.0  # off: the same rerun resumes and runs on
+  training.train_and_evaluate(c, workdir)
+  losses = [r["train_loss"] for r in _records(workdir)]
+  assert len(losses) == 6
+  grown, start = losses[2], losses[0]  # round 3's inflated loss, round 1's
+  assert max(losses[:2] + losses[3:]) < 2 * start  # the other rounds: nowhere near 1000 x
+  assert "\n" not in message
+  assert message.startswith(
+      f"training diverged at round 3: train_loss is {grown:.4g} (above "
+      f"config.max_loss_growth=1000 times the starting train_loss {start:.4g}; "
+      "config.max_loss_growth=0 turns this check off); a rerun resumes after round 2, the "
+      "last checkpoint in "), message
+  assert "config.local_lr" in message
+
+
+def test_max_loss_growth_is_checked_like_every_field():
+  for bad in (1.0, 0.5, -3.0, float("nan"), float("inf"), None):
+    c = tiny_config()
+    c.max_loss_growth = bad
+    with pytest.raises(errors.ConfigError,
+                       match=r"^config\.max_loss_growth=.* is not accepted; accepted: a finite "
+                             r"number > 1 .* or 0 to turn the check off$"):
+      config_lib.validate(c)
+  for good in (0.0, 0, 1.5, 1e6):
+    c = tiny_config()
+    c.max_loss_growth = good
+    config_lib.validate(c)
+  assert config_lib.base_config().max_loss_growth == 1000.0  # the default docs/guide.md states
+
+
+def test_growth_check_against_its_definition():
+  from fedjax_lama import divergence  # pylint: disable=g-import-not-at-top
+  assert divergence.grown_past(2001.0, 2.0, 1000.0)
+  assert not divergence.grown_past(2000.0, 2.0, 1000.0)  # "exceeds", not "reaches"
+  assert not divergence.grown_past(1e30, 2.0, 0.0)  # off
+  assert not divergence.grown_past(1e30, None, 1000.0)  # no starting loss yet
+  assert clock_run.start_loss([{"train_loss": None}, {"train_loss": float("nan")},
+                               {"train_loss": 1.5}, {"train_loss": 0.2}]) == 1.5
+  assert clock_run.start_loss([{"train_loss": None}]) is None
+
+
+# ---- what the noise of a DP run does to the averaged update --------------------------------------
+def test_dp_noise_line_against_a_hand_computation():
+  sampling = SamplingOptions("poisson", 40, rate=0.25)  # expected cohort 0.25 * 40 = 10
+  line = dp_options.noise_statement(DpOptions(2.0, 0.5, sampling), 400)
+  # std 2 * 0.5 / 10 = 0.1 per coordinate; norm about 0.1 * sqrt(400) = 2 = 4 C.
+  assert line.startswith(
+      "differential privacy: sigma = 2, expected cohort 10 clients, noise std on the averaged "
+      "update sigma C / cohort = 0.1 per coordinate beside the clip C = 0.5; over the model's "
+      "400 parameters its norm is about 2, 4 x C "), line
+  assert "each round's noise is larger than any averaged update can be" in line
+  # 4 parameters: norm 0.2 = 0.4 C, below C: no warning.
+  line = dp_options.noise_statement(DpOptions(2.0, 0.5, sampling), 4)
+  assert "its norm is about 0.2, 0.4 x C" in line and "larger than" not in line
+  # Adaptive clipping: the updates' sigma_delta = (1 - 1 / (2 * 2)^2)^(-1/2) = 1.0328 carries the
+  # noise, at the initial clip.
+  adaptive = DpOptions(1.0, 0.5, sampling, adaptive=AdaptiveClipOptions(count_stddev=2.0))
+  sigma_delta = (1.0 - 1.0 / 16.0) ** -0.5
+  assert dp_options.noise_std_on_mean(adaptive) == pytest.approx(sigma_delta * 0.5 / 10)
+  line = dp_options.noise_statement(adaptive, 400)
+  assert line.startswith(f"differential privacy: sigma = 1 (sigma_delta = {sigma_delta:.4g} on "
+                         "the updates), expected cohort 10 clients")
+  assert f"= {sigma_delta * 0.05:.4g} per coordinate beside the initial clip C = 0.5" in line
+
+
+def test_a_dp_run_says_its_noise_then_stops_when_its_loss_grows(tmp_path, progress_lines,
+                                                               monkeypatch):
+  titles = []
+  run_plots = plots.run_plots
+  monkeypatch.setattr(plots, "run_plots",
+                      lambda workdir, records, title: titles.append(title) or run_plots(
+                          workdir, records, title))
+  c = privacy_runs.dp_config(sigma=50.0, plots=True)  # 8 clients, q = 0.5, C = 0.5
+  with pytest.raises(training.DivergenceError) as caught:
+    training.train_and_evaluate(c, str(tmp_path))
+  (line,) = [l for l in progress_lines if l.startswith("differential privacy:")]
+  # By hand: the expected cohort 0.5 * 8 = 4, the std 50 * 0.5 / 4 = 6.25; the MLP (128, 128)
+  # on 8x8 digits has d = 64*128 + 128 + 128*128 + 128 + 128*10 + 10 = 26,122 parameters.
+  d = 64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10
+  numbers = re.search(r"sigma = (\S+), expected cohort (\S+) clients, .* = (\S+) per coordinate "
+                      r"beside the clip C = (\S+); over the model's (\S+) parameters its norm is "
+                      r"about (\S+), (\S+) x C", line).groups()
+  assert [float(x.replace(",", "")) for x in numbers] == pytest.approx(
+      [50.0, 4.0, 6.25, 0.5, d, 6.25 * math.sqrt(d), 6.25 * math.sqrt(d) / 0.5], rel=1e-3)
+  message = str(caught.value)
+  assert re.match(r"training diverged at round \d+: train_loss is \S+ \(above "
+                  r"config\.max_loss_growth=1000 times the starting train_loss", message), message
+  assert "the noise std on the averaged update is 6.25 beside the clip C = 0.5" in message
+
+  c.max_loss_growth = 0.0  # off: the run goes on to its end
+  summary = training.train_and_evaluate(c, str(tmp_path))
+  assert summary["rounds"] == 4
+  # Its per-client metrics are marked as outside the guarantee, and accuracy is drawn against
+  # the epsilon spent.
+  outside = summary["privacy"]["outside_guarantee"]
+  assert outside["metrics"] == sorted(k for k in summary if k.startswith("client_train_accuracy"))
+  assert outside["metrics"] and "own data" in outside["why"]
+  assert (tmp_path / plots.EPSILON_FILE).stat().st_size > 0
+  assert titles == [f"fedavg / digits\nDP epsilon {summary['privacy']['epsilon']:.3g} at delta "
+                    "1e-05 (sigma 50)"]
 
 
 def test_all_finite_against_numpy():
@@ -294,6 +450,47 @@ def test_every_figure_has_a_title():
     titles = [ax.get_title() for ax in fig.axes] + [fig._suptitle.get_text()  # pylint: disable=protected-access
                                                     if fig._suptitle else ""]  # pylint: disable=protected-access
     assert all(ax.get_title() for ax in fig.axes), titles
+
+
+def test_titles_name_the_algorithm_schedule_privacy_and_attack():
+  title = lambda config, records=(): records_lib.run_title(spec_lib.build_spec(config).records,
+                                                           list(records))
+  assert title(tiny_config()) == "fedavg / digits"
+  assert title(tiny_config(schedule="fedlama")) == "fedavg + fedlama / digits"
+  assert title(privacy_runs.dp_config(sigma=2.0), [{"dp_epsilon": 3.2109}]) == (
+      "fedavg / digits\nDP epsilon 3.21 at delta 1e-05 (sigma 2)")
+  assert title(privacy_runs.dp_config(sigma=0.0), [{"dp_epsilon": None}]) == (
+      "fedavg / digits\nDP with sigma 0 (no finite epsilon)")
+  attacked = tiny_config(**{"robust.defence": "median", "robust.f": 1,
+                            "robust.attack": "sign_flip", "robust.malicious_count": 1})
+  assert title(attacked) == (
+      "fedavg / digits\ndefence median (f=1), attack sign_flip (1 malicious client)")
+  attacked = tiny_config(**{"robust.attack": "gaussian", "robust.malicious_fraction": 0.25})
+  assert title(attacked) == (
+      "fedavg / digits\nno defence, attack gaussian (0.25 of the clients malicious)")
+  defended = tiny_config(**{"robust.defence": "krum", "robust.f": 1})
+  assert title(defended) == "fedavg / digits\ndefence krum (f=1), no attack"
+
+
+def test_accuracy_axes_span_zero_to_one_and_a_dp_run_plots_accuracy_by_epsilon():
+  records = [dict(r, dp_epsilon=0.5 * r["round"]) for r in _sync_records()]
+  figures = plots.run_figures(records, "fedavg / mnist")
+  assert sorted(figures) == sorted([plots.ROUND_FILE, plots.COMM_FILE, plots.EPSILON_FILE])
+  assert plots.EPSILON_FILE not in plots.run_figures(_sync_records(), "t")  # no DP, no figure
+  epsilon = figures[plots.EPSILON_FILE].axes[0]
+  assert list(epsilon.lines[0].get_xdata()) == [0.5, 1.0, 1.5]
+  assert list(epsilon.lines[0].get_ydata()) == [r["test_accuracy"] for r in records]
+  assert epsilon.get_xlabel().startswith("epsilon spent")
+  # What a figure shows follows the run's first line; privacy, attack and defence below.
+  titled = plots.run_figures(records, "fedavg / digits\nDP epsilon 2 at delta 1e-05 (sigma 3)")
+  assert titled[plots.ROUND_FILE].axes[0].get_title() == (
+      "fedavg / digits: test accuracy by round\nDP epsilon 2 at delta 1e-05 (sigma 3)")
+  accuracy_figures = list(figures.values()) + [
+      plots.clock_figures(_clock_records(), "t")[plots.VIRTUAL_TIME_FILE],
+      plots.client_accuracy_figure({"global": [0.2, 0.3], "personal": [0.4, 0.5]}, "t")]
+  for fig in accuracy_figures:
+    _draw(fig)
+    assert fig.axes[0].get_ylim() == (0.0, 1.0), fig.axes[0].get_title()
 
 
 def test_fedlama_layer_bars_are_labelled_with_layer_names():

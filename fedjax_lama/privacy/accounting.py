@@ -17,7 +17,8 @@ Manurangsi, "Connect the Dots", PETS 2022), usually tighter. Every epsilon
 is reported with its accountant and the library's version, because conversions change
 between versions.
 
-Needs the `privacy` extra: pip install 'fedjax-lama[privacy]' (dp-accounting==0.6.0).
+Needs the `privacy` extra: pip install 'fedjax-lama[privacy]' (dp-accounting==0.6.0); from a
+checkout, at its root: pip install -c constraints.txt -e ".[privacy]".
 """
 import dataclasses
 import importlib.metadata
@@ -42,8 +43,9 @@ try:
   from dp_accounting import rdp as dp_rdp
 except ImportError:
   raise MissingDependencyError(
-      "privacy accounting needs dp-accounting: pip install 'fedjax-lama[privacy]' "
-      "(or pip install dp-accounting==0.6.0)") from None
+      "privacy accounting needs dp-accounting: pip install 'fedjax-lama[privacy]' (from a "
+      "checkout, at its root: pip install -c constraints.txt -e \".[privacy]\"; or pip "
+      "install dp-accounting==0.6.0)") from None
 
 LIBRARY = "dp-accounting"
 LIBRARY_VERSION = importlib.metadata.version(LIBRARY)

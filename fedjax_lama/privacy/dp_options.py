@@ -203,3 +203,40 @@ def update_noise_multiplier(noise_multiplier: float, count_stddev: float) -> flo
                       f"a number > noise_multiplier / 2 = {noise_multiplier / 2:.6g} (the "
                       "count's noise must cost less than the whole budget)")
   return (noise_multiplier ** -2 - (2 * count_stddev) ** -2) ** -0.5
+
+
+# ---- what the noise does to the averaged update ------------------------------------------------
+def noise_std_on_mean(options: DpOptions) -> float:
+  """The std of the noise on every coordinate of the averaged update: sigma C / (q N).
+
+  The sum of the clipped updates gets N(0, sigma^2 C^2) per coordinate and is divided by the
+  expected cohort q N (m for a fixed-size cohort), so the released mean carries
+  sigma C / (q N); sigma is the update's multiplier (sigma_delta under adaptive clipping, at
+  the initial clip C). One client moves that mean by at most C / (q N), and the mean of the
+  clipped updates has norm at most C.
+  """
+  return (options.update_noise_multiplier * options.clip_norm
+          / options.sampling.expected_cohort)
+
+
+def noise_statement(options: DpOptions, num_parameters: int) -> str:
+  """The one line a DP run logs at its start: sigma, the expected cohort and the noise std on
+  the averaged update beside the clip C, with the noise's norm over the model's parameters
+  (about std sqrt(d)) against C, the largest norm the mean of clipped updates can have."""
+  sigma = options.update_noise_multiplier
+  std = noise_std_on_mean(options)
+  norm = std * math.sqrt(num_parameters)
+  clip = options.clip_norm
+  adaptive = options.adaptive is not None
+  sigma_text = (f"sigma = {options.noise_multiplier:.4g} (sigma_delta = {sigma:.4g} on the "
+                "updates)" if adaptive else f"sigma = {sigma:.4g}")
+  line = (f"differential privacy: {sigma_text}, expected cohort "
+          f"{options.sampling.expected_cohort:g} clients, noise std on the averaged update "
+          f"sigma C / cohort = {std:.4g} per coordinate beside the "
+          f"{'initial ' if adaptive else ''}clip C = {clip:g}; over the "
+          f"model's {num_parameters:,} parameters its norm is about {norm:.4g}, "
+          f"{norm / clip:.3g} x C (the mean of the clipped updates has norm at most C)")
+  if norm > clip:
+    line += ("; each round's noise is larger than any averaged update can be: a larger "
+             "expected cohort lowers it (docs/guide.md, 'The population an epsilon needs')")
+  return line

@@ -33,7 +33,8 @@ def train(spec, parts: parts_lib.Parts, workdir: str, extended: Optional[int],
                          config_json=spec.records.config_json, mesh=mesh,
                          augment=augment.augmentation(spec.data.augmentation, parts.fed.dataset),
                          stop_after_tick=stop_after_tick,
-                         advice=f"try a smaller config.local_lr (now {spec.records.local_lr})")
+                         advice=f"try a smaller config.local_lr (now {spec.records.local_lr})",
+                         max_loss_growth=spec.records.max_loss_growth)
   except errors.TrainingDiverged as e:  # one error type for every mode (sweeps record it)
     if isinstance(e, DivergenceError):
       raise

@@ -19,7 +19,7 @@ from fedjax_lama.data import augment
 from fedjax_lama.engine import local, sharding, traffic as traffic_lib
 from fedjax_lama.errors import ConfigError
 from fedjax_lama.fedlama.schedule import FedLamaProgram
-from fedjax_lama.privacy import dp_stage as privacy_stage
+from fedjax_lama.privacy import dp_options, dp_stage as privacy_stage
 from fedjax_lama.programs.round_program import RunOptions
 from fedjax_lama.programs.sync import SyncProgram
 from fedjax_lama.robust import robust_stage
@@ -226,6 +226,10 @@ def program(spec, parts: Parts, mesh=None):
     privacy_stage.check_uploads(uploads.upload_shapes, spec.records.algorithm,
                                 algorithm.aggregations_for(uploads.upload_shapes))
     privacy_stage.check_model_state(parts.model_state, spec.model.name)
+    # What the noise does to the averaged update, before the first round: a setting whose
+    # noise outweighs any update says so here rather than in a loss that grows for hours.
+    progress.info("%s", dp_options.noise_statement(
+        spec.records.privacy, sum(int(np.size(x)) for x in jax.tree.leaves(parts.params))))
   fedlama = spec.algorithm.selection.fedlama
   if fedlama is not None:
     return FedLamaProgram(opts, fedlama, algorithm, parts.model, parts.params, parts.model_state,

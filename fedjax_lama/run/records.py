@@ -17,13 +17,18 @@ from fedjax_lama import checkpointing, comm, divergence, errors, metrics, plots,
 from fedjax_lama.engine import evaluate as evaluation
 from fedjax_lama.engine import personal_eval
 from fedjax_lama.errors import TrainingError
-from fedjax_lama.privacy import dp_stage as privacy_stage
+from fedjax_lama.privacy import dp_options, dp_stage as privacy_stage
 from fedjax_lama.run import workdir as workdir_lib
 
 
 class DivergenceError(errors.TrainingDiverged):
-  """A training loss, evaluation metric or parameter became non-finite: the run stops.
+  """A training loss, evaluation metric or parameter became non-finite, or the training loss
+  grew past config.max_loss_growth times the run's starting one: the run stops.
   Deterministic: resuming the same config diverges again at the same round."""
+
+# The host counter of the run's starting training loss (its first round that trained anyone),
+# the reference of config.max_loss_growth; checkpointed with the other host counters.
+START_LOSS = "start_train_loss"
 
 
 class Run:
@@ -46,7 +51,8 @@ class Run:
     self.ckpt_dir = os.path.join(workdir, workdir_lib.CHECKPOINTS)
     self.ckpt = checkpointing.Checkpointer(self.ckpt_dir)
     self.start_round, self.wall_offset = 0, 0.0
-    self.host = {"best_test_accuracy": None, "loss_sum": 0.0, "loss_count": 0.0}
+    self.host = {"best_test_accuracy": None, "loss_sum": 0.0, "loss_count": 0.0,
+                 START_LOSS: None}
     self.records, self.tensorboard = [], None
     # The backdoor's test set (robust_stage.Backdoor.test_set), triggered once on the host.
     self.backdoor_test = (records.backdoor.test_set(fed.dataset)
@@ -70,6 +76,10 @@ class Run:
       self.host = meta["host"]
       self.program.load_host_state(meta.get("program", {}))
       self.records = _records_up_to(self.writer, meta["round"] + 1, self.primary)
+      if START_LOSS not in self.host:  # a checkpoint written before the growth check: the
+        # training loss of the first record (the mean over the rounds up to it) stands in
+        first = self.records[0].get("train_loss") if self.records else None
+        self.host[START_LOSS] = first if first else None  # 0: no round had trained anyone
       if extended_from is not None:
         self._forget_final_evaluation(extended_from)
         progress.info("extending the run of %d rounds in %s to %d rounds", extended_from,
@@ -117,19 +127,41 @@ class Run:
                     self.program.num_rounds)
     self.round_started = time.perf_counter()
 
+  def _rerun(self) -> str:
+    latest = self.ckpt.latest_step()
+    return divergence.rerun_statement(None if latest is None else f"round {latest + 1}",
+                                      self.ckpt_dir)
+
+  def _advice(self) -> str:
+    options = self.records_options
+    advice = (f"try a smaller config.local_lr (now {options.local_lr}) or config.server_lr "
+              f"(now {options.server_lr_text})")
+    if options.privacy is not None:
+      advice += (f", or a larger expected cohort: under differential privacy the noise std on "
+                 f"the averaged update is {dp_options.noise_std_on_mean(options.privacy):.4g} "
+                 f"beside the clip C = {options.privacy.clip_norm:g}")
+    return advice
+
   def _diverged(self, where: str, quantities: dict, state) -> None:
     """Stops the run when a quantity or the global model is not finite (before any checkpoint
     of this round is written, so every checkpoint on disk is finite)."""
-    def rerun():
-      latest = self.ckpt.latest_step()
-      return divergence.rerun_statement(None if latest is None else f"round {latest + 1}",
-                                        self.ckpt_dir)
+    divergence.check(where, quantities, self.program.eval_params(state), self._rerun,
+                     self._advice(), error=DivergenceError)
 
-    options = self.records_options
-    divergence.check(
-        where, quantities, self.program.eval_params(state), rerun,
-        f"try a smaller config.local_lr (now {options.local_lr}) or config.server_lr "
-        f"(now {options.server_lr_text})", error=DivergenceError)
+  def _grown(self, where: str, out) -> None:
+    """Stops the run when the round's training loss exceeds config.max_loss_growth times the
+    run's starting loss, the first round's that trained anyone (an empty Poisson draw trains
+    nobody). Checked before the round's checkpoint, as `_diverged`."""
+    if out.train_count <= 0:
+      return
+    start = self.host.get(START_LOSS)
+    if start is None:
+      if out.train_loss > 0:
+        self.host[START_LOSS] = float(out.train_loss)
+      return
+    divergence.check_growth(where, float(out.train_loss), start,
+                            self.records_options.max_loss_growth, "config.max_loss_growth",
+                            self._rerun, self._advice(), error=DivergenceError)
 
   def after_round(self, state, round_idx: int, out) -> None:
     """Accounting, divergence checks, evaluation and checkpoint of a finished round."""
@@ -151,6 +183,7 @@ class Run:
       progress.info("round %d/%d: trained in %.1fs (compilation included)", round_idx + 1,
                     self.program.num_rounds, seconds)
     self._diverged(f"round {round_idx + 1}", {"train_loss": out.train_loss}, state)
+    self._grown(f"round {round_idx + 1}", out)
     self.ledger.add(out.floats_up_per_layer, out.floats_down_per_layer, out.bytes, out.bits_up,
                     out.floats_up_other, out.floats_down_other)
     self.host["loss_sum"] += out.train_loss * out.train_count
@@ -218,14 +251,32 @@ class Run:
         metrics.write_json(path, summary)
     if self.primary and options.plots:
       with progress.Phase(f"writing plots to {self.workdir}"):
-        schedule = options.schedule
-        method = options.algorithm + ("" if schedule == "none" else f" + {schedule}")
-        plots.run_plots(self.workdir, self.records, title=f"{method} / {options.dataset}")
-        if self.last_client_accuracy is not None:
-          plots.client_accuracy_plot(self.workdir, self.last_client_accuracy,
-                                     title=f"{method} / {options.dataset}")
+        title = run_title(options, self.records)
+        plots.run_plots(self.workdir, self.records, title=title)
+        if self.last_client_accuracy is not None:  # under DP: outside the guarantee
+          plots.client_accuracy_plot(
+              self.workdir, self.last_client_accuracy,
+              title=title + ("; per-client accuracies outside the guarantee"
+                             if options.privacy is not None else ""))
         self.program.plot(self.workdir, self.ledger)
     return summary
+
+
+def run_title(options, records) -> str:
+  """The figures' title: the algorithm (and its schedule) and dataset, then, on a second line,
+  the privacy (the epsilon spent at the last record, its delta and sigma) and the attack and
+  defence, where the run has them."""
+  method = options.algorithm + ("" if options.schedule == "none" else f" + {options.schedule}")
+  conditions = []
+  privacy = options.privacy
+  if privacy is not None:
+    spent = records[-1].get("dp_epsilon") if records else None
+    conditions.append(
+        f"DP epsilon {spent:.3g} at delta {privacy.delta:g} (sigma {privacy.noise_multiplier:.3g})"
+        if spent is not None else "DP with sigma 0 (no finite epsilon)")
+  if options.robust_label:
+    conditions.append(options.robust_label)
+  return f"{method} / {options.dataset}" + ("\n" + "; ".join(conditions) if conditions else "")
 
 
 def _records_up_to(writer: metrics.JsonlWriter, done: int, primary: bool) -> list:
@@ -364,4 +415,15 @@ def _summary(options, records, ledger, program, state, wall_seconds) -> dict:
   summary.update(program.summary(state, ledger))
   if options.privacy is not None:
     summary["privacy"] = privacy_stage.summary(options.privacy, program.num_rounds)
+    unprotected = sorted(k for k in summary if k.startswith(("client_train_", "client_test_")))
+    if unprotected:
+      summary["privacy"]["outside_guarantee"] = {"metrics": unprotected, "why": OUTSIDE_GUARANTEE}
   return summary
+
+
+# Why a DP run's per-client metrics are not covered by its (epsilon, delta).
+OUTSIDE_GUARANTEE = (
+    "computed on each client's own data (its training or test part) with neither clip nor "
+    "noise, and the personal models (Algorithm.serve, fine-tuning) are trained on it too: the "
+    "(epsilon, delta) guarantee covers the global model, the noised mean of the clipped "
+    "updates, and what is computed from it on the central test and validation sets only")

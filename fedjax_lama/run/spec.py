@@ -90,6 +90,10 @@ class RecordOptions:
   finetune_lr: float = 0.0
   batch_size: int = 1
   seed: int = 0
+  # A training loss above this multiple of the run's starting one stops it as diverged (0: off).
+  max_loss_growth: float = config_lib.MAX_LOSS_GROWTH
+  # The attack and defence of the run as the figures' titles name them (`robust_label`).
+  robust_label: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,13 +142,29 @@ def build_spec(config: ml_collections.ConfigDict) -> RunSpec:
       mode=mode, data=data_spec(config), federation=partition_spec(config),
       model=model_spec(config), plan=plan,
       records=dataclasses.replace(record_options(config), privacy=privacy,
-                                  backdoor=robust.backdoor if robust is not None else None),
+                                  backdoor=robust.backdoor if robust is not None else None,
+                                  robust_label=robust_label(robust)),
       algorithm=None if clock else AlgorithmSpec(
           config.algorithm, selection, functools.partial(registry.build_algorithm, config),
           registry.uplink_compressor(config)),
       options=None if clock else run_options(config, plan, privacy),
       clock=dataclasses.replace(clock_options, platform=plan) if clock else None,
       robust=robust)
+
+
+def robust_label(robust: Optional[robust_stage.RobustSpec]) -> str:
+  """The defence and the attack of a run in a few words ("" without either), e.g.
+  "defence median (f=4), attack sign_flip (4 malicious clients)"."""
+  if robust is None:
+    return ""
+  defence = ("no defence" if robust.defence == "none"
+             else f"defence {robust.defence} (f={robust.f})")
+  if robust.attack == "none":
+    return f"{defence}, no attack"
+  count = robust.malicious_count
+  who = (f"{count} malicious client{'' if count == 1 else 's'}" if count
+         else f"{robust.malicious_fraction:g} of the clients malicious")
+  return f"{defence}, attack {robust.attack} ({who})"
 
 
 def data_spec(config) -> DataSpec:
@@ -212,4 +232,5 @@ def record_options(config) -> RecordOptions:
       finetune_steps=config.get("finetune_steps", 0),
       finetune_lr=float(config.local_lr if config.get("finetune_lr") is None
                         else config.finetune_lr),
-      batch_size=config.batch_size, seed=config.seed)
+      batch_size=config.batch_size, seed=config.seed,
+      max_loss_growth=float(config.max_loss_growth))

@@ -18,7 +18,10 @@ from fedjax_lama import config as config_lib
 from fedjax_lama.errors import ConfigError, WorkdirError
 
 # Fields that may change between a run and its resumption without changing results.
-RESUMABLE_CHANGES = ("checkpoint_every", "plots", "data_dir", "per_client_eval", "tensorboard")
+# config.max_loss_growth changes only whether a diverging run stops: a run stopped by it resumes
+# with the check off (0) or a larger multiple.
+RESUMABLE_CHANGES = ("checkpoint_every", "plots", "data_dir", "per_client_eval", "tensorboard",
+                     "max_loss_growth")
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"

@@ -303,21 +303,36 @@ def _last_checkpoint(ckpt: checkpointing.Checkpointer) -> Optional[str]:
   return f"tick {ckpt.restore_meta(step)['num_ticks'] - 1}"
 
 
+def start_loss(records) -> Optional[float]:
+  """The run's starting training loss: that of its first tick after which a job had trained
+  (tick 0, at t = 0, trains nobody); None before any. The records are on disk, so a resumed
+  run compares with the same value as an uninterrupted one."""
+  losses = (r.get("train_loss") for r in records)
+  return next((v for v in losses if v is not None and math.isfinite(v)), None)
+
+
 def _check_tick(sim: EngineSimulator, tick: dict, previous: Optional[dict], record: dict,
-                ckpt: checkpointing.Checkpointer, ckpt_dir: str, advice: str) -> None:
-  """Stops the run when a tick's losses, accuracy or global model are not finite."""
+                ckpt: checkpointing.Checkpointer, ckpt_dir: str, advice: str,
+                start: Optional[float] = None, max_loss_growth: float = 0.0) -> None:
+  """Stops the run when a tick's losses, accuracy or global model are not finite, or its
+  training loss exceeds `max_loss_growth` times the run's starting one, `start`."""
   trained = tick["train_count"] > (previous["train_count"] if previous else 0.0)
+  where = f"tick {record['tick']} (virtual time {record['virtual_time']:.0f} s)"
+  rerun = lambda: divergence.rerun_statement(_last_checkpoint(ckpt), ckpt_dir)
   divergence.check(
-      f"tick {record['tick']} (virtual time {record['virtual_time']:.0f} s)",
+      where,
       {"train_loss": record["train_loss"] if trained else None,  # NaN by design when no job ran
        "test_loss": record["test_loss"], "test_accuracy": record["test_accuracy"]},
-      sim.method.global_model(),
-      lambda: divergence.rerun_statement(_last_checkpoint(ckpt), ckpt_dir), advice)
+      sim.method.global_model(), rerun, advice)
+  if trained:
+    divergence.check_growth(where, record["train_loss"], start, max_loss_growth,
+                            "config.max_loss_growth", rerun, advice)
 
 
 def run(options: ClockOptions, fed, model, params, workdir: str, *, config_json: dict,
         mesh=None, augment: Optional[Callable] = None,
-        stop_after_tick: Optional[int] = None, advice: str = "try a smaller local_lr") -> dict:
+        stop_after_tick: Optional[int] = None, advice: str = "try a smaller local_lr",
+        max_loss_growth: float = 0.0) -> dict:
   """Runs (or resumes) one run on the clock, writing the run contract into `workdir`.
 
   The simulator runs one evaluation tick at a time: each tick's record is appended to
@@ -332,11 +347,14 @@ def run(options: ClockOptions, fed, model, params, workdir: str, *, config_json:
     stop_after_tick: stop, as if interrupted, after the checkpoint that follows tick
       index `stop_after_tick` (tests of resume).
     advice: the settings a divergence message suggests changing.
+    max_loss_growth: a tick's training loss above this multiple of the run's starting one
+      (`start_loss`) stops the run as diverged; 0: never.
 
   Returns:
     The summary (also written to summary.json), or {"interrupted_after_tick": i}.
   Raises:
-    TrainingDiverged: a tick's loss, accuracy or global model is not finite.
+    TrainingDiverged: a tick's loss, accuracy or global model is not finite, or its training
+      loss grew past max_loss_growth times the starting one.
   """
   sim = build_simulator(options, fed, model, params, mesh=mesh, augment=augment)
   num_parameters = tree_size(params)
@@ -378,7 +396,8 @@ def run(options: ClockOptions, fed, model, params, workdir: str, *, config_json:
       for position in range(len(records), len(sim.ticks)):
         tick, previous = sim.ticks[position], sim.ticks[position - 1] if position else None
         record = tick_record(tick, previous, position, num_parameters)
-        _check_tick(sim, tick, previous, record, ckpt, ckpt_dir, advice)
+        _check_tick(sim, tick, previous, record, ckpt, ckpt_dir, advice, start_loss(records),
+                    max_loss_growth)
         records.append(record)
         if primary:
           writer.write(record)
