@@ -297,18 +297,25 @@ def test_per_client_evaluation_equals_the_pooled_evaluation():
 
 @pytest.mark.parametrize("sizes,chunk,devices", [
     ([60, 1, 2, 33, 5, 0, 17, 3, 9], 2, 1), ([4, 4, 5, 3], 2, 2), ([1000, 1] + [3] * 50, 1, 4),
-    ([0, 0], 3, 1)])
+    ([0, 0], 3, 1), (list(range(1, 200, 7)), 1, 1)])
 def test_chunk_layout_evaluates_every_client_once(sizes, chunk, devices):
   layout = personal_eval.chunk_layout(sizes, chunk, 16, devices)
-  seen = []
+  seen, widths = [], {w for _, _, w in layout}
   for ids, real, width in layout:
     assert len(ids) % devices == 0 and 1 <= real <= len(ids)
     assert np.all(ids[real:] == ids[0])
     assert all(sizes[i] <= width <= max(sizes) for i in ids[:real])
-    assert all(width < 2 * sizes[i] or width == max(sizes) for i in ids[:real]) or (
-        len({w for _, _, w in layout}) == 1)
     seen += list(ids[:real])
   assert sorted(seen) == [i for i, s in enumerate(sizes) if s > 0]
+  assert len(widths) <= personal_eval.MAX_WIDTHS
+  real = sum(sizes)
+  padded = sum(len(ids) * width for ids, _, width in layout)
+  one_width = -(-len(seen) // (-(-chunk // devices) * devices)) * (
+      -(-chunk // devices) * devices) * max(sizes or [0])
+  if one_width <= personal_eval.MAX_PADDING * real:  # one width: the chunks as given
+    assert widths <= {max(sizes)} and padded == one_width
+  else:  # grouped by size: fewer examples evaluated than with one width
+    assert len(widths) > 1 and padded < one_width
 
 
 # ---- runs -----------------------------------------------------------------------------------

@@ -21,9 +21,9 @@ memory is flat in the number of clients (it grows with C, never with N):
       personal_i = metrics of w_i on client i's test part
 
 Test parts are packed once as [N, T] index and mask arrays (T: the largest test part); a
-chunk reads the first W columns, W the largest part of its clients. When one W = T for
-every chunk would pad the examples by more than MAX_PADDING, clients are grouped by the
-size of their part (`chunk_layout`). Client rows are gathered from the run's ClientStore
+chunk reads the first W columns, W at least the largest part of its clients. When one
+W = T for every chunk would pad the examples by more than MAX_PADDING, clients are grouped
+by the size of their part into at most MAX_WIDTHS widths (`chunk_layout`). Client rows are gathered from the run's ClientStore
 (device or host) chunk by chunk, like the training rounds gather their cohort's rows.
 Fine-tuning reuses the engine's local step (`local.make_client_train` with plain SGD at a
 constant rate) and its batching (`data.pack_cohort` on a stream of its own, so its
@@ -36,6 +36,8 @@ targets), and the scored examples (tokens), from which `summarize` takes the acr
 statistics. Both paths sum a client's per-example outcomes on the host in the same way
 (`evaluate.segment_sums`).
 """
+import itertools
+import math
 from typing import Callable, NamedTuple, Optional, Sequence
 
 import jax
@@ -91,41 +93,58 @@ def _example_outcomes(eval_fn, params, model_state, data_x, data_y, indices, mas
           jnp.sum(correct >= 0, axis=1).astype(jnp.float32))
 
 
-# A chunk layout pads every client's test part to a common width; past this ratio of padded
-# to real examples the chunks are laid out by size instead (`chunk_layout`).
+# The personal chunks pad every client's test part to its chunk's width. One width (the
+# largest part) while that pads the examples by at most MAX_PADDING; otherwise up to
+# MAX_WIDTHS widths, each one more compiled shape (`chunk_layout`).
 MAX_PADDING = 1.5
+MAX_WIDTHS = 4
+
+
+def _widths(sizes: np.ndarray, max_padding: float, max_widths: int) -> np.ndarray:
+  """Each client's width: the fewest widths (powers of two, and the largest part) that pad
+  the examples by at most `max_padding`, else the `max_widths` that pad them least."""
+  top = int(sizes.max())
+  candidates = sorted({int(min(top, 2 ** math.ceil(math.log2(s)))) for s in sizes} - {top})
+  real = float(sizes.sum())
+  best = None
+  for count in range(1, max_widths + 1):
+    for chosen in itertools.combinations(candidates, count - 1):
+      widths = np.array(chosen + (top,))
+      assigned = widths[np.searchsorted(widths, sizes)]
+      if best is None or assigned.sum() < best.sum():
+        best = assigned
+    if best.sum() <= max_padding * real:
+      break
+  return best
 
 
 def chunk_layout(sizes: Sequence[int], clients_per_chunk: int, examples_per_chunk: int,
-                 devices: int = 1) -> list[tuple[np.ndarray, int, int]]:
+                 devices: int = 1, max_padding: float = MAX_PADDING,
+                 max_widths: int = MAX_WIDTHS) -> list[tuple[np.ndarray, int, int]]:
   """The personal models' chunks: [(client ids, real clients, width)], each chunk's ids
-  padded to a multiple of `devices` by repeating its first client (masked out of the
-  results).
+  padded (to the chunk size of its width, a multiple of `devices`) by repeating its first
+  client, masked out of the results.
 
-  Clients without test examples are in no chunk (they have nothing to evaluate). One
-  width, the largest part, for all chunks (of `clients_per_chunk` clients, in id order)
-  while that pads the examples by at most MAX_PADDING; otherwise each client goes to the
-  chunks of its part's size rounded up to a power of two (capped at the largest part),
-  about `examples_per_chunk` examples a chunk: one compiled shape per width used, and at
-  most 2x padding per client, where one width would evaluate a small client at the size of
-  the largest (the roles of a play: a few thousand windows against a few).
+  Clients without test examples are in no chunk (they have nothing to evaluate). With one
+  width, the largest part, chunks hold `clients_per_chunk` clients in id order. When that
+  would pad the examples by more than `max_padding` (a play's roles: a few thousand windows
+  against a few), each client goes to the smallest of a few widths (`_widths`: at most
+  `max_widths`, one compiled shape each) that holds its part, and the chunks of width W
+  hold about `examples_per_chunk` / W clients.
   """
   sizes = np.asarray(sizes, np.int64)
   ids = np.flatnonzero(sizes > 0)
   if ids.size == 0:
     return []
-  top = int(sizes.max())
   pad = lambda n: -(-n // devices) * devices
-  chunk = pad(max(1, clients_per_chunk))
-  padded = -(-ids.size // chunk) * chunk * top
-  if padded <= MAX_PADDING * sizes.sum():
-    widths = np.full(ids.size, top)
-  else:
-    widths = np.minimum(top, 2 ** np.ceil(np.log2(sizes[ids])).astype(np.int64))
+  widths = _widths(sizes[ids], max_padding, max_widths)
   layout = []
   for width in np.unique(widths):
     members = ids[widths == width]
-    per = chunk if widths.min() == top else pad(max(1, examples_per_chunk // int(width)))
+    if width == widths.max() and widths.min() == width:  # one width: as given
+      per = pad(max(1, clients_per_chunk))
+    else:
+      per = min(pad(max(1, examples_per_chunk // int(width))), pad(members.size))
     for start in range(0, members.size, per):
       group = members[start:start + per]
       layout.append((np.concatenate([group, np.full(per - group.size, group[0])]),
@@ -158,13 +177,16 @@ class PersonalEvaluator:
       training part.
     eval_batch_size: examples per evaluation call (the global model's batches, the personal
       chunks laid out by size); default C times the largest test part.
+    max_padding, max_widths: `chunk_layout`'s bound on the personal chunks' padding (inf:
+      one width) and on the widths it may use.
   """
 
   def __init__(self, eval_fn, mesh, *, test_x, test_y, test_parts, clients_per_chunk: int,
                serve: Optional[Callable] = None, loss_fn: Optional[Callable] = None,
                train_x=None, train_y=None, train_parts=None, finetune_steps: int = 0,
                finetune_lr: float = 0.0, batch_size: int = 1, seed: int = 0,
-               unroll: int = 1, eval_batch_size: Optional[int] = None):
+               unroll: int = 1, eval_batch_size: Optional[int] = None,
+               max_padding: float = MAX_PADDING, max_widths: int = MAX_WIDTHS):
     if finetune_steps < 0:
       raise ValueError(f"finetune_steps={finetune_steps!r}; accepted: an integer >= 0")
     if finetune_steps and (loss_fn is None or train_parts is None):
@@ -176,7 +198,7 @@ class PersonalEvaluator:
     width = self.indices.shape[1]
     self.eval_batch_size = int(eval_batch_size or self.chunk * width)
     self.layout = chunk_layout([len(p) for p in self.test_parts], self.chunk,
-                               self.eval_batch_size, mesh.size)
+                               self.eval_batch_size, mesh.size, max_padding, max_widths)
     self._raw_test = (test_x, test_y)
     self._host_test = None     # the test arrays on the host (the global model's batches)
     self._device_test = None   # ... and on the mesh (the personal chunks), when first read
