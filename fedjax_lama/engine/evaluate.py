@@ -140,11 +140,15 @@ def example_counts(correct: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def segment_sums(values: np.ndarray, lengths: Sequence[int]) -> np.ndarray:
-  """float64 [P]: the sums of consecutive runs of `values` of the given lengths, each
-  summed by itself (so a run sums to the same bits wherever it comes from)."""
-  ends = np.cumsum(lengths)
-  return np.array([np.sum(values[end - n:end], dtype=np.float64)
-                   for end, n in zip(ends, lengths)], np.float64)
+  """float64 [P]: the sums of consecutive runs of `values` of the given lengths (0 for an
+  empty run), each run summed in float64 from its first value to its last."""
+  lengths = np.asarray(lengths, np.int64)
+  out = np.zeros(len(lengths))
+  nonempty = lengths > 0
+  if nonempty.any():
+    starts = (np.cumsum(lengths) - lengths)[nonempty]
+    out[nonempty] = np.add.reduceat(np.asarray(values, np.float64), starts)
+  return out
 
 
 def evaluate_parts(eval_batch, params, model_state, x: np.ndarray, y: np.ndarray,

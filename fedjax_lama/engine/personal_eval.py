@@ -337,10 +337,11 @@ class PersonalEvaluator:
       outcomes = jax.device_get(self._chunk(
           params, model_state, server if serves else None, rows, test_x, test_y, *mapped[:2],
           train_x, train_y, *mapped[2:]))
+      # Each client's examples in order, summed as evaluate_parts sums them.
+      sizes = self.mask[ids[:real]].sum(axis=1).astype(np.int64)
+      first = np.arange(width)[None, :] < sizes[:, None]
       for total, per_example in zip(sums, outcomes):
-        for slot in range(real):  # each client's examples summed as evaluate_parts sums them
-          size = len(self.test_parts[ids[slot]])
-          total[ids[slot]] = evaluate.segment_sums(np.asarray(per_example[slot]), [size])[0]
+        total[ids[:real]] = evaluate.segment_sums(np.asarray(per_example)[:real][first], sizes)
     return ClientSums(*sums)
 
   def __call__(self, params, model_state, store=None, round_idx: int = 0,

@@ -113,6 +113,12 @@ class _TokenBag(nn.Module):
     return jnp.sum(rows * valid[..., None].astype(kernel.dtype), axis=1) + bias
 
 
+def check_tokens(model: str, x: Array) -> None:
+  """A language model's input: int tokens [batch, time]."""
+  if not jnp.issubdtype(x.dtype, jnp.integer) or x.ndim != 2:
+    raise ValueError(f"{model} expects int tokens [batch, time]; got {x.dtype} {x.shape}")
+
+
 def _keras_embedding_init(key, shape, dtype=jnp.float32):
   """Keras's Embedding default, U(-0.05, 0.05)."""
   return jax.random.uniform(key, shape, dtype, -0.05, 0.05)
@@ -159,10 +165,7 @@ class LSTMLM(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
-    if not jnp.issubdtype(x.dtype, jnp.integer) or x.ndim != 2:
-      raise ValueError(
-          f"lstm_lm expects int tokens [batch, time]; got {x.dtype} "
-          f"{x.shape}")
+    check_tokens("lstm_lm", x)
     x = nn.Embed(self.vocab_size, self.embed_size,
                  embedding_init=_keras_embedding_init)(x)
     for _ in range(self.num_layers):

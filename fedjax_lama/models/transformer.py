@@ -51,6 +51,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fedjax_lama.models import dense as dense_models
 from fedjax_lama.models import param_layers
 
 Array = jax.Array
@@ -135,9 +136,7 @@ class TransformerLM(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
-    if not jnp.issubdtype(x.dtype, jnp.integer) or x.ndim != 2:
-      raise ValueError(
-          f"transformer_lm expects int tokens [batch, time]; got {x.dtype} {x.shape}")
+    dense_models.check_tokens("transformer_lm", x)
     if x.shape[1] > self.max_len:
       raise ValueError(
           f"transformer_lm was built with max_len={self.max_len} positions but the input "
