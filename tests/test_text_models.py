@@ -210,6 +210,20 @@ def test_a_future_token_changes_no_earlier_prediction(name):
     assert np.all(np.abs(out[:, t] - base[:, t]).max(-1) > 0)  # position t reads token t
 
 
+def test_transformer_dropout_draws_from_the_dropout_key_in_training_only():
+  model = models.get("transformer_lm", 11, width=16, depth=1, heads=2, max_len=8, dropout=0.5)
+  plain = models.get("transformer_lm", 11, width=16, depth=1, heads=2, max_len=8)
+  x = np.random.default_rng(0).integers(0, 11, (2, 8)).astype(np.int32)
+  variables = _random_variables(model, x)
+  apply = jax.jit(model.apply, static_argnames="train")
+  evaluated = np.asarray(apply(variables, x, train=False))
+  np.testing.assert_array_equal(evaluated, np.asarray(jax.jit(plain.apply)(variables, x)))
+  trained = [np.asarray(apply(variables, x, train=True, rngs={"dropout": jax.random.PRNGKey(k)}))
+             for k in (0, 0, 1)]
+  np.testing.assert_array_equal(trained[0], trained[1])
+  assert not np.allclose(trained[0], trained[2]) and not np.allclose(trained[0], evaluated)
+
+
 # ---- metrics --------------------------------------------------------------------------------
 class _Table(nn.Module):
   """logits[b, t] = table[x[b, t]]: per-position logits that the test chooses."""

@@ -94,28 +94,10 @@ def _example_outcomes(eval_fn, params, model_state, data_x, data_y, indices, mas
 
 
 # The personal chunks pad every client's test part to its chunk's width. One width (the
-# largest part) while that pads the examples by at most MAX_PADDING; otherwise up to
-# MAX_WIDTHS widths, each one more compiled shape (`chunk_layout`).
+# largest part) while that evaluates at most MAX_PADDING times the real examples; otherwise
+# up to MAX_WIDTHS widths, each one more compiled shape (`chunk_layout`).
 MAX_PADDING = 1.5
 MAX_WIDTHS = 4
-
-
-def _widths(sizes: np.ndarray, max_padding: float, max_widths: int) -> np.ndarray:
-  """Each client's width: the fewest widths (powers of two, and the largest part) that pad
-  the examples by at most `max_padding`, else the `max_widths` that pad them least."""
-  top = int(sizes.max())
-  candidates = sorted({int(min(top, 2 ** math.ceil(math.log2(s)))) for s in sizes} - {top})
-  real = float(sizes.sum())
-  best = None
-  for count in range(1, max_widths + 1):
-    for chosen in itertools.combinations(candidates, count - 1):
-      widths = np.array(chosen + (top,))
-      assigned = widths[np.searchsorted(widths, sizes)]
-      if best is None or assigned.sum() < best.sum():
-        best = assigned
-    if best.sum() <= max_padding * real:
-      break
-  return best
 
 
 def chunk_layout(sizes: Sequence[int], clients_per_chunk: int, examples_per_chunk: int,
@@ -128,27 +110,45 @@ def chunk_layout(sizes: Sequence[int], clients_per_chunk: int, examples_per_chun
   Clients without test examples are in no chunk (they have nothing to evaluate). With one
   width, the largest part, chunks hold `clients_per_chunk` clients in id order. When that
   would pad the examples by more than `max_padding` (a play's roles: a few thousand windows
-  against a few), each client goes to the smallest of a few widths (`_widths`: at most
-  `max_widths`, one compiled shape each) that holds its part, and the chunks of width W
-  hold about `examples_per_chunk` / W clients.
+  against a few), each client goes to the smallest of a few widths that holds its part
+  (powers of two, and the largest part; one compiled shape each): the fewest widths, up to
+  `max_widths`, that pad by at most `max_padding`, else the set that pads least. The chunks
+  of width W hold about `examples_per_chunk` / W clients.
   """
   sizes = np.asarray(sizes, np.int64)
   ids = np.flatnonzero(sizes > 0)
   if ids.size == 0:
     return []
+  sizes = sizes[ids]
+  top = int(sizes.max())
   pad = lambda n: -(-n // devices) * devices
-  widths = _widths(sizes[ids], max_padding, max_widths)
+
+  def chunks(widths):  # [(members, clients per chunk, width)] of an assignment
+    if np.all(widths == top):
+      return [(ids, pad(max(1, clients_per_chunk)), top)]
+    return [(ids[widths == w], min(pad(max(1, examples_per_chunk // int(w))),
+                                   pad(int(np.sum(widths == w)))), int(w))
+            for w in np.unique(widths)]
+
+  def evaluated(plan):
+    return sum(-(-members.size // per) * per * w for members, per, w in plan)
+
+  best = chunks(np.full(sizes.size, top))
+  candidates = sorted({int(min(top, 2 ** math.ceil(math.log2(s)))) for s in sizes} - {top})
+  for count in range(2, max_widths + 1):
+    if evaluated(best) <= max_padding * sizes.sum():
+      break
+    for chosen in itertools.combinations(candidates, count - 1):
+      widths = np.array(chosen + (top,))
+      plan = chunks(widths[np.searchsorted(widths, sizes)])
+      if evaluated(plan) < evaluated(best):
+        best = plan
   layout = []
-  for width in np.unique(widths):
-    members = ids[widths == width]
-    if width == widths.max() and widths.min() == width:  # one width: as given
-      per = pad(max(1, clients_per_chunk))
-    else:
-      per = min(pad(max(1, examples_per_chunk // int(width))), pad(members.size))
+  for members, per, width in best:
     for start in range(0, members.size, per):
       group = members[start:start + per]
       layout.append((np.concatenate([group, np.full(per - group.size, group[0])]),
-                     group.size, int(width)))
+                     group.size, width))
   return layout
 
 

@@ -4,7 +4,7 @@ The GPT-2 layout (Radford et al. 2019; pre-LayerNorm blocks as analysed by Xiong
 ICML 2020): token embedding plus learned position embedding, `depth` blocks of
 
     h = h + Dropout(out(CausalSelfAttention(query, key, value of LayerNorm(h))))
-    h = h + Dropout(mlp_out(GELU(mlp_in(LayerNorm(h)))))
+    h = h + Dropout(mlp_out(GELU(mlp_in(LayerNorm(h)))))      (GELU: the tanh approximation)
 
 then a final LayerNorm and the output projection (a Dense layer, or the token embedding
 transposed when `tied_output`, as in Press & Wolf, EACL 2017). Attention is computed by
