@@ -373,10 +373,10 @@ def _last_record(workdir):
 
 
 def test_transformer_trains_under_fedavg_with_the_next_token_metrics(tmp_path):
-  c = _text_config(tmp_path)
+  c = _text_config(tmp_path, model_options={"depth": 1})
   summary = training.train_and_evaluate(c, str(tmp_path / "w"))
   # vocab_size and max_len came from the dataset: 81 characters, windows of 10.
-  assert summary["num_parameters"] == _transformer_count(V, 16, 2, 2, 10, V, False)
+  assert summary["num_parameters"] == _transformer_count(V, 16, 1, 2, 10, V, False)
   last = _last_record(tmp_path / "w")
   assert np.isfinite(last["train_loss"]) and 0.0 <= last["test_accuracy"] <= 1.0
   assert 0.0 <= last["test_accuracy_last"] <= 1.0
