@@ -259,6 +259,7 @@ class PersonalEvaluator:
       self._device_test = (_replicated(test_x, self.mesh),
                            _replicated(test_y, self.mesh, np.int32))
     return self._device_test
+
   def _train_data(self):
     """The training arrays on the mesh (copied once, when first read)."""
     if self._train_arrays is None:
