@@ -68,13 +68,13 @@ CONV_MODELS = ["resnet20", "wrn28_10", "leaf_cnn", "fedat_cnn", "mnist_cnn",
                "resnet18_gn"]
 
 INPUT = {"leaf_cnn": MNIST, "mnist_cnn": MNIST, "mnist_mlp": MNIST,
-         "logreg": (50,), "lstm_lm": (7,), "mlp": (8, 8, 1)}
+         "logreg": (50,), "lstm_lm": (7,), "transformer_lm": (7,), "mlp": (8, 8, 1)}
 
 
 def _sample(name, batch=2, seed=0):
   shape = INPUT.get(name, CIFAR)
   rng = np.random.default_rng(seed)
-  if name == "lstm_lm":
+  if name in ("lstm_lm", "transformer_lm"):  # token ids
     return jnp.asarray(rng.integers(0, 10_000, size=(batch,) + shape))
   return jnp.asarray(rng.normal(size=(batch,) + shape), jnp.float32)
 

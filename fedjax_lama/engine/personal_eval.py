@@ -1,31 +1,44 @@
 """Per-client evaluation: every client's model on its own held-out test part, vectorized.
 
 Each client i holds a test part (indices into the test or training arrays, disjoint from
-its training part: federation.build_federation). A chunk of C clients is evaluated by one
-jitted, vmapped computation of fixed shape, so the host makes O(1) dispatches per chunk
-and device memory is flat in the number of clients (it grows with C, never with N):
+its training part: federation.build_federation).
+
+The global model x is the same for every client, so its per-client metrics come from one
+pooled evaluation of the test parts laid back to back, in the batches of the pooled test
+evaluation (`evaluate.evaluate_parts`), each client's examples then summed: the cost is
+that of evaluating the examples once, however unequal the parts (a play's roles range
+from a few windows to thousands).
+
+Each client's own model is evaluated in chunks of C clients, each chunk one jitted,
+vmapped computation of fixed shape, so the host makes O(1) dispatches per chunk and device
+memory is flat in the number of clients (it grows with C, never with N):
 
     for each client i of the chunk (vmapped):
-      global_i   = metrics of the evaluated model x on client i's test part
       w_i, s_i   = algorithm.serve(server, row_i, loss_at)            (or x, model_state)
                    (loss_at: a model's mean loss over client i's training part, computed
                    only for a serve that reads it, HypCluster's choice)
       w_i, s_i   = k steps of local SGD from w_i on client i's training part (fine-tuning)
       personal_i = metrics of w_i on client i's test part
 
-Test parts are packed once as [N, T] index and mask arrays (T: the largest test part);
-client rows are gathered from the run's ClientStore (device or host) chunk by chunk, like
-the training rounds gather their cohort's rows. Fine-tuning reuses the engine's local step
-(`local.make_client_train` with plain SGD at a constant rate) and its batching
-(`data.pack_cohort` on a stream of its own, so its batches are a pure function of (seed,
-round, client) and never those of training). With k = 0 the scan has no step: the personal
-model is the personalized (or global) model itself, bit for bit.
+Test parts are packed once as [N, T] index and mask arrays (T: the largest test part); a
+chunk reads the first W columns, W at least the largest part of its clients. When one
+W = T for every chunk would pad the examples by more than MAX_PADDING, clients are grouped
+by the size of their part into at most MAX_WIDTHS widths (`chunk_layout`). Client rows are gathered from the run's ClientStore
+(device or host) chunk by chunk, like the training rounds gather their cohort's rows.
+Fine-tuning reuses the engine's local step (`local.make_client_train` with plain SGD at a
+constant rate) and its batching (`data.pack_cohort` on a stream of its own, so its
+batches are a pure function of (seed, round, client) and never those of training). With
+k = 0 the scan has no step: the personal model is the personalized (or global) model
+itself, bit for bit.
 
 Metrics per client are sums: the summed loss, the correct examples (tokens for next-token
 targets), and the scored examples (tokens), from which `summarize` takes the across-client
-statistics.
+statistics. Both paths sum a client's per-example outcomes on the host in the same way
+(`evaluate.segment_sums`).
 """
-from typing import Callable, NamedTuple, Optional
+import itertools
+import math
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +46,7 @@ import numpy as np
 
 from fedjax_lama import data as fdata
 from fedjax_lama.data import seeding
-from fedjax_lama.engine import local, sharding
+from fedjax_lama.engine import evaluate, local, sharding
 from fedjax_lama.engine.algorithm import Algorithm, ClientContext, LocalState
 
 
@@ -69,22 +82,87 @@ def _replicated(array, mesh, dtype=None):
   return sharding.replicate(np.asarray(array, dtype), mesh)
 
 
-def _client_sums(eval_fn, params, model_state, data_x, data_y, indices, mask):
-  """(summed loss, correct, scored) of one client's test part, float32 scalars."""
-  loss_sum, correct = eval_fn(params, model_state, data_x[indices], data_y[indices], mask)
+def _example_outcomes(eval_fn, params, model_state, data_x, data_y, indices, mask):
+  """(loss, correct, scored) float32 [T] per example of one client's part: its summed loss,
+  its correct and its scored examples (tokens for next-token targets); 0 where mask is 0."""
+  loss, correct = eval_fn(params, model_state, data_x[indices], data_y[indices], mask)
   if correct.ndim == 1:  # one label per example; padded rows are masked here
-    return loss_sum, jnp.sum(correct * mask), jnp.sum(mask)
+    return loss, correct * mask, mask
   # per-token outcomes: 1 correct, 0 wrong, -1 not scored (the eval_fn masked the padding)
-  return (loss_sum, jnp.sum(correct == 1).astype(jnp.float32),
-          jnp.sum(correct >= 0).astype(jnp.float32))
+  return (loss, jnp.sum(correct == 1, axis=1).astype(jnp.float32),
+          jnp.sum(correct >= 0, axis=1).astype(jnp.float32))
+
+
+# The personal chunks pad every client's test part to its chunk's width. One width (the
+# largest part) while that evaluates at most MAX_PADDING times the real examples; otherwise
+# up to MAX_WIDTHS widths, each one more compiled shape (`chunk_layout`).
+MAX_PADDING = 1.5
+MAX_WIDTHS = 4
+
+
+def chunk_layout(sizes: Sequence[int], clients_per_chunk: int, examples_per_chunk: int,
+                 devices: int = 1, max_padding: float = MAX_PADDING,
+                 max_widths: int = MAX_WIDTHS) -> list[tuple[np.ndarray, int, int]]:
+  """The personal models' chunks: [(client ids, real clients, width)], each chunk's ids
+  padded (to the chunk size of its width, a multiple of `devices`) by repeating its first
+  client, masked out of the results.
+
+  Clients without test examples are in no chunk (they have nothing to evaluate). With one
+  width, the largest part, chunks hold `clients_per_chunk` clients in id order. When that
+  would pad the examples by more than `max_padding` (a play's roles: a few thousand windows
+  against a few), each client goes to the smallest of a few widths that holds its part
+  (powers of two, and the largest part; one compiled shape each): the fewest widths, up to
+  `max_widths`, that pad by at most `max_padding`, else the set that pads least. The chunks
+  of width W hold about `examples_per_chunk` / W clients.
+  """
+  sizes = np.asarray(sizes, np.int64)
+  ids = np.flatnonzero(sizes > 0)
+  if ids.size == 0:
+    return []
+  sizes = sizes[ids]
+  top = int(sizes.max())
+  pad = lambda n: -(-n // devices) * devices
+
+  def chunks(widths):  # [(members, clients per chunk, width)] of an assignment
+    if np.all(widths == top):
+      return [(ids, pad(max(1, clients_per_chunk)), top)]
+    return [(ids[widths == w], min(pad(max(1, examples_per_chunk // int(w))),
+                                   pad(int(np.sum(widths == w)))), int(w))
+            for w in np.unique(widths)]
+
+  def evaluated(plan):
+    return sum(-(-members.size // per) * per * w for members, per, w in plan)
+
+  best = chunks(np.full(sizes.size, top))
+  candidates = sorted({int(min(top, 2 ** math.ceil(math.log2(s)))) for s in sizes} - {top})
+  for count in range(2, max_widths + 1):
+    if evaluated(best) <= max_padding * sizes.sum():
+      break
+    for chosen in itertools.combinations(candidates, count - 1):
+      widths = np.array(chosen + (top,))
+      plan = chunks(widths[np.searchsorted(widths, sizes)])
+      if evaluated(plan) < evaluated(best):
+        best = plan
+  layout = []
+  for members, per, width in best:
+    for start in range(0, members.size, per):
+      group = members[start:start + per]
+      layout.append((np.concatenate([group, np.full(per - group.size, group[0])]),
+                     group.size, width))
+  return layout
 
 
 class PersonalEvaluator:
   """Evaluates the global and (optionally) each client's personal model on the clients' test
   parts; see the module docstring.
 
+  The global model is one model for every client: its per-client sums come from one pooled
+  evaluation of the test parts back to back (`evaluate.evaluate_parts`, batches of
+  `eval_batch_size` examples), whose cost does not depend on how unequal the parts are.
+  The personal models are evaluated in vmapped chunks (`chunk_layout`).
+
   Args:
-    eval_fn: (params, model_state, x, y, mask) -> (summed loss, correct) of one batch
+    eval_fn: (params, model_state, x, y, mask) -> (per-example loss, correct) of one batch
       (engine/evaluate.make_eval_fn).
     mesh: the run's mesh (chunks are split over its "clients" axis).
     test_x, test_y: the arrays the test parts index.
@@ -97,21 +175,33 @@ class PersonalEvaluator:
     loss_fn, finetune_steps, finetune_lr, batch_size, seed: local fine-tuning (with loss_fn):
       k steps of plain SGD at finetune_lr with batches of batch_size drawn from each client's
       training part.
+    eval_batch_size: examples per evaluation call (the global model's batches, the personal
+      chunks laid out by size); default C times the largest test part.
+    max_padding, max_widths: `chunk_layout`'s bound on the personal chunks' padding (inf:
+      one width) and on the widths it may use.
   """
 
   def __init__(self, eval_fn, mesh, *, test_x, test_y, test_parts, clients_per_chunk: int,
                serve: Optional[Callable] = None, loss_fn: Optional[Callable] = None,
                train_x=None, train_y=None, train_parts=None, finetune_steps: int = 0,
                finetune_lr: float = 0.0, batch_size: int = 1, seed: int = 0,
-               unroll: int = 1):
+               unroll: int = 1, eval_batch_size: Optional[int] = None,
+               max_padding: float = MAX_PADDING, max_widths: int = MAX_WIDTHS):
     if finetune_steps < 0:
       raise ValueError(f"finetune_steps={finetune_steps!r}; accepted: an integer >= 0")
     if finetune_steps and (loss_fn is None or train_parts is None):
       raise ValueError("fine-tuning needs the loss function and the clients' training parts")
-    self.mesh, self.num_clients = mesh, len(test_parts)
+    self.eval_fn, self.mesh, self.num_clients = eval_fn, mesh, len(test_parts)
+    self.test_parts = [np.asarray(p, np.int64) for p in test_parts]
     self.chunk = sharding.padded_size(max(1, int(clients_per_chunk)), mesh)
     self.indices, self.mask = pack_parts(test_parts)
-    self.test_x, self.test_y = _replicated(test_x, mesh), _replicated(test_y, mesh, np.int32)
+    width = self.indices.shape[1]
+    self.eval_batch_size = int(eval_batch_size or self.chunk * width)
+    self.layout = chunk_layout([len(p) for p in self.test_parts], self.chunk,
+                               self.eval_batch_size, mesh.size, max_padding, max_widths)
+    self._raw_test = (test_x, test_y)
+    self._host_test = None     # the test arrays on the host (the global model's batches)
+    self._device_test = None   # ... and on the mesh (the personal chunks), when first read
     self.serve, self.finetune_steps = serve, int(finetune_steps)
     self.train_parts, self.batch_size, self.seed = train_parts, int(batch_size), int(seed)
     self._raw_train = (train_x, train_y)
@@ -130,18 +220,15 @@ class PersonalEvaluator:
     self.has_personal_model = serve is not None or self.finetune_steps > 0
 
     def one_client(params, model_state, server, row, test_x, test_y, indices, mask, train_x,
-                   train_y, batch, num_examples, client_id, own_indices, own_mask, personal):
-      global_sums = _client_sums(eval_fn, params, model_state, test_x, test_y, indices, mask)
-      if not personal:
-        return global_sums, global_sums
+                   train_y, batch, num_examples, client_id, own_indices, own_mask):
       if serve is None:
         own, own_state = params, model_state
       else:
         def loss_at(candidate):
           # The mean loss over the client's training part (traced only if serve asks).
-          loss_sum, _, count = _client_sums(eval_fn, candidate, server.model_state, train_x,
-                                            train_y, own_indices, own_mask)
-          return loss_sum / jnp.maximum(count, 1.0)
+          loss, _, count = _example_outcomes(eval_fn, candidate, server.model_state, train_x,
+                                             train_y, own_indices, own_mask)
+          return jnp.sum(loss) / jnp.maximum(jnp.sum(count), 1.0)
         own, own_state = serve(server, row, loss_at)
       if client_train is not None:
         tx = Algorithm().local.tx
@@ -149,16 +236,29 @@ class PersonalEvaluator:
         final, _ = client_train(LocalState(own, own_state, tx.init(own)), ctx, train_x,
                                 train_y, batch, 0)
         own, own_state = final.params, final.model_state
-      return global_sums, _client_sums(eval_fn, own, own_state, test_x, test_y, indices, mask)
+      return _example_outcomes(eval_fn, own, own_state, test_x, test_y, indices, mask)
 
     def chunk_fn(params, model_state, server, rows, test_x, test_y, indices, mask, train_x,
-                 train_y, batch, num_examples, client_ids, own_indices, own_mask, personal):
-      per_client = lambda *a: one_client(params, model_state, server, *a, personal)
+                 train_y, batch, num_examples, client_ids, own_indices, own_mask):
+      per_client = lambda *a: one_client(params, model_state, server, *a)
       return jax.vmap(per_client, in_axes=(0, None, None, 0, 0, None, None, 0, 0, 0, 0, 0))(
           rows, test_x, test_y, indices, mask, train_x, train_y, batch, num_examples,
           client_ids, own_indices, own_mask)
 
-    self._chunk = jax.jit(chunk_fn, static_argnums=15)
+    self._chunk = jax.jit(chunk_fn)
+
+  def _test_on_host(self):
+    if self._host_test is None:
+      test_x, test_y = self._raw_test
+      self._host_test = (np.asarray(test_x), np.asarray(test_y, np.int32))
+    return self._host_test
+
+  def _test_on_mesh(self):
+    if self._device_test is None:
+      test_x, test_y = self._raw_test
+      self._device_test = (_replicated(test_x, self.mesh),
+                           _replicated(test_y, self.mesh, np.int32))
+    return self._device_test
 
   def _train_data(self):
     """The training arrays on the mesh (copied once, when first read)."""
@@ -186,9 +286,9 @@ class PersonalEvaluator:
       self._serve_reads_loss = bool(calls)
     return self._serve_reads_loss
 
-  def _finetune_batches(self, ids: np.ndarray, real: int, round_idx: int, personal: bool):
+  def _finetune_batches(self, ids: np.ndarray, real: int, round_idx: int):
     """The chunk's fine-tuning batches (local.ClientBatch [C, k, B]) and example counts."""
-    if not (self.finetunes and personal):
+    if not self.finetunes:
       return None, np.zeros(len(ids), np.float32)
     parts = [self.train_parts[i] for i in ids[:real]]
     packed = fdata.pack_cohort(parts, list(ids[:real]), batch_size=self.batch_size,
@@ -204,6 +304,47 @@ class PersonalEvaluator:
                               packed.step_mask.astype(np.float32), keys)
     return batch, packed.num_examples.astype(np.float32)
 
+  def global_sums(self, params, model_state) -> ClientSums:
+    """The global model's sums on every client's test part: one pooled evaluation of the
+    parts back to back (`evaluate.evaluate_parts`)."""
+    test_x, test_y = self._test_on_host()
+    return ClientSums(*evaluate.evaluate_parts(self.eval_fn, params, model_state, test_x,
+                                               test_y, self.test_parts, self.eval_batch_size))
+
+  def personal_sums(self, params, model_state, store, round_idx: int, server) -> ClientSums:
+    """Each client's own model's sums on its test part, chunk by chunk (`chunk_layout`)."""
+    serves = self.serve is not None
+    if serves and server is None:
+      raise ValueError("this evaluator serves each client its own model: pass the server state")
+    test_x, test_y = self._test_on_mesh()
+    sums = [np.zeros(self.num_clients) for _ in ClientSums._fields]
+    for ids, real, width in self.layout:
+      indices, mask = self.indices[ids, :width], self.mask[ids, :width]
+      mask[real:] = 0.0  # padded slots evaluate their chunk's first client, masked out
+      batch, num_examples = self._finetune_batches(ids, real, round_idx)
+      rows = store.gather(ids.astype(np.int32)) if store is not None else {}
+      if serves and self._reads_loss(server, rows):
+        if self._train_packed is None:
+          self._train_packed = pack_parts(self.train_parts)
+        own_indices, own_mask = (a[ids] for a in self._train_packed)
+      else:  # nothing reads the training parts: one padded example each, never used
+        own_indices, own_mask = np.zeros((len(ids), 1), np.int32), np.zeros((len(ids), 1))
+      mapped = sharding.shard_clients(
+          (indices.astype(np.int32), mask.astype(np.float32), batch, num_examples,
+           ids.astype(np.int32), own_indices.astype(np.int32), own_mask.astype(np.float32)),
+          self.mesh)
+      reads_train = self.finetunes or (serves and self._serve_reads_loss)
+      train_x, train_y = self._train_data() if reads_train else (None, None)
+      outcomes = jax.device_get(self._chunk(
+          params, model_state, server if serves else None, rows, test_x, test_y, *mapped[:2],
+          train_x, train_y, *mapped[2:]))
+      # Each client's examples in order, summed as evaluate_parts sums them.
+      sizes = self.mask[ids[:real]].sum(axis=1).astype(np.int64)
+      first = np.arange(width)[None, :] < sizes[:, None]
+      for total, per_example in zip(sums, outcomes):
+        total[ids[:real]] = evaluate.segment_sums(np.asarray(per_example)[:real][first], sizes)
+    return ClientSums(*sums)
+
   def __call__(self, params, model_state, store=None, round_idx: int = 0,
                personal: Optional[bool] = None, server=None) -> dict:
     """{"global": ClientSums, "personal": ClientSums (when personal)} over all N clients.
@@ -214,41 +355,11 @@ class PersonalEvaluator:
       serve).
     """
     personal = self.has_personal_model if personal is None else bool(personal)
-    serves = personal and self.serve is not None
-    if serves and server is None:
+    if personal and self.serve is not None and server is None:
       raise ValueError("this evaluator serves each client its own model: pass the server state")
-    outputs = {"global": [], "personal": []}
-    for start in range(0, self.num_clients, self.chunk):
-      real = min(self.chunk, self.num_clients - start)
-      ids = np.zeros(self.chunk, np.int64)
-      ids[:real] = np.arange(start, start + real)
-      # Padded slots evaluate client `start` again, masked out of the results below.
-      ids[real:] = start
-      indices = np.where(np.arange(self.chunk)[:, None] < real, self.indices[ids], 0)
-      mask = np.where(np.arange(self.chunk)[:, None] < real, self.mask[ids], 0.0)
-      batch, num_examples = self._finetune_batches(ids, real, round_idx, personal)
-      rows = store.gather(ids.astype(np.int32)) if (store is not None and personal) else {}
-      if serves and self._reads_loss(server, rows):
-        if self._train_packed is None:
-          self._train_packed = pack_parts(self.train_parts)
-        own_indices, own_mask = (a[ids] for a in self._train_packed)
-      else:  # nothing reads the training parts: one padded example each, never used
-        own_indices, own_mask = np.zeros((self.chunk, 1), np.int32), np.zeros((self.chunk, 1))
-      mapped = sharding.shard_clients(
-          (indices.astype(np.int32), mask.astype(np.float32), batch, num_examples,
-           ids.astype(np.int32), own_indices.astype(np.int32), own_mask.astype(np.float32)),
-          self.mesh)
-      reads_train = self.finetunes or (serves and self._serve_reads_loss)
-      train_x, train_y = self._train_data() if reads_train else (None, None)
-      sums = self._chunk(params, model_state, server if serves else None, rows, self.test_x,
-                         self.test_y, mapped[0], mapped[1], train_x, train_y, mapped[2],
-                         mapped[3], mapped[4], mapped[5], mapped[6], personal)
-      host = jax.device_get(sums)
-      outputs["global"].append([np.asarray(a, np.float64)[:real] for a in host[0]])
-      outputs["personal"].append([np.asarray(a, np.float64)[:real] for a in host[1]])
-    result = {"global": ClientSums(*(np.concatenate(a) for a in zip(*outputs["global"])))}
+    result = {"global": self.global_sums(params, model_state)}
     if personal:
-      result["personal"] = ClientSums(*(np.concatenate(a) for a in zip(*outputs["personal"])))
+      result["personal"] = self.personal_sums(params, model_state, store, round_idx, server)
     return result
 
 

@@ -113,38 +113,65 @@ class _TokenBag(nn.Module):
     return jnp.sum(rows * valid[..., None].astype(kernel.dtype), axis=1) + bias
 
 
+def check_tokens(model: str, x: Array) -> None:
+  """A language model's input: int tokens [batch, time]."""
+  if not jnp.issubdtype(x.dtype, jnp.integer) or x.ndim != 2:
+    raise ValueError(f"{model} expects int tokens [batch, time]; got {x.dtype} {x.shape}")
+
+
 def _keras_embedding_init(key, shape, dtype=jnp.float32):
   """Keras's Embedding default, U(-0.05, 0.05)."""
   return jax.random.uniform(key, shape, dtype, -0.05, 0.05)
 
 
 class LSTMLM(nn.Module):
-  """FedAT's Reddit next-word model: embedding 10,000 -> 128, LSTM with
-  dropout 0.1, batch normalisation, dense 10,000.
+  """A character or word LSTM language model: embedding, `num_layers` LSTM layers, then
+  (dropout, batch normalisation,) a dense output layer.
 
-  Input int tokens [batch, time]; output logits [batch, time, vocab]. The
-  paper gives no LSTM width; `hidden_size` defaults to 128, which gives
-  2,701,840 parameters (embedding 1,280,000; LSTM 131,584; BN 256; dense
-  1,290,000). BatchNorm uses Keras defaults (momentum 0.99, eps 1e-3), running
-  statistics in 'batch_stats'. The embedding leaf is named "embedding", not
-  "kernel" (as Keras's "embeddings" is not a kernel either).
+  Input int tokens [batch, time]; output logits [batch, time, num_classes]: the logits of
+  position t depend on tokens 0..t only (the LSTM runs forward). With the next-token targets
+  of a window that is every position's prediction; with one target per window (LEAF's
+  Shakespeare `target='last'`) the engine reads the last position (engine/local.align_logits).
+
+  Defaults: FedAT's Reddit next-word model (Chai et al., SC'21, Sec. 6): embedding 10,000 ->
+  128, one LSTM, dropout 0.1, batch normalisation, dense 10,000. The paper gives no LSTM
+  width; `hidden_size` defaults to 128, which gives 2,701,840 parameters (embedding
+  1,280,000; LSTM 131,584; BN 256; dense 1,290,000). BatchNorm uses Keras defaults (momentum
+  0.99, eps 1e-3), running statistics in 'batch_stats'.
+
+  The character LSTM of McMahan, Moore, Ramage, Hampson, Aguera y Arcas (AISTATS 2017,
+  Sec. 3, Shakespeare) and of LEAF (Caldas et al. 2018): embed_size=8, hidden_size=256,
+  num_layers=2, dropout=0, batch_norm=False; a softmax output layer over the characters.
+  Over LEAF's 80 characters plus one for any other (vocab_size=num_classes=81) it has
+  818,137 parameters: embedding 648; LSTMs 271,360 + 525,312; dense 20,817. LEAF's TF
+  model (80 characters) has 817,872. The FedAvg paper states 866,578 and not its character
+  set: with one bias per gate as here, 265 V + 796,672 = 866,578 has no whole solution V; it
+  is matched by V = 258 characters if the LSTMs also have peephole weights (3 x 256 per
+  layer), a reading the paper does not confirm.
+
+  Each LSTM is flax's `OptimizedLSTMCell` (gates i, f, g, o; input kernels without bias,
+  recurrent kernels with one bias per gate, 4 (e h + h h + h) parameters for input width e);
+  layer k's weights are the module "OptimizedLSTMCell_k" (FedLAMA's and the personalization
+  methods' layer names: Embed_0, OptimizedLSTMCell_k, BatchNorm_0, Dense_0). The embedding leaf is named "embedding", not "kernel" (as Keras's
+  "embeddings" is not a kernel either).
   """
   num_classes: int = 10_000
   vocab_size: int = 10_000
   embed_size: int = 128
   hidden_size: int = 128
   dropout: float = 0.1
+  num_layers: int = 1
+  batch_norm: bool = True
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
-    if not jnp.issubdtype(x.dtype, jnp.integer) or x.ndim != 2:
-      raise ValueError(
-          f"lstm_lm expects int tokens [batch, time]; got {x.dtype} "
-          f"{x.shape}")
+    check_tokens("lstm_lm", x)
     x = nn.Embed(self.vocab_size, self.embed_size,
                  embedding_init=_keras_embedding_init)(x)
-    x = nn.RNN(nn.OptimizedLSTMCell(self.hidden_size))(x)
+    for _ in range(self.num_layers):
+      x = nn.RNN(nn.OptimizedLSTMCell(self.hidden_size))(x)
     x = nn.Dropout(self.dropout)(x, deterministic=not train)
-    x = nn.BatchNorm(use_running_average=not train, momentum=0.99,
-                     epsilon=1e-3)(x)
+    if self.batch_norm:
+      x = nn.BatchNorm(use_running_average=not train, momentum=0.99,
+                       epsilon=1e-3)(x)
     return param_layers.Dense(self.num_classes)(x)

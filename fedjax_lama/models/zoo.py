@@ -5,7 +5,8 @@
 (`fedjax_lama.kernels.KERNELS`) so the engine can pass it uniformly:
 the kernel set its convolutions, dense layers and max pools compute with; logreg and lstm_lm
 ignore it. The counts in the summaries are the papers' (FedLAMA: Lee et al. 2023; FedSpeed:
-Sun et al. 2023; FedAT: Chai et al. 2021; Fed-LAMB: Karimi et al. 2022) and their code's.
+Sun et al. 2023; FedAT: Chai et al. 2021; Fed-LAMB: Karimi et al. 2022; the FedAvg paper,
+McMahan et al. 2017, and LEAF, Caldas et al. 2018) and their code's.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from fedjax_lama.models import cnn
 from fedjax_lama.models import dense
 from fedjax_lama.models import init
 from fedjax_lama.models import resnet
+from fedjax_lama.models import transformer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +68,39 @@ def _resnet9(num_classes, variant, init_style, **ops):
   cls = resnet.ResNet9 if variant == "he_basic_1111" else (
       resnet.ResNet9DawnBench)
   return cls(num_classes, init_style=init_style, **ops)
+
+
+def _positive_int(model: str, option: str, value: Any):
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise ValueError(f"model {model!r}: {option} must be a positive int; got {value!r}")
+
+
+def _lstm_lm(num_classes, vocab_size, embed_size, hidden_size, dropout, num_layers,
+             batch_norm):
+  for option, value in (("vocab_size", vocab_size), ("embed_size", embed_size),
+                        ("hidden_size", hidden_size), ("num_layers", num_layers)):
+    _positive_int("lstm_lm", option, value)
+  _choice("lstm_lm", "batch_norm", batch_norm, (True, False))
+  return dense.LSTMLM(num_classes, vocab_size, embed_size, hidden_size, dropout,
+                      num_layers, batch_norm)
+
+
+def _transformer_lm(num_classes, vocab_size, width, depth, heads, mlp_ratio, max_len,
+                    dropout, tied_output, init_style, **ops):
+  vocab_size = num_classes if vocab_size is None else vocab_size
+  for option, value in (("vocab_size", vocab_size), ("width", width), ("depth", depth),
+                        ("heads", heads), ("mlp_ratio", mlp_ratio), ("max_len", max_len)):
+    _positive_int("transformer_lm", option, value)
+  if width % heads:
+    raise ValueError(f"model 'transformer_lm': width={width} must be a multiple of "
+                     f"heads={heads}")
+  _choice("transformer_lm", "tied_output", tied_output, (True, False))
+  if tied_output and vocab_size != num_classes:
+    raise ValueError(f"model 'transformer_lm': tied_output=True reads the logits from the "
+                     f"token embedding, so vocab_size={vocab_size} must equal the number "
+                     f"of classes {num_classes}")
+  return transformer.TransformerLM(num_classes, vocab_size, width, depth, heads, mlp_ratio,
+                                   max_len, dropout, tied_output, init_style, ops["dense"])
 
 
 def _lenet(variant):
@@ -131,13 +166,22 @@ _MODELS: dict[str, _Entry] = {
         "bag-of-words logistic regression; vocab*classes+classes",
         conv=False),
     "lstm_lm": _Entry(
-        lambda num_classes, vocab_size, embed_size, hidden_size, dropout:
-        dense.LSTMLM(num_classes, vocab_size, embed_size, hidden_size,
-                     dropout),
+        _lstm_lm,
         {"vocab_size": 10_000, "embed_size": 128, "hidden_size": 128,
-         "dropout": 0.1},
-        "FedAT Reddit LSTM LM; 2,701,840 (10,000 classes)",
+         "dropout": 0.1, "num_layers": 1, "batch_norm": True},
+        "FedAT Reddit LSTM LM; 2,701,840 (10,000 classes). FedAvg paper / LEAF "
+        "character LSTM (embed_size=8, hidden_size=256, num_layers=2, dropout=0, "
+        "batch_norm=False): 818,137 over 81 characters (LEAF's TF model, 80: 817,872; "
+        "the FedAvg paper states 866,578, see dense.LSTMLM)",
         conv=False),
+    "transformer_lm": _Entry(
+        _transformer_lm,
+        {"vocab_size": None, "width": 128, "depth": 4, "heads": 4, "mlp_ratio": 4,
+         "max_len": 80, "dropout": 0.0, "tied_output": False, "init_style": "flax"},
+        "decoder-only pre-LayerNorm transformer LM; 81 characters, max_len 80, untied: "
+        + ", ".join(f"{name} {transformer.parameter_count(81, **size):,}"
+                    for name, size in transformer.SIZES.items())
+        + " (transformer.SIZES)"),
     "mlp": _Entry(
         lambda num_classes, hidden_sizes, dropout, init_style, batch_norm, **ops: dense.MLP(
             num_classes, tuple(hidden_sizes), dropout, init_style, ops["dense"],

@@ -28,6 +28,7 @@ from fedjax_lama.robust import robust_stage
 _MODEL_INPUTS = {
     "logreg": (fdata.INPUT_BOW_COUNTS, fdata.INPUT_BOW_TOKENS),
     "lstm_lm": (fdata.INPUT_TOKENS,),
+    "transformer_lm": (fdata.INPUT_TOKENS,),
     "mlp": (fdata.INPUT_IMAGE, fdata.INPUT_BOW_COUNTS),
 }
 # Partitions that read one class label per example.
@@ -130,7 +131,7 @@ def build_federation(partition: federation.PartitionSpec, dataset) -> federation
 
 def _dataset_vocab_size(model: str, dataset) -> Optional[int]:
   """The vocabulary size `model` must be built with for `dataset`, or None if none applies."""
-  if model == "lstm_lm":
+  if model in ("lstm_lm", "transformer_lm"):
     return int(dataset.num_classes)  # token ids and next-token classes share one vocabulary
   if model == "logreg" and dataset.input_kind == fdata.INPUT_BOW_COUNTS:
     return int(np.shape(dataset.train_x)[1])
@@ -153,7 +154,15 @@ def model_options(model_spec, dataset, kernels: str) -> dict:
           f"config.model_options.vocab_size={given!r} is not accepted for config.model="
           f"{model_spec.name!r} on config.dataset={model_spec.dataset!r}; accepted: {vocab}, the "
           f"dataset's vocabulary{how}, or leave it unset")
-  # The layers' plan (convolutions, the MLPs' dense layers); logreg and lstm_lm ignore it.
+  if model_spec.name == "transformer_lm":  # positions: the dataset's window unless given
+    length = int(np.shape(dataset.train_x)[1])
+    given = options.setdefault("max_len", length)
+    if isinstance(given, int) and not isinstance(given, bool) and given < length:
+      raise ConfigError(
+          f"config.model_options.max_len={options['max_len']!r} is not accepted for "
+          f"config.model='transformer_lm' on config.dataset={model_spec.dataset!r}, whose "
+          f"windows have {length} tokens; accepted: an int >= {length}, or leave it unset")
+  # The layers' plan (convolutions, the dense layers); logreg and lstm_lm ignore it.
   options.setdefault("kernels", kernels)
   return options
 

@@ -6,6 +6,7 @@ run restored from its latest checkpoint ends with exactly the parameters and rec
 uninterrupted one; an extended run's records equal those of an uninterrupted longer run.
 """
 import json
+import math
 import os
 import time
 from typing import Optional
@@ -14,6 +15,7 @@ import jax
 import numpy as np
 
 from fedjax_lama import checkpointing, comm, divergence, errors, metrics, plots, progress
+from fedjax_lama import data as fdata
 from fedjax_lama.engine import evaluate as evaluation
 from fedjax_lama.engine import personal_eval
 from fedjax_lama.errors import TrainingError
@@ -311,6 +313,9 @@ def evaluate(eval_batch_size, program, state, fed, round_idx, out, host, ledger,
       "round": round_idx + 1, "local_steps": program.local_steps_done(round_idx),
       "test_accuracy": res.accuracy, "test_loss": res.loss, "train_loss": train_loss,
       "wall_seconds": wall_seconds, **ledger.totals(), **out.extra}
+  text = ds.input_kind == fdata.INPUT_TOKENS
+  if text:
+    record.update(next_token_metrics("test", res))
   if backdoor_test is not None:  # the same batched evaluation as the test accuracy
     record["backdoor_accuracy"] = evaluation.evaluate(
         program.eval_fn, params, model_state, *backdoor_test, eval_batch_size).accuracy
@@ -318,6 +323,8 @@ def evaluate(eval_batch_size, program, state, fed, round_idx, out, host, ledger,
     val = evaluation.evaluate(program.eval_fn, params, model_state, fed.validation.x,
                               fed.validation.y, eval_batch_size)
     record.update(val_accuracy=val.accuracy, val_loss=val.loss)
+    if text:
+      record.update(next_token_metrics("val", val))
   if per_client and fed.client_test is not None:
     if client_test_metrics is None:
       def client_test_metrics(params, model_state, state, round_idx):
@@ -328,6 +335,16 @@ def evaluate(eval_batch_size, program, state, fed, round_idx, out, host, ledger,
   elif per_client:
     record.update(_per_client_train(eval_batch_size, program, params, model_state, fed))
   return record
+
+
+def next_token_metrics(split: str, res: evaluation.EvalResult) -> dict:
+  """A next-token task's metrics beside `{split}_accuracy` (every scored position) and
+  `{split}_loss` (mean cross-entropy per scored token, in nats): `{split}_accuracy_last`,
+  the accuracy of each window's last scored target (LEAF's Shakespeare metric: the
+  character after the window; equal to the accuracy with one target per window), and
+  `{split}_bits_per_token`, the loss in bits (bits per character on character data)."""
+  return {f"{split}_accuracy_last": res.accuracy_last,
+          f"{split}_bits_per_token": res.loss / math.log(2.0)}
 
 
 def _per_client_train(eval_batch_size, program, params, model_state, fed) -> dict:
@@ -370,7 +387,7 @@ def make_personal_evaluator(options, program, fed, eval_batch_size: Optional[int
                     seed=options.seed)
   return personal_eval.PersonalEvaluator(
       program.eval_fn, program.mesh, test_x=test_x, test_y=test_y, test_parts=fed.client_test,
-      clients_per_chunk=max(1, eval_batch_size // width),
+      clients_per_chunk=max(1, eval_batch_size // width), eval_batch_size=eval_batch_size,
       serve=algorithm.serve if algorithm is not None else None, **finetune)
 
 
@@ -411,6 +428,13 @@ def _summary(options, records, ledger, program, state, wall_seconds) -> dict:
     val = [r["val_accuracy"] for r in records]
     summary.update(final_val_accuracy=val[-1], best_val_accuracy=max(val),
                    final_val_loss=last["val_loss"])
+  for split in ("test", "val"):  # next-token tasks (next_token_metrics)
+    if f"{split}_accuracy_last" in last:
+      at_last = [r[f"{split}_accuracy_last"] for r in records]
+      finite = [a for a in at_last if a is not None and math.isfinite(a)]  # None: read back
+      summary.update({f"final_{split}_accuracy_last": at_last[-1],
+                      f"best_{split}_accuracy_last": max(finite, default=math.nan),
+                      f"final_{split}_bits_per_token": last[f"{split}_bits_per_token"]})
   summary.update({k: v for k, v in last.items() if k.startswith("client_")})
   summary.update(program.summary(state, ledger))
   if options.privacy is not None:
