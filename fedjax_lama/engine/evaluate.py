@@ -73,9 +73,12 @@ def make_eval_fn(model, has_model_state: bool, pad_id: Optional[int] = None):
 
 
 def _outcomes(eval_batch, params, model_state, x, y, batch_size: int,
-              rows: Optional[np.ndarray] = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-  """(loss, correct) of the real examples, batch by batch: of x, y in order, or of the
-  rows `rows` of them (gathered one batch at a time)."""
+              rows: Optional[np.ndarray] = None
+              ) -> Iterator[tuple[np.ndarray, np.ndarray, float]]:
+  """(loss, correct, the batch's summed loss) of the real examples, batch by batch: of x, y
+  in order, or of the rows `rows` of them (gathered one batch at a time). The summed loss
+  is reduced on the device, in float32, as the pooled test loss always was, so that runs
+  keep their recorded test losses bit for bit."""
   n = len(y) if rows is None else len(rows)
   bs = min(batch_size, n)
   for start in range(0, n, bs):
@@ -90,15 +93,18 @@ def _outcomes(eval_batch, params, model_state, x, y, batch_size: int,
       yb = np.concatenate([yb, np.zeros((bs - real,) + yb.shape[1:], yb.dtype)])
     mask = (np.arange(bs) < real).astype(np.float32)
     loss, correct = eval_batch(params, model_state, xb, yb, mask)
-    yield np.asarray(loss)[:real], np.asarray(correct)[:real]
+    yield np.asarray(loss)[:real], np.asarray(correct)[:real], float(jnp.sum(loss))
 
 
 def _gather(eval_batch, params, model_state, x, y, batch_size, rows=None):
-  losses, corrects = [], []
-  for loss, correct in _outcomes(eval_batch, params, model_state, x, y, batch_size, rows):
+  """(per-example losses, outcomes, the summed loss) over every batch."""
+  losses, corrects, loss_sum = [], [], 0.0
+  for loss, correct, batch_sum in _outcomes(eval_batch, params, model_state, x, y, batch_size,
+                                            rows):
     losses.append(loss)
     corrects.append(correct)
-  return np.concatenate(losses), np.concatenate(corrects)
+    loss_sum += batch_sum
+  return np.concatenate(losses), np.concatenate(corrects), loss_sum
 
 
 def last_scored(correct: np.ndarray) -> np.ndarray:
@@ -116,8 +122,7 @@ def evaluate(eval_batch, params, model_state, x: np.ndarray, y: np.ndarray,
   if n == 0:
     return EvalResult(float("nan"), float("nan"), np.zeros(0, bool), float("nan"),
                       np.zeros(0, np.float32))
-  example_loss, correct = _gather(eval_batch, params, model_state, x, y, batch_size)
-  loss_sum = float(np.sum(example_loss, dtype=np.float64))
+  example_loss, correct, loss_sum = _gather(eval_batch, params, model_state, x, y, batch_size)
   if correct.ndim == 1:
     accuracy = float(correct.mean())
     return EvalResult(loss_sum / n, accuracy, correct, accuracy, example_loss)
@@ -163,7 +168,7 @@ def evaluate_parts(eval_batch, params, model_state, x: np.ndarray, y: np.ndarray
     zeros = np.zeros(len(parts))
     return PartSums(zeros, zeros.copy(), zeros.copy())
   rows = np.concatenate([np.asarray(p, np.int64) for p in parts])
-  example_loss, correct = _gather(eval_batch, params, model_state, x, y, batch_size, rows)
+  example_loss, correct, _ = _gather(eval_batch, params, model_state, x, y, batch_size, rows)
   hits, scored = example_counts(correct)
   return PartSums(segment_sums(example_loss, lengths), segment_sums(hits, lengths),
                   segment_sums(scored, lengths))
