@@ -19,7 +19,7 @@ from fedjax_lama import algorithms
 from fedjax_lama.algorithms import Common
 from fedjax_lama.engine import local as local_lib
 from fedjax_lama.engine import cohort as cohort_lib, sync_round
-from fedjax_lama.engine.algorithm import ClientContext, LocalState
+from fedjax_lama.engine.algorithm import ClientContext, LocalState, server_opt
 
 A = [np.array([[1., 0.], [0., 2.]]), np.array([[1., 1.], [0., 1.]])]
 B = [np.array([1., 1.]), np.array([0., 2.])]
@@ -58,7 +58,7 @@ def engine(alg, rounds, steps=(K, K), weighting="uniform", participants=((0, 1),
         loss, alg, schedule, seed=0, weighting=weighting,
         local_steps=max_steps, population=N)
     model_state = jax.tree_util.tree_map(jnp.asarray, model_state or {})
-    server = alg.init_server(params, model_state)
+    server = alg.server.init(params, model_state)
     template = alg.row_init(params) if alg.row_init is not None else {}
     store = jax.tree_util.tree_map(lambda r: jnp.stack([r] * N), template)
     for r in range(rounds):
@@ -453,11 +453,11 @@ def test_fedexp_matches_its_algorithm_1(eps, steps, participants):
     server, _ = engine(alg, r, steps=steps, weighting="examples", participants=participants,
                        num_examples=(1.0, 3.0))
     np.testing.assert_allclose(server.params["w"], xs[r], atol=ATOL)
-    eval_params, scalars = alg.report(server)
+    eval_params, scalars = alg.server.report(server)
     np.testing.assert_allclose(scalars["fedexp_eta_g"], etas[r - 1], rtol=1e-6)
     np.testing.assert_allclose(eval_params["w"], (xs[r] + xs[r - 1]) / 2, atol=ATOL)
   plain = build("fedexp", eps=eps)
-  eval_params, _ = plain.report(engine(plain, 2, steps=steps, participants=participants)[0])
+  eval_params, _ = plain.server.report(engine(plain, 2, steps=steps, participants=participants)[0])
   np.testing.assert_allclose(eval_params["w"], xs[2], atol=ATOL)
 
 
@@ -467,7 +467,7 @@ def test_fedexp_refuses_a_server_rate_and_the_layerwise_schedule():
     build("fedexp", Common(server_lr=0.5))
   with pytest.raises(HparamError, match=r"eps=0.*a number > 0"):
     build("fedexp", eps=0)
-  assert "per layer" in build("fedexp").layerwise
+  assert "per layer" in algorithms.layerwise("fedexp")
 
 
 def test_fedcom_server_learning_rate_with_identity_compression():
@@ -550,7 +550,7 @@ def test_adaptive_server_optimizers_approach_fedavg_in_the_limit(kind, hparams, 
 
 def test_optax_sgd_server_is_fedavg_bitwise():
   """The plumbing: a server optimizer slot holding optax.sgd(1.0) is FedAvg."""
-  alg = dataclasses.replace(build("fedadam"), server_tx=optax.sgd(1.0))
+  alg = dataclasses.replace(build("fedadam"), server=server_opt(optax.sgd(1.0)))
   assert _bits(engine(alg, 2)[0].params) == _bits(_fedavg())
 
 

@@ -51,7 +51,7 @@ def test_walkthrough_code_runs_and_trains_as_the_registered_algorithm():
   theirs = engine(registered, 3, steps=(2, 1))[0]
   for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
     np.testing.assert_array_equal(a, b)
-  assert float(from_page.report(ours)[1]["fedexp_eta_g"]) > 1.0  # it extrapolated
+  assert float(from_page.server.report(ours)[1]["fedexp_eta_g"]) > 1.0  # it extrapolated
 
 
 def readme_algorithm_names() -> set[str]:

@@ -40,6 +40,13 @@ def build(name: str, common: Optional[Common] = None, **hparams) -> Algorithm:
   return spec.make(hp, common)
 
 
+def layerwise(name: str, **hparams):
+  """True when a layer-wise schedule (FedLAMA) may run `name` with these hyper-parameters,
+  else the reason it may not (Spec.layerwise): `layerwise("fednova")` is a sentence."""
+  spec, hp = _spec_and_hparams(name, hparams)
+  return spec.layerwise_for(hp)
+
+
 def run_name(name: str, **hparams) -> str:
   """The name a run of `name` with these hyper-parameters is reported under (Spec.run_name):
   `run_name("fedadam", convention="flower") == "fedadam_flower"`."""
