@@ -88,7 +88,9 @@ def _keeps_on_clients(*layers):
 # The personalization methods by layer partition, in floats (TinyMLP: Dense_0 then the head
 # Dense_1; no normalization layer, so FedBN sends the whole model).
 TRAFFIC.update({"fedper": _keeps_on_clients("Dense_1"), "fedrep": _keeps_on_clients("Dense_1"),
-                "lg_fedavg": _keeps_on_clients("Dense_0"), "fedbn": (1, 0, 1)})
+                "lg_fedavg": _keeps_on_clients("Dense_0"), "fedbn": (1, 0, 1),
+                # FedBABU's head (Dense_1) never moves, so it never travels.
+                "fedbabu": _keeps_on_clients("Dense_1")})
 
 NAMES = sorted(registry.SPECS)
 

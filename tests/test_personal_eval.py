@@ -367,6 +367,7 @@ def test_run_records_the_per_client_test_metrics(tmp_path):
     ({"finetune_lr": 0.0}, "config.finetune_lr", "> 0"),
     ({"algorithm": "fedat", "local_epochs": 1, "finetune_steps": 2}, "config.finetune_steps",
      "synchronous rounds"),
+    ({"finetune_layers": "Dense_1"}, "config.finetune_layers", "config.finetune_steps=0"),
 ])
 def test_refusals_name_the_field(overrides, field, accepted):
   c = _tiny(**overrides)
@@ -374,6 +375,14 @@ def test_refusals_name_the_field(overrides, field, accepted):
     config_lib.validate(c)
   message = str(e.value)
   assert field in message and accepted in message and "\n" not in message
+
+
+def test_finetune_layers_that_are_not_the_models_stop_before_training(tmp_path):
+  with pytest.raises(ConfigError, match=r"config\.finetune_layers='Dense_9': 'Dense_9' is not a "
+                     r"layer of the model; accepted: .*Dense_0, Dense_1.*'' \(every layer\)"):
+    training.train_and_evaluate(_tiny(finetune_steps=2, finetune_layers="Dense_9"),
+                                str(tmp_path))
+  assert not (tmp_path / "metrics.jsonl").exists()
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from fedjax_lama.algorithms import (fedadmm, fedavg, fedcm, feddyn, fedlamb, fed
                                     fedprox, fedsgd, fedspeed, scaffold, server_opt)
 from fedjax_lama.algorithms import fedexp, fedgamma, fedsam, fedsmoo, mofedsam
 from fedjax_lama.algorithms import apfl, ditto, hypcluster, perfedavg, pfedme
-from fedjax_lama.algorithms import layer_partition
+from fedjax_lama.algorithms import fedbabu, layer_partition
 from fedjax_lama.algorithms.common import Common
 from fedjax_lama.algorithms.common import local_optimizer
 from fedjax_lama.algorithms.common import Spec
@@ -21,7 +21,7 @@ from fedjax_lama.engine.algorithm import Algorithm
 
 _MODULES = (fedavg, fedprox, scaffold, fednova, server_opt, feddyn, fedcm, fedadmm, fedsgd,
             fedpaq, fedspeed, fedlamb, fedsam, mofedsam, fedsmoo, fedgamma, fedexp, ditto, apfl,
-            pfedme, perfedavg, layer_partition, hypcluster)
+            pfedme, perfedavg, layer_partition, fedbabu, hypcluster)
 SPECS = {spec.name: spec for module in _MODULES for spec in module.SPECS}
 
 

@@ -137,9 +137,12 @@ def classifier_head(params: PyTree, field: str) -> tuple:
   return (max(found)[1],)
 
 
-def select_names(params: PyTree, layers: tuple, field: str, value: str) -> np.ndarray:
+def select_names(params: PyTree, layers: tuple, field: str, value: str,
+                 otherwise: str = f"{NONE!r}, or {DEFAULT!r} (the model's default)"
+                 ) -> np.ndarray:
   """bool [num_leaves]: the leaves under any of `layers` ("/"-joined path prefixes); a name
-  that is not a layer of the model stops with a ConfigError naming `field`."""
+  that is not a layer of the model stops with a ConfigError naming `field` and what it
+  accepts (the model's layers, or `otherwise`)."""
   paths = leaf_paths(params)
   chosen = np.zeros(len(paths), bool)
   for name in layers:
@@ -148,7 +151,7 @@ def select_names(params: PyTree, layers: tuple, field: str, value: str) -> np.nd
     if not hit.any():
       raise ConfigError(f"{field}={value!r}: {name!r} is not a layer of the model; accepted: "
                         f"comma-separated layer names ({', '.join(layer_names(params))}), "
-                        f"{NONE!r}, or {DEFAULT!r} (the model's default)")
+                        f"{otherwise}")
     chosen |= hit
   return chosen
 

@@ -10,7 +10,8 @@ and device memory is flat in the number of clients (it grows with C, never with 
       w_i, s_i   = algorithm.serve(server, row_i, loss_at)            (or x, model_state)
                    (loss_at: a model's mean loss over client i's training part, computed
                    only for a serve that reads it, HypCluster's choice)
-      w_i, s_i   = k steps of local SGD from w_i on client i's training part (fine-tuning)
+      w_i, s_i   = k steps of local SGD from w_i on client i's training part (fine-tuning;
+                   the layers it leaves alone, if any, stay as served: `finetune_frozen`)
       personal_i = metrics of w_i on client i's test part
 
 Test parts are packed once as [N, T] index and mask arrays (T: the largest test part);
@@ -34,7 +35,7 @@ import numpy as np
 from fedjax_lama import data as fdata
 from fedjax_lama.data import seeding
 from fedjax_lama.engine import local, sharding
-from fedjax_lama.engine.algorithm import Algorithm, ClientContext, LocalState
+from fedjax_lama.engine.algorithm import Algorithm, ClientContext, LocalState, freeze
 
 
 class ClientSums(NamedTuple):
@@ -97,13 +98,16 @@ class PersonalEvaluator:
     loss_fn, finetune_steps, finetune_lr, batch_size, seed: local fine-tuning (with loss_fn):
       k steps of plain SGD at finetune_lr with batches of batch_size drawn from each client's
       training part.
+    finetune_frozen: params -> a params-shaped tree of Python bools, True on the leaves
+      fine-tuning leaves alone (engine.algorithm.freeze; the head-only fine-tuning of
+      FedBABU freezes the body); None: fine-tuning moves every leaf.
   """
 
   def __init__(self, eval_fn, mesh, *, test_x, test_y, test_parts, clients_per_chunk: int,
                serve: Optional[Callable] = None, loss_fn: Optional[Callable] = None,
                train_x=None, train_y=None, train_parts=None, finetune_steps: int = 0,
                finetune_lr: float = 0.0, batch_size: int = 1, seed: int = 0,
-               unroll: int = 1):
+               unroll: int = 1, finetune_frozen: Optional[Callable] = None):
     if finetune_steps < 0:
       raise ValueError(f"finetune_steps={finetune_steps!r}; accepted: an integer >= 0")
     if finetune_steps and (loss_fn is None or train_parts is None):
@@ -121,10 +125,12 @@ class PersonalEvaluator:
     # Fine-tuning is configured when its loss and data are given; k = 0 then runs the same
     # code over an empty step axis (the model comes back as it went in).
     self.finetunes = loss_fn is not None and train_parts is not None
+    # Plain SGD at a constant rate; the frozen leaves (if any) never move.
+    tuner = Algorithm() if finetune_frozen is None else Algorithm(
+        local=freeze(Algorithm().local, finetune_frozen))
     if self.finetunes:
       rate = float(finetune_lr)
-      client_train = local.make_client_train(loss_fn, Algorithm(), lambda step: rate,
-                                             unroll=unroll)
+      client_train = local.make_client_train(loss_fn, tuner, lambda step: rate, unroll=unroll)
     else:
       client_train = None
     self.has_personal_model = serve is not None or self.finetune_steps > 0
@@ -144,10 +150,9 @@ class PersonalEvaluator:
           return loss_sum / jnp.maximum(count, 1.0)
         own, own_state = serve(server, row, loss_at)
       if client_train is not None:
-        tx = Algorithm().local.tx
         ctx = ClientContext({"params": own}, row, num_examples, client_id)
-        final, _ = client_train(LocalState(own, own_state, tx.init(own)), ctx, train_x,
-                                train_y, batch, 0)
+        final, _ = client_train(LocalState(own, own_state, tuner.local.init_state(ctx)), ctx,
+                                train_x, train_y, batch, 0)
         own, own_state = final.params, final.model_state
       return global_sums, _client_sums(eval_fn, own, own_state, test_x, test_y, indices, mask)
 
