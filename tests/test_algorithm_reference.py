@@ -19,7 +19,8 @@ from fedjax_lama import algorithms
 from fedjax_lama.algorithms import Common
 from fedjax_lama.engine import local as local_lib
 from fedjax_lama.engine import cohort as cohort_lib, sync_round
-from fedjax_lama.engine.algorithm import ClientContext, LocalState, server_opt
+from fedjax_lama.engine.algorithm import (ClientContext, LocalState, corrected, local_sgd,
+                                          server_opt)
 
 A = [np.array([[1., 0.], [0., 2.]]), np.array([[1., 1.], [0., 1.]])]
 B = [np.array([1., 1.]), np.array([0., 2.])]
@@ -93,6 +94,30 @@ def local(i, x, extra, steps=K):
 def ref_fedavg(x, eta_g=1.0, steps=(K, K)):
   d = [local(i, x, lambda y: 0.0, steps[i]) - x for i in range(N)]
   return x + eta_g * sum(P[i] * d[i] for i in range(N))
+
+
+def test_a_correction_is_the_head_of_the_local_chain_and_keeps_its_state():
+  """corrected(correction, tx): tx runs on correction(g, params, ctx), with the client's
+  context passed as optax's extra argument, and the state is tx's own (same structure)."""
+  tx = optax.chain(optax.add_decayed_weights(0.1), optax.trace(0.5))
+  pull = lambda g, params, ctx: jax.tree.map(lambda a, p, x: a + ctx.row * (p - x), g, params,
+                                             ctx.shared["params"])
+  chain = local_sgd(momentum=0.5, weight_decay=0.1, correction=pull).tx
+  anchor, params = {"w": jnp.array([1.0, 2.0])}, {"w": jnp.array([1.5, 1.0])}
+  g = {"w": jnp.ones(2)}
+  ctx = ClientContext({"params": anchor}, jnp.float32(2.0), jnp.float32(1), jnp.int32(0))
+  state = chain.init(params)
+  assert jax.tree.structure(state) == jax.tree.structure(tx.init(params))
+  for _ in range(2):
+    got, state = chain.update(g, state, params, ctx=ctx)
+  plain = tx.init(params)
+  for _ in range(2):
+    want_step, plain = tx.update(pull(g, params, ctx), plain, params)
+  assert _bits(got) == _bits(want_step) and _bits(state) == _bits(plain)
+  # A plain optax transform in the local slot ignores the context.
+  ignored, _ = corrected(None, optax.trace(0.5)).update(g, optax.trace(0.5).init(params), params,
+                                                       ctx=ctx)
+  assert _bits(ignored) == _bits(g)
 
 
 def test_fedavg_and_fedprox_match_the_worked_example():

@@ -229,26 +229,18 @@ def test_head_only_finetuning_moves_the_head_alone():
                              num_steps=steps, seed=7, round_idx=round_idx,
                              stream=seeding.FINETUNE_STREAM)
   w0, b0 = (TWO_DENSE["Dense_0"][k].astype(np.float64) for k in ("kernel", "bias"))
+  body = lambda v: v @ w0 + b0  # as served: fine-tuning leaves it alone
   for i, part in enumerate(parts):
-    w1, b1 = (TWO_DENSE["Dense_1"][k].astype(np.float64) for k in ("kernel", "bias"))
-    for s in range(steps):
-      real = packed.example_mask[i, s] > 0
-      h = train_x[packed.indices[i, s][real]].astype(np.float64) @ w0 + b0
-      yb = train_y[packed.indices[i, s][real]]
-      logits = h @ w1 + b1
-      p = np.exp(logits - logits.max(-1, keepdims=True))
-      p /= p.sum(-1, keepdims=True)
-      g = (p - np.eye(2)[yb]) / len(yb)
-      w1, b1 = w1 - lr * h.T @ g, b1 - lr * g.sum(0)
+    w1, b1 = per_client.numpy_finetune(body, TWO_DENSE["Dense_1"]["kernel"],
+                                       TWO_DENSE["Dense_1"]["bias"], packed, i, lr)
     if len(part) == 0:
       assert sums.count[i] == 0
       continue
-    logits = (x[part].astype(np.float64) @ w0 + b0) @ w1 + b1
-    shifted = logits - logits.max(-1, keepdims=True)
-    log_p = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-    np.testing.assert_allclose(sums.loss_sum[i], -log_p[np.arange(len(part)), y[part]].sum(),
-                               rtol=1e-4, atol=1e-5)
-    assert sums.correct[i] == np.sum(logits.argmax(-1) == y[part])
+    loss, correct, _ = per_client._numpy_sums({"Dense_0": {"kernel": w1, "bias": b1}},
+                                              body(x.astype(np.float64)), y, [part],
+                                              [np.zeros(2)])
+    np.testing.assert_allclose(sums.loss_sum[i], loss[0], rtol=1e-4, atol=1e-5)
+    assert sums.correct[i] == correct[0]
 
 
 def readme_algorithm_names() -> set[str]:

@@ -7,8 +7,9 @@ functions for ONE client or ONE server, and adds the client axis itself.
 
 One synchronous round, and which function the engine calls where:
 
-    server  = server.init(params, model_state)                    once, at the run's start
-    shared  = {name: server value for name in server.downloads}  what goes down
+    rule    = algorithm.server                                    the ServerRule
+    server  = rule.init(params, model_state)                      once, at the run's start
+    shared  = {name: server value for name in rule.downloads}    what goes down
     ctx     = ClientContext(shared, row, num_examples, client_id)
     state   = LocalState(shared["params"], server stats, local.init_state(ctx))
     state   = personal.start(state, ctx, loss on the first batch)   personalized methods only
@@ -20,8 +21,8 @@ One synchronous round, and which function the engine calls where:
     uploads, new_row = finish(final_state, ctx, info)             what goes up; the client's row
     uploads = decode(encode(uploads))                             the run's uplink compressor
     aggregates[name] = stage(reduction.fn(uploads_i, info_i))   engine/aggregation.py
-    server = server.update(server, Aggregates)                    the algorithm's server rule
-    eval_params, scalars = server.report(server)                  what the run evaluates and logs
+    server = rule.update(server, Aggregates)                      the algorithm's server rule
+    eval_params, scalars = rule.report(server)                    what the run evaluates and logs
     params_i, stats_i = personal.serve(server, row_i, loss_at)    each client's own model
 
 Conventions:
@@ -30,7 +31,7 @@ Conventions:
   FedLAMA's layer discrepancy reads it when it is there (else y - x from the slots).
 - Communication follows from the declaration: every upload travels (floats up
   = their sizes; all-scalar uploads are 32 bits each and are never compressed),
-  every name in `server.downloads` travels down. `personal.exchanged` narrows the
+  every name in `ServerRule.downloads` travels down. `personal.exchanged` narrows the
   accounting of the params-shaped ones to the leaves that travel (the personalization
   methods' shared layers), up and down; it does not narrow what the engine hands a client
   (the simulation passes the server's whole tree), so the other leaves of a params-shaped
@@ -272,10 +273,10 @@ class ServerRule:
 
 
 def server_opt(tx: Optional[optax.GradientTransformation] = None,
-               upload: str = MODEL_UPLOAD, **rule) -> ServerRule:
+               upload: str = MODEL_UPLOAD) -> ServerRule:
   """The server rule x <- x + tx(G) with G = -agg[upload], the mean of the uploaded
   displacements (`apply_server_tx`); its state is tx's, and nothing but the model goes
-  down. tx None: optax.sgd(1.0), FedAvg's average. `rule`: the other ServerRule fields.
+  down. tx None: optax.sgd(1.0), FedAvg's average.
   """
   tx = optax.sgd(1.0) if tx is None else tx
 
@@ -285,7 +286,7 @@ def server_opt(tx: Optional[optax.GradientTransformation] = None,
   def update(server: ServerState, agg: Aggregates) -> ServerState:
     return apply_server_tx(tx, server, agg[upload])
 
-  return ServerRule(init, update, **rule)
+  return ServerRule(init, update)
 
 
 class LocalSGD(NamedTuple):
@@ -390,6 +391,13 @@ class Algorithm:
   whether a layer-wise schedule may run it, whether local optimizer states carry over
   rounds) and the registry name are not here: they belong to the algorithm's `Spec` and the
   run options.
+
+  Example: FedAvg with server momentum, and FedProx's clients::
+
+    Algorithm(local=local_sgd(momentum=0.9), server=server_opt(optax.sgd(1.0, momentum=0.9)))
+    pull = lambda g, params, ctx: jax.tree.map(
+        lambda gi, p, x: gi + 0.01 * (p - x), g, params, ctx.shared["params"])
+    Algorithm(local=local_sgd(correction=pull))
   """
   # The client's optimizer; a gradient correction is the head of its chain (`corrected`).
   local: LocalOptimizer = dataclasses.field(default_factory=local_sgd)
