@@ -99,7 +99,7 @@ def initial_others(params, hp: Hparams):
 
 def build(hp: Hparams, common: Common) -> Algorithm:
   k = hp.num_clusters
-  server_tx = server_sgd(common)   # every cluster's own optimizer state
+  server_tx = server_sgd(common)          # the server optimizer, one state per cluster
   first_cluster = server_opt(server_tx)   # x_1's rule: ServerState.params and opt_state
   local = personal.holding_optimizer(local_optimizer(common),
                                      lambda ctx: jnp.zeros((), jnp.int32))
