@@ -235,7 +235,7 @@ def engine_round(w: Workload, client_map: str, unroll=1, mesh=None):
                                   w.model_state, x, y)
     mesh = sharding.client_mesh(sharding.client_devices(w.params, step_bytes, w.clients))
   alg = algorithms.build("fedavg")
-  server = sharding.replicate(alg.init_server(w.params, w.model_state), mesh)
+  server = sharding.replicate(alg.server.init(w.params, w.model_state), mesh)
   c, k, b = w.clients, w.steps, w.batch
   cohort = sharding.shard_clients(cohort_lib.Cohort(
       jnp.asarray(w.indices), jnp.ones((c, k, b)), jnp.ones((c, k)), jnp.ones((c,)),

@@ -204,6 +204,9 @@ def base_config() -> ml_collections.ConfigDict:
   # own training part, at finetune_lr (None: config.local_lr). 0: no fine-tuning.
   c.finetune_steps = 0
   c.finetune_lr = ml_collections.FieldReference(None, field_type=float)
+  # The layers fine-tuning moves: "" every layer, else comma-separated layer names
+  # ("Dense_2" for the head alone, FedBABU's reading); the others stay as served.
+  c.finetune_layers = ""
   c.plots = True
   c.tensorboard = False  # also write TensorBoard event files to <workdir>/tensorboard
   # kernels: the kernel set the models' layers compute with, "auto" (the platform's
@@ -327,6 +330,12 @@ def validate(c: ml_collections.ConfigDict, num_classes: int | None = None) -> No
     _fail("finetune_steps", c.finetune_steps,
           "0 while config.per_client_eval='never' (fine-tuning is part of the per-client "
           "evaluation)")
+  if not isinstance(c.finetune_layers, str):
+    _fail("finetune_layers", c.finetune_layers,
+          "a string: '' (every layer) or comma-separated layer names")
+  if c.finetune_layers.strip() and c.finetune_steps == 0:
+    _fail("finetune_layers", c.finetune_layers,
+          "'' while config.finetune_steps=0 (it names the layers fine-tuning moves)")
   if c.finetune_steps > 0 and c.local_test_fraction == 0 and c.partition != "femnist_writers":
     _fail("finetune_steps", c.finetune_steps,
           "0 without per-client test parts; set config.local_test_fraction > 0")
@@ -369,7 +378,7 @@ MODE_FIELDS = {
     # Synchronous rounds: the registry's algorithms, round by round.
     "synchronous rounds": (
         "rounds", "local_steps", "eval_every", "per_client_eval", "tensorboard", "schedule",
-        "finetune_steps", "finetune_lr",
+        "finetune_steps", "finetune_lr", "finetune_layers",
         "weighting", "server_lr", "weight_decay", "local_lr_decay", "local_lr_warmup_steps",
         "local_lr_decay_steps", "local_lr_decay_factor", "validation_fraction", "compressor",
         "engine.clients_per_chunk", "engine.client_state_on_host", "robust"),

@@ -148,11 +148,12 @@ def build_algorithm(config, num_clients: int = 1, mean_client_examples: float = 
         "config.local_optimizer_state='carry' is not accepted with config.algorithm='fedrep' "
         "(its local optimizer counts the head's steps from the start of each window); "
         "accepted: 'reset'")
-  if selection.schedule != "none" and algorithm.layerwise is not True:
+  layerwise = spec.layerwise_for(hparams)
+  if selection.schedule != "none" and layerwise is not True:
     raise ConfigError(
         f"config.schedule={selection.schedule!r} cannot run config.algorithm="
         f"{config.algorithm!r}{' (config.fedlama.local_algorithm=' + repr(spec.name) + ')' if config.algorithm != spec.name else ''}: "
-        f"{algorithm.layerwise}")
+        f"{layerwise}")
   return algorithm
 
 

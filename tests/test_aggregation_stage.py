@@ -68,7 +68,7 @@ def _refused(name, fedlama=False) -> bool:
   params = {f"Dense_{i}": {"kernel": jnp.zeros((3, 3)), "bias": jnp.zeros((3,))}
             for i in range(2)}
   row = alg.row_init(params) if alg.row_init is not None else {}
-  uploads = traffic_lib.traffic(alg, alg.init_server(params, {}), row).upload_shapes
+  uploads = traffic_lib.traffic(alg, alg.server.init(params, {}), row).upload_shapes
   return MODEL_UPLOAD not in uploads
 
 

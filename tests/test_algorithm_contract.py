@@ -88,7 +88,9 @@ def _keeps_on_clients(*layers):
 # The personalization methods by layer partition, in floats (TinyMLP: Dense_0 then the head
 # Dense_1; no normalization layer, so FedBN sends the whole model).
 TRAFFIC.update({"fedper": _keeps_on_clients("Dense_1"), "fedrep": _keeps_on_clients("Dense_1"),
-                "lg_fedavg": _keeps_on_clients("Dense_0"), "fedbn": (1, 0, 1)})
+                "lg_fedavg": _keeps_on_clients("Dense_0"), "fedbn": (1, 0, 1),
+                # FedBABU's head (Dense_1) never moves, so it never travels.
+                "fedbabu": _keeps_on_clients("Dense_1")})
 
 NAMES = sorted(registry.SPECS)
 
@@ -107,7 +109,7 @@ def _core_first(names, core=CORE):
 
 
 def _layerwise(name: str) -> bool:
-  return algorithms.build(name).layerwise is True
+  return algorithms.layerwise(name) is True
 
 
 LAYERWISE = [n for n in NAMES if _layerwise(n)]
@@ -334,7 +336,7 @@ def _engine_round(alg, cohorts, population=8):
   train_chunk, server_update = sync_round.make_round_fns(
       local.make_loss_fn(model, False), alg, optax.constant_schedule(0.1), seed=3,
       weighting="examples", local_steps=cohorts[0].indices.shape[1], population=population)
-  server = alg.init_server(params, {})
+  server = alg.server.init(params, {})
   template = alg.row_init(params) if alg.row_init is not None else {}
   store = jax.tree_util.tree_map(lambda x: jnp.stack([x] * population), template)
   for rnd, cohort in enumerate(cohorts):

@@ -19,7 +19,8 @@ from fedjax_lama import algorithms
 from fedjax_lama.algorithms import Common
 from fedjax_lama.engine import local as local_lib
 from fedjax_lama.engine import cohort as cohort_lib, sync_round
-from fedjax_lama.engine.algorithm import ClientContext, LocalState
+from fedjax_lama.engine.algorithm import (ClientContext, LocalState, corrected, local_sgd,
+                                          server_opt)
 
 A = [np.array([[1., 0.], [0., 2.]]), np.array([[1., 1.], [0., 1.]])]
 B = [np.array([1., 1.]), np.array([0., 2.])]
@@ -58,7 +59,7 @@ def engine(alg, rounds, steps=(K, K), weighting="uniform", participants=((0, 1),
         loss, alg, schedule, seed=0, weighting=weighting,
         local_steps=max_steps, population=N)
     model_state = jax.tree_util.tree_map(jnp.asarray, model_state or {})
-    server = alg.init_server(params, model_state)
+    server = alg.server.init(params, model_state)
     template = alg.row_init(params) if alg.row_init is not None else {}
     store = jax.tree_util.tree_map(lambda r: jnp.stack([r] * N), template)
     for r in range(rounds):
@@ -93,6 +94,30 @@ def local(i, x, extra, steps=K):
 def ref_fedavg(x, eta_g=1.0, steps=(K, K)):
   d = [local(i, x, lambda y: 0.0, steps[i]) - x for i in range(N)]
   return x + eta_g * sum(P[i] * d[i] for i in range(N))
+
+
+def test_a_correction_is_the_head_of_the_local_chain_and_keeps_its_state():
+  """corrected(correction, tx): tx runs on correction(g, params, ctx), with the client's
+  context passed as optax's extra argument, and the state is tx's own (same structure)."""
+  tx = optax.chain(optax.add_decayed_weights(0.1), optax.trace(0.5))
+  pull = lambda g, params, ctx: jax.tree.map(lambda a, p, x: a + ctx.row * (p - x), g, params,
+                                             ctx.shared["params"])
+  chain = local_sgd(momentum=0.5, weight_decay=0.1, correction=pull).tx
+  anchor, params = {"w": jnp.array([1.0, 2.0])}, {"w": jnp.array([1.5, 1.0])}
+  g = {"w": jnp.ones(2)}
+  ctx = ClientContext({"params": anchor}, jnp.float32(2.0), jnp.float32(1), jnp.int32(0))
+  state = chain.init(params)
+  assert jax.tree.structure(state) == jax.tree.structure(tx.init(params))
+  for _ in range(2):
+    got, state = chain.update(g, state, params, ctx=ctx)
+  plain = tx.init(params)
+  for _ in range(2):
+    want_step, plain = tx.update(pull(g, params, ctx), plain, params)
+  assert _bits(got) == _bits(want_step) and _bits(state) == _bits(plain)
+  # A plain optax transform in the local slot ignores the context.
+  ignored, _ = corrected(None, optax.trace(0.5)).update(g, optax.trace(0.5).init(params), params,
+                                                       ctx=ctx)
+  assert _bits(ignored) == _bits(g)
 
 
 def test_fedavg_and_fedprox_match_the_worked_example():
@@ -453,11 +478,11 @@ def test_fedexp_matches_its_algorithm_1(eps, steps, participants):
     server, _ = engine(alg, r, steps=steps, weighting="examples", participants=participants,
                        num_examples=(1.0, 3.0))
     np.testing.assert_allclose(server.params["w"], xs[r], atol=ATOL)
-    eval_params, scalars = alg.report(server)
+    eval_params, scalars = alg.server.report(server)
     np.testing.assert_allclose(scalars["fedexp_eta_g"], etas[r - 1], rtol=1e-6)
     np.testing.assert_allclose(eval_params["w"], (xs[r] + xs[r - 1]) / 2, atol=ATOL)
   plain = build("fedexp", eps=eps)
-  eval_params, _ = plain.report(engine(plain, 2, steps=steps, participants=participants)[0])
+  eval_params, _ = plain.server.report(engine(plain, 2, steps=steps, participants=participants)[0])
   np.testing.assert_allclose(eval_params["w"], xs[2], atol=ATOL)
 
 
@@ -467,7 +492,7 @@ def test_fedexp_refuses_a_server_rate_and_the_layerwise_schedule():
     build("fedexp", Common(server_lr=0.5))
   with pytest.raises(HparamError, match=r"eps=0.*a number > 0"):
     build("fedexp", eps=0)
-  assert "per layer" in build("fedexp").layerwise
+  assert "per layer" in algorithms.layerwise("fedexp")
 
 
 def test_fedcom_server_learning_rate_with_identity_compression():
@@ -550,7 +575,7 @@ def test_adaptive_server_optimizers_approach_fedavg_in_the_limit(kind, hparams, 
 
 def test_optax_sgd_server_is_fedavg_bitwise():
   """The plumbing: a server optimizer slot holding optax.sgd(1.0) is FedAvg."""
-  alg = dataclasses.replace(build("fedadam"), server_tx=optax.sgd(1.0))
+  alg = dataclasses.replace(build("fedadam"), server=server_opt(optax.sgd(1.0)))
   assert _bits(engine(alg, 2)[0].params) == _bits(_fedavg())
 
 

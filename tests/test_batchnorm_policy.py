@@ -61,7 +61,7 @@ def test_sync_round_averages_running_stats_with_the_aggregation_weights():
   train_chunk, server_update = sync_round.make_round_fns(
       loss_fn, alg, optax.constant_schedule(0.1), seed=0, weighting="examples", local_steps=S,
       population=C)
-  server = alg.init_server(params, stats)
+  server = alg.server.init(params, stats)
   sums, _, _ = train_chunk(server, {}, data_x, data_y, cohort, 0)
   new = server_update(server, sums)
 

@@ -1,47 +1,73 @@
 """The pages that teach the interface cannot drift from the code.
 
-docs/algorithms.md walks through adding FedExP in full: its code blocks are extracted, each
-must be the module's own code (fedjax_lama/algorithms/fedexp.py), and together they are
-run as a module whose algorithm must train bit for bit as the registered one. The README's
-algorithm table must name exactly the registry's algorithms.
+docs/algorithms.md walks through adding FedExP and FedBABU in full: the code blocks of each
+walkthrough are extracted, each must be the module's own code
+(fedjax_lama/algorithms/fedexp.py, fedbabu.py), and together they are run as a module whose
+algorithm must train bit for bit as the registered one. FedBABU's walkthrough makes claims
+that are checked here: the body against a numpy reference with the head fixed, the head
+bit for bit at its initialisation on the server (also when the aggregate holds noise
+there), only the body counted each way, the downloads a client reads not narrowed by
+`exchanged`, head-only fine-tuning against numpy with the body bit for bit as served, and
+head_layers="none" as FedAvg bit for bit. The README's algorithm table must name exactly the
+registry's algorithms.
 """
 import pathlib
 import re
 import types
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from fedjax_lama import algorithms, registry
-from fedjax_lama.algorithms import Common, fedexp
+from fedjax_lama.algorithms import Common, fedbabu, fedexp
+from fedjax_lama.data import seeding
+from fedjax_lama import data as fdata
+from fedjax_lama.engine import evaluate, local, personal_eval, traffic as traffic_lib
+from fedjax_lama.engine.algorithm import (Aggregates, Algorithm, Personalization, ServerRule,
+                                          displacement, freeze, server_opt)
+from fedjax_lama.run import records
+from tests import test_layer_partition as two_layers
+from tests import test_personal_eval as per_client
 from tests.test_algorithm_reference import engine
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 WALKTHROUGH = "## Adding an algorithm, in full: FedExP"
+FEDBABU = "## Personalization, in full: FedBABU"
 
 
-def walkthrough_blocks() -> list[str]:
+def walkthrough_blocks(title: str = WALKTHROUGH) -> list[str]:
   page = (REPO / "docs" / "algorithms.md").read_text()
-  start = page.index(WALKTHROUGH)
-  end = page.index("\n## ", start + len(WALKTHROUGH))
+  start = page.index(title)
+  end = page.index("\n## ", start + len(title))
   return re.findall(r"```python\n(.*?)```", page[start:end], re.S)
 
 
-def test_walkthrough_blocks_are_the_modules_code():
-  blocks = walkthrough_blocks()
+def walkthrough_module(title: str, name: str) -> types.ModuleType:
+  """The walkthrough's code blocks run together as a module."""
+  module = types.ModuleType(name)
+  exec(compile("\n".join(walkthrough_blocks(title)), "docs/algorithms.md", "exec"),  # pylint: disable=exec-used
+       module.__dict__)
+  return module
+
+
+@pytest.mark.parametrize("title,module", [(WALKTHROUGH, fedexp), (FEDBABU, fedbabu)])
+def test_walkthrough_blocks_are_the_modules_code(title, module):
+  blocks = walkthrough_blocks(title)
   assert len(blocks) >= 4
-  source = pathlib.Path(fedexp.__file__).read_text()
+  source = pathlib.Path(module.__file__).read_text()
   for block in blocks:
-    assert block in source, f"docs/algorithms.md shows code that is not fedexp.py's:\n{block}"
+    assert block in source, (f"docs/algorithms.md shows code that is not "
+                             f"{pathlib.Path(module.__file__).name}'s:\n{block}")
   # Together the blocks are the whole module after its docstring: nothing left out.
   body = source[source.index('"""', 3) + 3:]
   assert re.sub(r"\s+", "", "".join(blocks)) == re.sub(r"\s+", "", body)
 
 
 def test_walkthrough_code_runs_and_trains_as_the_registered_algorithm():
-  module = types.ModuleType("walkthrough_fedexp")
-  exec(compile("\n".join(walkthrough_blocks()), "docs/algorithms.md", "exec"),  # pylint: disable=exec-used
-       module.__dict__)
+  module = walkthrough_module(WALKTHROUGH, "walkthrough_fedexp")
   (spec,) = module.SPECS
   assert spec.name == "fedexp"
   hp = module.Hparams(eps=1e-3, eval_average_last_two=True)
@@ -51,7 +77,170 @@ def test_walkthrough_code_runs_and_trains_as_the_registered_algorithm():
   theirs = engine(registered, 3, steps=(2, 1))[0]
   for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
     np.testing.assert_array_equal(a, b)
-  assert float(from_page.report(ours)[1]["fedexp_eta_g"]) > 1.0  # it extrapolated
+  assert float(from_page.server.report(ours)[1]["fedexp_eta_g"]) > 1.0  # it extrapolated
+
+
+# ---- FedBABU ------------------------------------------------------------------------------
+W0, V0 = two_layers.W0, two_layers.V0  # body Dense_0, head Dense_1 (the classifier)
+
+
+def ref_fedbabu(rounds, steps=2, momentum=0.0, weight_decay=0.0):
+  """numpy: FedAvg on the body W with the head v fixed at V0 (uniform weights, both clients
+  every round, `steps` full-batch steps of heavy ball with additive weight decay)."""
+  w = W0.copy()
+  for _ in range(rounds):
+    moves = []
+    for i in range(two_layers.N):
+      wi, m = w.copy(), np.zeros_like(w)
+      for _ in range(steps):
+        gw, _ = two_layers.grads(i, wi, V0)
+        m = momentum * m + gw + weight_decay * wi
+        wi = wi - two_layers.ETA * m
+      moves.append(wi - w)
+    w = w + sum(moves) / len(moves)
+  return w
+
+
+def test_fedbabu_walkthrough_trains_as_registered_and_as_its_numpy_reference():
+  module = walkthrough_module(FEDBABU, "walkthrough_fedbabu")
+  (spec,) = module.SPECS
+  assert spec.name == "fedbabu"
+  common = Common(local_momentum=0.5, weight_decay=0.1)
+  from_page = spec.make(module.Hparams(), common)
+  server, rows = two_layers.run(from_page, 3)
+  registered, _ = two_layers.run(algorithms.build("fedbabu", common), 3)
+  assert two_layers._bits(server) == two_layers._bits(registered)
+  assert rows == {}  # no per-client state
+  np.testing.assert_allclose(server.params["Dense_0"]["kernel"],
+                             ref_fedbabu(3, momentum=0.5, weight_decay=0.1),
+                             atol=two_layers.ATOL)
+  # The head never moved, under momentum and weight decay: bit for bit its initialisation.
+  np.testing.assert_array_equal(server.params["Dense_1"]["kernel"], V0)
+
+
+def test_fedbabu_server_keeps_the_head_whatever_the_aggregate_holds_there():
+  """A DP mechanism's noise lands on the head's (zero) aggregate too: the server drops it."""
+  alg = algorithms.build("fedbabu")
+  params = jax.tree.map(jnp.asarray, two_layers.TWO_LAYERS)
+  noise = {"Dense_0": {"kernel": jnp.full((2, 2), 0.25)}, "Dense_1": {"kernel": jnp.ones(2)}}
+  new = alg.server.update(alg.server.init(params, {}),
+                          Aggregates({"delta": noise}, jnp.float32(2), 2))
+  np.testing.assert_array_equal(new.params["Dense_1"]["kernel"], params["Dense_1"]["kernel"])
+  np.testing.assert_allclose(new.params["Dense_0"]["kernel"], W0 + 0.25, rtol=1e-6)
+
+
+def test_fedbabu_counts_the_body_alone_each_way():
+  params = jax.tree.map(jnp.asarray, two_layers.TWO_LAYERS)
+  alg = algorithms.build("fedbabu")
+  t = traffic_lib.traffic(alg, alg.server.init(params, {}), {})
+  body, head = W0.size, V0.size
+  assert t.up_per_leaf.tolist() == [body, 0] and t.down_per_leaf.tolist() == [body, 0]
+  assert (t.up_other, t.down_other, t.scalar_floats) == (0, 0, 0)
+  assert body + head == sum(np.size(x) for x in jax.tree.leaves(params))
+
+
+def test_exchanged_narrows_the_accounting_not_the_downloaded_values():
+  """A probe with the head not exchanged uploads, as a scalar, the sum of the head it was
+  handed: the server's head (not zeros), while the traffic counts no head either way."""
+  head = lambda params: {"Dense_0": {"kernel": False}, "Dense_1": {"kernel": True}}
+  body = lambda params: {"Dense_0": {"kernel": True}, "Dense_1": {"kernel": False}}
+
+  def finish(final, ctx, info):
+    del info
+    delta = displacement(final, ctx)
+    delta["Dense_1"]["kernel"] = jnp.zeros_like(delta["Dense_1"]["kernel"])
+    return {"delta": delta, "head_seen": jnp.sum(ctx.shared["params"]["Dense_1"]["kernel"])}, {}
+
+  fedavg = server_opt()
+
+  def server_update(state, agg):  # FedAvg's step, and the mean head the clients were handed
+    return fedavg.update(state, agg)._replace(extra={"head_seen": agg["head_seen"]})
+
+  def server_init(params, model_state):
+    return fedavg.init(params, model_state)._replace(extra={"head_seen": jnp.zeros(())})
+
+  probe = Algorithm(local=freeze(Algorithm().local, head), finish=finish,
+                    server=ServerRule(server_init, server_update),
+                    personal=Personalization(exchanged=body))
+  params = jax.tree.map(jnp.asarray, two_layers.TWO_LAYERS)
+  t = traffic_lib.traffic(probe, probe.server.init(params, {}), {})
+  assert t.down_per_leaf.tolist() == [W0.size, 0] and t.up_per_leaf.tolist() == [W0.size, 0]
+  server, _ = two_layers.run(probe, 2)
+  np.testing.assert_array_equal(server.params["Dense_1"]["kernel"], V0)
+  np.testing.assert_allclose(server.extra["head_seen"], V0.sum(), rtol=1e-12)
+
+
+def test_fedbabu_without_a_head_is_fedavg_bitwise():
+  common = Common(local_momentum=0.5)
+  plain, _ = two_layers.run(algorithms.build("fedavg", common), 3)
+  none, _ = two_layers.run(algorithms.build("fedbabu", common, head_layers="none"), 3)
+  assert two_layers._bits(none.params) == two_layers._bits(plain.params)
+
+
+class Features(nn.Module):
+  """logits = (x W_0 + b_0) W_1 + b_1: a body (Dense_0) and a head (Dense_1)."""
+
+  @nn.compact
+  def __call__(self, x, train=False):
+    del train
+    body, head = nn.Dense(3), nn.Dense(2)  # named in construction order: Dense_0, Dense_1
+    return head(body(x.reshape((x.shape[0], -1))))
+
+
+TWO_DENSE = {"Dense_0": {"kernel": np.array([[1.0, 0.5, -0.5], [0.0, 1.0, 0.5]], np.float32),
+                         "bias": np.array([0.1, 0.0, -0.1], np.float32)},
+             "Dense_1": {"kernel": np.array([[1.0, -1.0], [-0.5, 1.0], [0.5, 0.5]], np.float32),
+                         "bias": np.zeros(2, np.float32)}}
+
+
+def test_head_only_finetuning_moves_the_head_alone():
+  frozen = records.finetune_frozen("Dense_1")  # --config.finetune_layers=Dense_1
+  assert frozen(TWO_DENSE) == {"Dense_0": {"kernel": True, "bias": True},
+                               "Dense_1": {"kernel": False, "bias": False}}
+  model = Features()
+  loss_fn = local.make_loss_fn(model, False)
+  train_x, train_y, train_parts = per_client._train_data()
+  steps, lr, round_idx = 3, 0.5, 2
+  # The engine's fine-tuning step with the body frozen: the body bit for bit as served.
+  tuner = Algorithm(local=freeze(Algorithm().local, frozen))
+  client_train = local.make_client_train(loss_fn, tuner, lambda step: lr)
+  packed = fdata.pack_cohort(train_parts, list(range(len(train_parts))), batch_size=3,
+                             num_steps=steps, seed=7, round_idx=round_idx,
+                             stream=seeding.FINETUNE_STREAM)
+  batch = local.ClientBatch(jnp.asarray(packed.indices[0], jnp.int32),
+                            jnp.asarray(packed.example_mask[0], jnp.float32),
+                            jnp.asarray(packed.step_mask[0], jnp.float32), jax.random.PRNGKey(0))
+  params = jax.tree.map(jnp.asarray, TWO_DENSE)
+  ctx = local.ClientContext({"params": params}, {}, jnp.float32(5), jnp.int32(0))
+  final, _ = client_train(local.LocalState(params, {}, tuner.local.init_state(ctx)), ctx,
+                          jnp.asarray(train_x), jnp.asarray(train_y), batch, 0)
+  assert two_layers._bits(final.params["Dense_0"]) == two_layers._bits(params["Dense_0"])
+  assert two_layers._bits(final.params["Dense_1"]) != two_layers._bits(params["Dense_1"])
+
+  # The per-client evaluation with head-only fine-tuning against numpy SGD on the head.
+  x, y, parts = per_client._known_federation()
+  evaluator = personal_eval.PersonalEvaluator(
+      evaluate.make_eval_fn(model, False), per_client._mesh(), test_x=x, test_y=y,
+      test_parts=parts, clients_per_chunk=4, loss_fn=loss_fn, train_x=train_x,
+      train_y=train_y, train_parts=train_parts, finetune_steps=steps, finetune_lr=lr,
+      batch_size=3, seed=7, finetune_frozen=frozen)
+  sums = evaluator(TWO_DENSE, {}, round_idx=round_idx)["personal"]
+  packed = fdata.pack_cohort(train_parts, list(range(len(parts))), batch_size=3,
+                             num_steps=steps, seed=7, round_idx=round_idx,
+                             stream=seeding.FINETUNE_STREAM)
+  w0, b0 = (TWO_DENSE["Dense_0"][k].astype(np.float64) for k in ("kernel", "bias"))
+  body = lambda v: v @ w0 + b0  # as served: fine-tuning leaves it alone
+  for i, part in enumerate(parts):
+    w1, b1 = per_client.numpy_finetune(body, TWO_DENSE["Dense_1"]["kernel"],
+                                       TWO_DENSE["Dense_1"]["bias"], packed, i, lr)
+    if len(part) == 0:
+      assert sums.count[i] == 0
+      continue
+    loss, correct, _ = per_client._numpy_sums({"Dense_0": {"kernel": w1, "bias": b1}},
+                                              body(x.astype(np.float64)), y, [part],
+                                              [np.zeros(2)])
+    np.testing.assert_allclose(sums.loss_sum[i], loss[0], rtol=1e-4, atol=1e-5)
+    assert sums.correct[i] == correct[0]
 
 
 def readme_algorithm_names() -> set[str]:

@@ -53,7 +53,7 @@ def _round(alg, loss_fn, lr=0.1, weighting="examples"):
 
 
 def _server(alg, params):
-  return alg.init_server(params, {})
+  return alg.server.init(params, {})
 
 
 def _indices(c=C):

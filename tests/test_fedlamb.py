@@ -62,7 +62,7 @@ class Engine:
     self.train_chunk, self.update = sync_round.make_round_fns(
         loss_fn, alg, optax.constant_schedule(lr), seed=0, weighting="uniform",
         local_steps=max_steps, population=N)
-    self.server = alg.init_server(jax.tree_util.tree_map(jnp.asarray, PARAMS0), {})
+    self.server = alg.server.init(jax.tree_util.tree_map(jnp.asarray, PARAMS0), {})
     template = alg.row_init(PARAMS0) if alg.row_init is not None else {}
     self.store = jax.tree_util.tree_map(lambda r: jnp.stack([r] * N), template)
 
@@ -221,7 +221,7 @@ def test_a_flax_model_with_zero_biases_stays_finite(zero_norm):
   alg = build("fedlamb", lam=0.01, zero_norm=zero_norm)
   phase = clients_lib.ClientPhase(local.make_loss_fn(model, False), alg,
                                 optax.constant_schedule(0.01), seed=0)
-  server = alg.init_server(params, {})
+  server = alg.server.init(params, {})
   idx = np.arange(24).reshape(2, 3, 4)  # 2 clients, 3 steps of 4 examples
   c = cohort_lib.Cohort(jnp.asarray(idx, jnp.int32), jnp.ones((2, 3, 4)), jnp.ones((2, 3)),
                        jnp.ones(2), jnp.arange(2, dtype=jnp.int32), jnp.full(2, 12.0))
@@ -232,7 +232,7 @@ def test_a_flax_model_with_zero_biases_stays_finite(zero_norm):
   info = phase.info(stats, c, 0)
   uploads, _ = phase.finish(final, ctx, info, c.client_ids, 0)
   sums = aggregation.reduce_uploads(alg, uploads, info, {}, c.client_mask, c.client_mask)
-  new = alg.update_server(server, aggregation.aggregates(alg, sums, 2))
+  new = alg.server.update(server, aggregation.aggregates(alg, sums, 2))
   # theta, m, v, w (the optax state) and the server's theta and v_hat
   for leaf in jax.tree_util.tree_leaves((final.params, final.opt_state, new)):
     assert np.all(np.isfinite(leaf))
@@ -330,7 +330,7 @@ def test_server_source_uses_own_v_in_round_one_then_the_frozen_v_hat():
   g = jax.tree_util.tree_map(lambda p: np.full(p.shape, 0.1), params)
   alg = build("fedams", v_hat_source="server")
   with jax.enable_x64(True):
-    sentinel = alg.init_server(params, {}).extra["v_hat"]
+    sentinel = alg.server.init(params, {}).extra["v_hat"]
     step, _ = local_step(alg, params, g, sentinel)
     v1 = 0.999 * 1e-8 + 0.001 * 0.01
     close(step, jax.tree_util.tree_map(lambda p: np.full(p.shape, LR * 0.1 / (np.sqrt(v1) + 1e-8)),
@@ -405,7 +405,7 @@ def test_masked_surplus_steps_change_nothing(name):
   alg = build(name, v_bias_correction=True)
   with jax.enable_x64(True):
     phase = clients_lib.ClientPhase(loss_fn, alg, optax.constant_schedule(LR), seed=0)
-    server = alg.init_server(eng_params(PARAMS0), {})
+    server = alg.server.init(eng_params(PARAMS0), {})
 
     def final(max_steps, steps):
       c = cohort([0, 1], steps, max_steps)
@@ -440,7 +440,7 @@ def test_communication_is_two_vectors_each_way():
   sizes = np.array([6, 2])  # b, W
   for name, vectors in (("fedavg", 1), ("fedams", 2), ("fedlamb", 2)):
     alg = build(name)
-    traffic = traffic_lib.traffic(alg, alg.init_server(params, {}), {})
+    traffic = traffic_lib.traffic(alg, alg.server.init(params, {}), {})
     np.testing.assert_array_equal(np.sort(traffic.up_per_leaf), vectors * np.sort(sizes))
     np.testing.assert_array_equal(np.sort(traffic.down_per_leaf), vectors * np.sort(sizes))
     assert traffic.up_other == traffic.down_other == 0

@@ -84,11 +84,11 @@ def run_partial_rounds(alg, cohorts, seed=0):
     weights = reduce.client_weights(cohort.client_mask, cohort.num_examples, "uniform")
     sums = aggregation.reduce_uploads(alg, uploads, info, final.model_state, weights,
                                     cohort.client_mask)
-    new = alg.update_server(server, aggregation.aggregates(alg, sums, M))
+    new = alg.server.update(server, aggregation.aggregates(alg, sums, M))
     return final.params, uploads, new_rows, new
 
   params = {"w": jnp.asarray(rng.normal(size=D), jnp.float32)}
-  server = alg.init_server(params, {})
+  server = alg.server.init(params, {})
   store = jax.tree_util.tree_map(lambda r: jnp.stack([r] * M), alg.row_init(params))
   records = []
   for r, ids in enumerate(cohorts):
@@ -241,7 +241,7 @@ def test_server_rule_with_one_client_absent(mode, want):
   store = {"w": jnp.asarray(-h_prev / lam, jnp.float32)}  # g_hat_j = -h_j / lam
   ids, x_k = jnp.array([0, 2]), np.array([[0.3506517521, 0.1555113508], [0.1, -0.2]])
   x = {"w": jnp.asarray(X_SRV, jnp.float32)}
-  server = alg.init_server(x, {})
+  server = alg.server.init(x, {})
   if mode == "all_clients":  # the server's running mean of the controllers before this round
     server = server._replace(extra={"g_hat_mean": {"w": store["w"].mean(0)}})
   ctx = ClientContext(alg.shared(server), cohort_lib.gather_rows(store, ids),
@@ -251,7 +251,7 @@ def test_server_rule_with_one_client_absent(mode, want):
   uploads, rows = jax.vmap(alg.finish, in_axes=(0, local.context_axes(), 0))(final, ctx, info)
   store = cohort_lib.scatter_rows(store, ids, jnp.ones(2), rows)
   sums = aggregation.reduce_uploads(alg, uploads, info, {}, jnp.ones(2), jnp.ones(2))
-  new = alg.update_server(server, aggregation.aggregates(alg, sums, 3))
+  new = alg.server.update(server, aggregation.aggregates(alg, sums, 3))
   np.testing.assert_allclose(new.params["w"], want, rtol=RTOL, atol=ATOL)
   h_new = -lam * np.asarray(store["w"], np.float64)
   np.testing.assert_allclose(h_new, [[-0.3493482479, 0.4555113508], [0.3, -0.3], [-0.1, 0.0]],

@@ -39,7 +39,7 @@ def run_engine(alg, cohorts):
     train_chunk, server_update = sync_round.make_round_fns(
         split_loss, alg, optax.constant_schedule(ETA), seed=0, weighting="uniform",
         local_steps=K, population=N)
-    server = alg.init_server(params, {})
+    server = alg.server.init(params, {})
     initial = _join(hypcluster.stacked(server.params, server.extra["others"]))
     store = jax.tree.map(lambda r: jnp.stack([r] * N), alg.row_init(params))
     for r, ids in enumerate(cohorts):
@@ -131,7 +131,7 @@ def test_start_sees_the_first_batch_and_changes_nothing_else():
   for name, alg, begins in (("plain", Algorithm(), True), ("start", starting, True),
                             ("continued", starting, False)):
     train = local.make_client_train(loss_fn, alg, lambda s: 0.01, begins=begins)
-    ctx = alg.shared(alg.init_server(params, {}))
+    ctx = alg.shared(alg.server.init(params, {}))
     state = LocalState(params, {}, alg.local.tx.init(params))
     out[name] = train(state, ClientContext(ctx, {}, jnp.ones(()), jnp.zeros((), jnp.int32)),
                       data_x, data_y, batch, 0)
@@ -171,7 +171,7 @@ def test_per_client_evaluation_serves_each_client_its_lowest_loss_cluster():
   row; the choice and the test losses against numpy."""
   alg = algorithms.build("hypcluster", num_clusters=3, init_scale=1.0)
   params = {"w": jnp.asarray([0.5, -1.0], jnp.float32)}
-  server = alg.init_server(params, {})
+  server = alg.server.init(params, {})
   clusters = np.stack([np.asarray(params["w"])] +
                       list(np.asarray(server.extra[hypcluster.OTHERS]["w"])))  # [k, 2]
 

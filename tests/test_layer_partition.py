@@ -234,7 +234,7 @@ def test_nothing_personal_is_fedavg_bitwise(name, hparams):
 def test_only_the_shared_layers_travel(name, personal):
   alg = build(name)
   params = jax.tree_util.tree_map(jnp.asarray, TWO_LAYERS)
-  t = traffic_lib.traffic(alg, alg.init_server(params, {}), alg.row_init(params))
+  t = traffic_lib.traffic(alg, alg.server.init(params, {}), alg.row_init(params))
   d = sum(np.size(x) for x in jax.tree_util.tree_leaves(params))
   d_personal = np.size(TWO_LAYERS[personal]["kernel"])
   assert int(t.up_per_leaf.sum()) == int(t.down_per_leaf.sum()) == d - d_personal

@@ -172,6 +172,23 @@ def _finetuning(parts, test_x, test_y, steps, chunk, lr=0.5):
                     finetune_lr=lr, batch_size=3, seed=7)
 
 
+def numpy_finetune(features, w, b, packed, i: int, lr: float):
+  """numpy SGD on the softmax regression logits = features(x) w + b over client i's
+  fine-tuning batches (`packed`, drawn from `_train_data`); features stay fixed."""
+  train_x, train_y, _ = _train_data()
+  w, b = np.asarray(w, np.float64), np.asarray(b, np.float64)
+  for s in range(packed.indices.shape[1]):
+    real = packed.example_mask[i, s] > 0
+    h = features(train_x[packed.indices[i, s][real]].astype(np.float64))
+    yb = train_y[packed.indices[i, s][real]]
+    logits = h @ w + b
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    g = (p - np.eye(2)[yb]) / len(yb)
+    w, b = w - lr * h.T @ g, b - lr * g.sum(0)
+  return w, b
+
+
 def test_finetuning_zero_steps_is_the_global_model_bitwise():
   x, y, parts = _known_federation()
   sums = _finetuning(parts, x, y, steps=0, chunk=4)(IDENTITY, {}, personal=True)
@@ -183,23 +200,13 @@ def test_finetuning_against_numpy_sgd():
   steps, lr, round_idx = 3, 0.5, 4
   sums = _finetuning(parts, x, y, steps=steps, chunk=4, lr=lr)(IDENTITY, {},
                                                                 round_idx=round_idx)
-  train_x, train_y, train_parts = _train_data()
+  _, _, train_parts = _train_data()
   # The batches the evaluator draws: pack_cohort on the fine-tuning stream.
   packed = fdata.pack_cohort(train_parts, list(range(len(parts))), batch_size=3,
                              num_steps=steps, seed=7, round_idx=round_idx,
                              stream=seeding.FINETUNE_STREAM)
   for i, part in enumerate(parts):
-    w = np.eye(2, dtype=np.float64)
-    b = np.zeros(2, np.float64)
-    for s in range(steps):
-      real = packed.example_mask[i, s] > 0
-      xb = train_x[packed.indices[i, s][real]].astype(np.float64)
-      yb = train_y[packed.indices[i, s][real]]
-      logits = xb @ w + b
-      p = np.exp(logits - logits.max(-1, keepdims=True))
-      p /= p.sum(-1, keepdims=True)
-      g = (p - np.eye(2)[yb]) / len(yb)
-      w, b = w - lr * xb.T @ g, b - lr * g.sum(0)
+    w, b = numpy_finetune(lambda v: v, np.eye(2), np.zeros(2), packed, i, lr)
     if len(part) == 0:
       assert sums["personal"].count[i] == 0
       continue
@@ -367,6 +374,7 @@ def test_run_records_the_per_client_test_metrics(tmp_path):
     ({"finetune_lr": 0.0}, "config.finetune_lr", "> 0"),
     ({"algorithm": "fedat", "local_epochs": 1, "finetune_steps": 2}, "config.finetune_steps",
      "synchronous rounds"),
+    ({"finetune_layers": "Dense_1"}, "config.finetune_layers", "config.finetune_steps=0"),
 ])
 def test_refusals_name_the_field(overrides, field, accepted):
   c = _tiny(**overrides)
@@ -374,6 +382,14 @@ def test_refusals_name_the_field(overrides, field, accepted):
     config_lib.validate(c)
   message = str(e.value)
   assert field in message and accepted in message and "\n" not in message
+
+
+def test_finetune_layers_that_are_not_the_models_stop_before_training(tmp_path):
+  with pytest.raises(ConfigError, match=r"config\.finetune_layers='Dense_9': 'Dense_9' is not a "
+                     r"layer of the model; accepted: .*Dense_0, Dense_1.*'' \(every layer\)"):
+    training.train_and_evaluate(_tiny(finetune_steps=2, finetune_layers="Dense_9"),
+                                str(tmp_path))
+  assert not (tmp_path / "metrics.jsonl").exists()
 
 
 @pytest.mark.slow

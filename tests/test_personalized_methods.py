@@ -65,7 +65,7 @@ def engine(alg, cohorts, steps=(K, K), common_lr=ETA):
     train_chunk, server_update = sync_round.make_round_fns(
         split_loss, alg, optax.constant_schedule(common_lr), seed=0, weighting="uniform",
         local_steps=max_steps, population=N)
-    server = alg.init_server(params, {})
+    server = alg.server.init(params, {})
     template = alg.row_init(params) if alg.row_init is not None else {}
     store = jax.tree.map(lambda r: jnp.stack([r] * N), template)
     for r, ids in enumerate(cohorts):

@@ -55,9 +55,9 @@ def ours(kind, convention, x0, ds):
   out = []
   with jax.enable_x64(True):
     alg = algorithms.build("fed" + kind, Common(server_lr=ETA), **hparams)
-    server = alg.init_server({"w": jnp.asarray(x0)}, {})
+    server = alg.server.init({"w": jnp.asarray(x0)}, {})
     for d in ds:
-      server = alg.update_server(server, Aggregates({"delta": {"w": jnp.asarray(d)}},
+      server = alg.server.update(server, Aggregates({"delta": {"w": jnp.asarray(d)}},
                                                     jnp.asarray(2.0), 2))
       moments = server.opt_state if convention == "paper" or kind != "adam" \
           else server.opt_state[0]
@@ -94,8 +94,8 @@ def test_flower_fedadam_first_rate_is_bias_corrected():
   with jax.enable_x64(True):
     alg = algorithms.build("fedadam", Common(server_lr=ETA), beta1=B1, beta2=B2, tau=TAU,
                            convention="flower")
-    server = alg.init_server({"w": jnp.zeros((1, 1))}, {})
-    server = alg.update_server(server, Aggregates({"delta": {"w": jnp.asarray(d)}},
+    server = alg.server.init({"w": jnp.zeros((1, 1))}, {})
+    server = alg.server.update(server, Aggregates({"delta": {"w": jnp.asarray(d)}},
                                                   jnp.asarray(1.0), 1))
   eta1 = ETA * np.sqrt(1 - 0.99 ** 2) / (1 - 0.9 ** 2)  # 0.1 * 0.14107 / 0.19 = 0.074247
   expected = eta1 * 0.1 * 0.5 / (0.1 * 0.5 + TAU)

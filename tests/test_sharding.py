@@ -28,7 +28,7 @@ from fedjax_lama import data as fdata
 from fedjax_lama import federation, training
 from fedjax_lama.algorithms import common
 from fedjax_lama.engine import sharding
-from fedjax_lama.engine.algorithm import Algorithm, displacement
+from fedjax_lama.engine.algorithm import Algorithm, displacement, server_opt
 from fedjax_lama.programs import round_program as programs_common
 from fedjax_lama.programs.sync import SyncProgram
 
@@ -96,8 +96,9 @@ def row_algorithm():
     return {"delta": delta}, {"c": c, "n": ctx.row["n"] + 1}
 
   shared = common.Common(local_momentum=0.5)
-  return Algorithm(local=common.local_optimizer(shared), server_tx=common.server_sgd(shared),
-                   correct=correct, row_init=row_init, finish=finish)
+  return Algorithm(local=common.local_optimizer(shared, correction=correct),
+                   server=server_opt(common.server_sgd(shared)), row_init=row_init,
+                   finish=finish)
 
 
 def build(config, mesh, fed=None, with_rows=False):

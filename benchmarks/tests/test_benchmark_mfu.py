@@ -131,7 +131,7 @@ def test_scan_client_map_equals_vmap(name, clients):
                             jnp.asarray(example_mask), jnp.asarray(step_mask),
                             jnp.ones(clients), jnp.arange(clients, dtype=jnp.int32),
                             jnp.full((clients,), float(steps * batch)))
-  server = alg.init_server(params, {})
+  server = alg.server.init(params, {})
   outs = {}
   shared_start = clients_lib.fresh_states, clients_lib.ClientPhase
 

@@ -13,7 +13,7 @@ from fedjax_lama.algorithms import (fedadmm, fedavg, fedcm, feddyn, fedlamb, fed
                                     fedprox, fedsgd, fedspeed, scaffold, server_opt)
 from fedjax_lama.algorithms import fedexp, fedgamma, fedsam, fedsmoo, mofedsam
 from fedjax_lama.algorithms import apfl, ditto, hypcluster, perfedavg, pfedme
-from fedjax_lama.algorithms import layer_partition
+from fedjax_lama.algorithms import fedbabu, layer_partition
 from fedjax_lama.algorithms.common import Common
 from fedjax_lama.algorithms.common import local_optimizer
 from fedjax_lama.algorithms.common import Spec
@@ -21,7 +21,7 @@ from fedjax_lama.engine.algorithm import Algorithm
 
 _MODULES = (fedavg, fedprox, scaffold, fednova, server_opt, feddyn, fedcm, fedadmm, fedsgd,
             fedpaq, fedspeed, fedlamb, fedsam, mofedsam, fedsmoo, fedgamma, fedexp, ditto, apfl,
-            pfedme, perfedavg, layer_partition, hypcluster)
+            pfedme, perfedavg, layer_partition, fedbabu, hypcluster)
 SPECS = {spec.name: spec for module in _MODULES for spec in module.SPECS}
 
 
@@ -38,6 +38,13 @@ def build(name: str, common: Optional[Common] = None, **hparams) -> Algorithm:
     raise ValueError(f"common must be a fedjax_lama.algorithms.Common, got {type(common).__name__}")
   _check_common(common)
   return spec.make(hp, common)
+
+
+def layerwise(name: str, **hparams):
+  """True when a layer-wise schedule (FedLAMA) may run `name` with these hyper-parameters,
+  else the reason it may not (Spec.layerwise): `layerwise("fednova")` is a sentence."""
+  spec, hp = _spec_and_hparams(name, hparams)
+  return spec.layerwise_for(hp)
 
 
 def run_name(name: str, **hparams) -> str:

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 from fedjax_lama.algorithms import personal
 from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require,
                                            require_one_of, server_sgd)
-from fedjax_lama.engine.algorithm import Algorithm, Personalization, upload_delta
+from fedjax_lama.engine.algorithm import Algorithm, Personalization, server_opt, upload_delta
 
 
 class PersonalState(NamedTuple):
@@ -139,12 +139,12 @@ def build(hp: Hparams, common: Common) -> Algorithm:
             "alpha": jax.tree.map(lambda p: jnp.asarray(hp.alpha, jnp.result_type(p)), params),
             "seen": personal.unseen()}
 
-  return Algorithm(local=local, server_tx=server_sgd(common), grad=grad, row_init=row_init,
-                   finish=finish, personal=Personalization(serve),
-                   layerwise="each client's row holds a whole local model and its mixing "
-                   "weight, trained beside the global model")
+  return Algorithm(local=local, server=server_opt(server_sgd(common)), grad=grad,
+                   row_init=row_init, finish=finish, personal=Personalization(serve))
 
 
 SPECS = (Spec("apfl", Hparams, build,
               "FedAvg's global model + a local model v_i and a learned mixing weight alpha_i "
-              "per client (alpha v + (1 - alpha) w)"),)
+              "per client (alpha v + (1 - alpha) w)",
+              layerwise="each client's row holds a whole local model and its mixing "
+              "weight, trained beside the global model"),)

@@ -8,13 +8,13 @@ variant's name) is on its `Spec`. No module reads a ConfigDict: fedjax_lama.regi
 """
 import dataclasses
 import math
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_lama.engine.algorithm import Algorithm, LocalOptimizer, local_sgd
+from fedjax_lama.engine.algorithm import Algorithm, Correction, LocalOptimizer, local_sgd
 from fedjax_lama.errors import HparamError, require, require_nonnegative, require_one_of  # pylint: disable=unused-import
 
 
@@ -61,6 +61,10 @@ class Spec:
     (FedSGD's one step per round), carried into the run options.
   variant: hp -> the name the run is reported under when it is not `name` (FedAdam in
     Flower's convention is "fedadam_flower"); None: `name`.
+  layerwise: whether a layer-wise schedule (FedLAMA) may run it: True, or a string saying
+    why not (its rules are not meaningful per layer), or hp -> one of those (SCAFFOLD's
+    option I). A schedule also needs every upload, row and server-state entry shaped like
+    the model, which the schedule checks on the built record.
   """
   name: str
   hparams: type
@@ -69,6 +73,7 @@ class Spec:
   uplink: Optional[Callable[[Any], Any]] = None
   one_step: Optional[Callable[[Any], Optional[str]]] = None
   variant: Optional[Callable[[Any], str]] = None
+  layerwise: Union[bool, str, Callable[[Any], Union[bool, str]]] = True
 
   def make(self, hp: Any, common: Common) -> Algorithm:
     """build(hp, common): the algorithm's record."""
@@ -77,6 +82,10 @@ class Spec:
   def run_name(self, hp: Any) -> str:
     """The name the run is reported under (`variant`, else the registry name)."""
     return self.name if self.variant is None else self.variant(hp)
+
+  def layerwise_for(self, hp: Any) -> Union[bool, str]:
+    """True when a layer-wise schedule may run the algorithm with `hp`, else why not."""
+    return self.layerwise(hp) if callable(self.layerwise) else self.layerwise
 
   def one_step_kind(self, hp: Any) -> Optional[str]:
     kind = None if self.one_step is None else self.one_step(hp)
@@ -91,10 +100,13 @@ class NoHparams:
   """Algorithms without keys of their own."""
 
 
-def local_optimizer(common: Common, pull: float = 0.0) -> LocalOptimizer:
-  """Local SGD from the shared options (config.local_momentum, nesterov, weight_decay): the
-  optax transform and its linear rule, built together (engine.algorithm.local_sgd)."""
-  return local_sgd(common.local_momentum, common.nesterov, common.weight_decay, pull=pull)
+def local_optimizer(common: Common, pull: float = 0.0,
+                    correction: Optional[Correction] = None) -> LocalOptimizer:
+  """Local SGD from the shared options (config.local_momentum, nesterov, weight_decay) with
+  the algorithm's gradient `correction` at the head of its chain: the optax transform and its
+  linear rule, built together (engine.algorithm.local_sgd)."""
+  return local_sgd(common.local_momentum, common.nesterov, common.weight_decay, pull=pull,
+                   correction=correction)
 
 
 def server_sgd(common: Common) -> optax.GradientTransformation:

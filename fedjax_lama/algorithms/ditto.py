@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from fedjax_lama.algorithms import personal
 from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require,
                                            require_nonnegative, server_sgd)
-from fedjax_lama.engine.algorithm import Algorithm, Personalization, upload_delta
+from fedjax_lama.engine.algorithm import Algorithm, Personalization, server_opt, upload_delta
 
 
 class PersonalState(NamedTuple):
@@ -96,12 +96,12 @@ def build(hp: Hparams, common: Common) -> Algorithm:
   def row_init(params):
     return {"v": jax.tree.map(jnp.asarray, params), "seen": personal.unseen()}
 
-  return Algorithm(local=local, server_tx=server_sgd(common), grad=grad, row_init=row_init,
-                   finish=finish, personal=Personalization(serve),
-                   layerwise="each client's row holds a whole personal model, trained beside "
-                   "the global one")
+  return Algorithm(local=local, server=server_opt(server_sgd(common)), grad=grad,
+                   row_init=row_init, finish=finish, personal=Personalization(serve))
 
 
 SPECS = (Spec("ditto", Hparams, build,
               "FedAvg's global model + a personal model v_k per client pulled toward it "
-              "(lam/2 ||v - w||^2)"),)
+              "(lam/2 ||v - w||^2)",
+              layerwise="each client's row holds a whole personal model, trained beside "
+              "the global one"),)

@@ -20,7 +20,7 @@ import optax
 
 from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require_nonnegative,
                                            server_sgd)
-from fedjax_lama.engine.algorithm import SUM, Algorithm, ServerState, upload
+from fedjax_lama.engine.algorithm import SUM, Algorithm, ServerRule, ServerState, server_opt, upload
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,10 +52,11 @@ def build(hp: Hparams, common: Common) -> Algorithm:
     return server._replace(params=params)
 
   return Algorithm(
-      local=local_optimizer(common), server_tx=server_sgd(common), correct=correct,
-      finish=finish,
+      local=local_optimizer(common, correction=correct), finish=finish,
       row_init=lambda params: {"z": optax.tree.zeros_like(params), "x_hat": params},
-      aggregate={"delta_x_hat": upload("delta_x_hat", SUM)}, server_update=server_update)
+      aggregate={"delta_x_hat": upload("delta_x_hat", SUM)},
+      # The server's own step; its state is FedAvg's (no optimizer moments).
+      server=ServerRule(server_opt(server_sgd(common)).init, server_update))
 
 
 SPECS = (Spec("fedadmm", Hparams, build, "primal-dual, per-client z_i and x_hat_i"),)

@@ -11,14 +11,14 @@ Algorithm record is left at its default: this module is the worked example of th
 interface (docs/algorithms.md).
 """
 from fedjax_lama.algorithms.common import Common, NoHparams, Spec, local_optimizer, server_sgd
-from fedjax_lama.engine.algorithm import Algorithm, upload_delta
+from fedjax_lama.engine.algorithm import Algorithm, server_opt, upload_delta
 
 
 def build(hp: NoHparams, common: Common) -> Algorithm:
   del hp  # FedAvg has no keys of its own
   return Algorithm(
       local=local_optimizer(common),  # SGD with the shared momentum and weight decay
-      server_tx=server_sgd(common),   # x <- x - server_lr G, G = -mean(delta)
+      server=server_opt(server_sgd(common)),  # x <- x - server_lr G, G = -mean(delta)
       finish=upload_delta)            # upload delta = y - x; the server's default update
 
 

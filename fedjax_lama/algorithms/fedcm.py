@@ -19,8 +19,8 @@ import optax
 
 from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require, safe_positive,
                                            server_sgd)
-from fedjax_lama.engine.algorithm import (Algorithm, Reduction, ServerState, apply_server_tx,
-                                          leafwise, upload)
+from fedjax_lama.engine.algorithm import (Algorithm, Reduction, ServerRule, ServerState,
+                                          leafwise, server_opt, upload)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,29 +31,38 @@ class Hparams:
     require(0.0 <= self.alpha <= 1.0, "alpha", self.alpha, "a number in [0, 1]")
 
 
-def build(hp: Hparams, common: Common) -> Algorithm:
-  alpha = hp.alpha
-  server_tx = server_sgd(common)
+def client_momentum(alpha: float):
+  """The correction alpha g + (1 - alpha) D, D the downloaded direction; None at alpha = 1
+  (the plain gradient)."""
+  if alpha == 1:
+    return None
 
   def correct(grads, params, ctx):
     del params
     return jax.tree.map(lambda g, d: alpha * g + (1 - alpha) * d, grads, ctx.shared["D"])
+
+  return correct
+
+
+def build(hp: Hparams, common: Common) -> Algorithm:
+  server = server_opt(server_sgd(common))
 
   def direction(uploads, info):  # in gradient units; the server knows each client's steps and lr
     delta = uploads["delta"]
     return jax.tree.map(lambda d, s: -d / safe_positive(s), delta,
                         leafwise(info.effective_step, delta))
 
-  def server_update(server: ServerState, agg) -> ServerState:
-    server = apply_server_tx(server_tx, server, agg["delta"])
-    return server._replace(extra={"D": agg["D"]})
+  def server_init(params, model_state):
+    return server.init(params, model_state)._replace(extra={"D": optax.tree.zeros_like(params)})
+
+  def server_update(state: ServerState, agg) -> ServerState:
+    state = server.update(state, agg)  # x <- x + server_lr mean(delta)
+    return state._replace(extra={"D": agg["D"]})
 
   return Algorithm(
-      local=local_optimizer(common), server_tx=server_tx,
-      correct=correct if alpha != 1 else None,
+      local=local_optimizer(common, correction=client_momentum(hp.alpha)),
       aggregate={"delta": upload("delta"), "D": Reduction(direction)},
-      server_init=lambda params: {"D": optax.tree.zeros_like(params)},
-      server_update=server_update, downloads=("params", "D"))
+      server=ServerRule(server_init, server_update, downloads=("params", "D")))
 
 
 SPECS = (Spec("fedcm", Hparams, build, "client-level momentum D (2d down)"),)

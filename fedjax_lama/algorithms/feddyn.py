@@ -21,8 +21,8 @@ import optax
 
 from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require_nonnegative,
                                            require_one_of, server_sgd)
-from fedjax_lama.engine.algorithm import (SUM, Algorithm, Reduction, ServerState,
-                                          apply_server_tx, displacement, upload)
+from fedjax_lama.engine.algorithm import (SUM, Algorithm, Reduction, ServerRule, ServerState,
+                                          displacement, server_opt, upload)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,9 +36,9 @@ class Hparams:
 
 
 def build(hp: Hparams, common: Common) -> Algorithm:
-  server_tx = server_sgd(common)
+  server = server_opt(server_sgd(common))
   if not hp.alpha:
-    return Algorithm(local=local_optimizer(common), server_tx=server_tx)
+    return Algorithm(local=local_optimizer(common), server=server)
 
   def client_alpha(num_examples):
     if hp.alpha_scaling == "data":
@@ -60,18 +60,20 @@ def build(hp: Hparams, common: Common) -> Algorithm:
     a = client_alpha(info.num_examples)
     return jax.tree.map(lambda d: a * d, uploads["delta"])
 
-  def server_update(server: ServerState, agg) -> ServerState:
-    h = jax.tree.map(lambda h, s: h - s / agg.population, server.extra["h"], agg["alpha_delta"])
-    server = apply_server_tx(server_tx, server, agg["delta"])
-    params = jax.tree.map(lambda x, hh: x - hh / hp.alpha, server.params, h)
-    return server._replace(params=params, extra={"h": h})
+  def server_init(params, model_state):
+    return server.init(params, model_state)._replace(extra={"h": optax.tree.zeros_like(params)})
+
+  def server_update(state: ServerState, agg) -> ServerState:
+    h = jax.tree.map(lambda h, s: h - s / agg.population, state.extra["h"], agg["alpha_delta"])
+    state = server.update(state, agg)  # x <- x + server_lr mean(delta)
+    params = jax.tree.map(lambda x, hh: x - hh / hp.alpha, state.params, h)
+    return state._replace(params=params, extra={"h": h})
 
   return Algorithm(
-      local=local_optimizer(common), server_tx=server_tx, correct=correct,
+      local=local_optimizer(common, correction=correct),
       row_init=optax.tree.zeros_like, finish=finish,
       aggregate={"delta": upload("delta"), "alpha_delta": Reduction(scaled_delta, SUM)},
-      server_init=lambda params: {"h": optax.tree.zeros_like(params)},
-      server_update=server_update)
+      server=ServerRule(server_init, server_update))
 
 
 SPECS = (Spec("feddyn", Hparams, build, "dynamic regularization, server h (d each way)"),)

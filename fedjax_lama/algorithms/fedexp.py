@@ -27,7 +27,8 @@ import optax
 
 from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require,
                                            require_one_of)
-from fedjax_lama.engine.algorithm import (SUM, Algorithm, ServerState, displacement, upload)
+from fedjax_lama.engine.algorithm import (SUM, Algorithm, ServerRule, ServerState, displacement,
+                                          server_opt, upload)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,11 +69,12 @@ def build(hp: Hparams, common: Common) -> Algorithm:
   require(common.server_lr is None, "server_lr", common.server_lr,
           "None (FedExP sets its own server step eta_g)")
 
-  def server_init(params):
+  def server_init(params, model_state):
     extra = {"eta_g": jnp.ones((), jnp.float32)}
     if hp.eval_average_last_two:
       extra["previous"] = params  # x_{t-1}; x_{-1} = x_0
-    return extra
+    # FedAvg's server state (the server optimizer's part stays unused) with FedExP's own.
+    return server_opt().init(params, model_state)._replace(extra=extra)
 
   def server_update(server: ServerState, agg) -> ServerState:
     participants = jnp.maximum(agg.participants, 1.0)
@@ -92,11 +94,10 @@ def build(hp: Hparams, common: Common) -> Algorithm:
                                                   server.extra["previous"])), scalars
     return server.params, scalars
 
-  return Algorithm(
-      local=local_optimizer(common), finish=finish, aggregate=AGGREGATE,
-      server_init=server_init, server_update=server_update, report=report,
-      layerwise="eta_g is one step size computed from whole-model norms, not per layer")
+  return Algorithm(local=local_optimizer(common), finish=finish, aggregate=AGGREGATE,
+                   server=ServerRule(server_init, server_update, report=report))
 
 
 SPECS = (Spec("fedexp", Hparams, build,
-              "FedAvg with an extrapolated server step eta_g (d + 1 scalar up)"),)
+              "FedAvg with an extrapolated server step eta_g (d + 1 scalar up)",
+              layerwise="eta_g is one step size computed from whole-model norms, not per layer"),)

@@ -33,7 +33,7 @@ import dataclasses
 import jax
 
 from fedjax_lama.algorithms import scaffold
-from fedjax_lama.algorithms.common import Common, Spec, require_one_of
+from fedjax_lama.algorithms.common import Common, Spec, local_optimizer, require_one_of
 from fedjax_lama.algorithms.fedsam import (check_sam_options, sam_gradient, sam_oracle,
                                            with_reference_clip)
 from fedjax_lama.engine.algorithm import Algorithm
@@ -57,11 +57,12 @@ class Hparams:
 
 def build(hp: Hparams, common: Common) -> Algorithm:
   base = scaffold.build(scaffold.Hparams(option="II"), common)
-  correct = base.correct  # g~ - c_i + c
+  correct = scaffold.control_variates  # g~ - c_i + c
   if hp.clip_mode == "reference":
     correct = with_reference_clip(correct, hp.clip_norm)
+  local = local_optimizer(common, correction=correct)
   if hp.rho == 0 or hp.perturbation == "local":
-    return dataclasses.replace(base, correct=correct, grad=sam_oracle(hp.rho, hp.perturb_eps))
+    return dataclasses.replace(base, local=local, grad=sam_oracle(hp.rho, hp.perturb_eps))
 
   def corrected_ascent(value_and_grad, params, ctx, opt_state):
     c_i, c = ctx.row, ctx.shared["c"]
@@ -70,7 +71,7 @@ def build(hp: Hparams, common: Common) -> Algorithm:
         direction=lambda g: jax.tree.map(lambda a, ci, cc: a - ci + cc, g, c_i, c))
     return loss_aux, g_sam, opt_state
 
-  return dataclasses.replace(base, correct=correct, grad=corrected_ascent)
+  return dataclasses.replace(base, local=local, grad=corrected_ascent)
 
 
 SPECS = (Spec("fedgamma", Hparams, build,

@@ -42,8 +42,8 @@ import optax
 
 from fedjax_lama.algorithms.common import (Common, Spec, require, require_nonnegative,
                                            require_one_of, server_rate)
-from fedjax_lama.engine.algorithm import (Algorithm, LocalOptimizer, ServerState, apply_server_tx,
-                                          displacement)
+from fedjax_lama.engine.algorithm import (Algorithm, LocalOptimizer, ServerRule, ServerState,
+                                          displacement, server_opt)
 
 NO_SERVER_MAX = -1.0  # v_hat_source="server": the server's v_hat before its first aggregation
 
@@ -178,7 +178,8 @@ def build(hp: AmsHparams, common: Common) -> Algorithm:
   require(common.local_momentum == 0, "local_momentum", common.local_momentum,
           f"0 ({name}'s first moment is its momentum: config.{name}.beta1)")
   local_tx = build_local_tx(hp, common)
-  server_tx = optax.sgd(server_rate(common))  # lr 1: theta_bar_r = mean of the models exactly
+  # lr 1: theta_bar_r = mean of the models exactly.
+  server = server_opt(optax.sgd(server_rate(common)))
   server_mode = hp.v_hat_source == "server"
   carry_m, carry_v = hp.m_round_init == "carry", hp.v_round_init == "carry"
 
@@ -211,20 +212,21 @@ def build(hp: AmsHparams, common: Common) -> Algorithm:
       row["v"] = moments.nu
     return {"delta": displacement(final, ctx), "v": moments.nu}, row  # the raw v (Algorithm 1)
 
-  def server_init(params):
+  def server_init(params, model_state):
     start = NO_SERVER_MAX if server_mode else hp.v_init
-    return {"v_hat": jax.tree.map(lambda p: jnp.full_like(p, start), params)}
+    return server.init(params, model_state)._replace(
+        extra={"v_hat": jax.tree.map(lambda p: jnp.full_like(p, start), params)})
 
-  def server_update(server: ServerState, agg) -> ServerState:
-    server = apply_server_tx(server_tx, server, agg["delta"])
-    v_hat = jax.tree.map(jnp.maximum, known(server.extra["v_hat"]), agg["v"])
-    return server._replace(extra={**server.extra, "v_hat": v_hat})
+  def server_update(state: ServerState, agg) -> ServerState:
+    state = server.update(state, agg)  # theta_bar_r: x <- x + server_lr mean(delta)
+    v_hat = jax.tree.map(jnp.maximum, known(state.extra["v_hat"]), agg["v"])
+    return state._replace(extra={**state.extra, "v_hat": v_hat})
 
   return Algorithm(
       # AMSGrad's step is adaptive: no linear rule, so no effective step.
-      local=LocalOptimizer(local_tx, rule=None, init=local_init), server_tx=server_tx,
+      local=LocalOptimizer(local_tx, rule=None, init=local_init),
       row_init=row_init if carry_m or carry_v else None, finish=finish,
-      server_init=server_init, server_update=server_update, downloads=("params", "v_hat"))
+      server=ServerRule(server_init, server_update, downloads=("params", "v_hat")))
 
 
 SPECS = (

@@ -26,8 +26,8 @@ import jax
 from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require_nonnegative,
                                            safe_positive, server_sgd)
 from fedjax_lama.algorithms.fedprox import proximal
-from fedjax_lama.engine.algorithm import (Algorithm, Reduction, ServerState, apply_server_tx,
-                                          displacement)
+from fedjax_lama.engine.algorithm import (Algorithm, Reduction, ServerRule, ServerState,
+                                          displacement, server_opt)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,19 +47,20 @@ def build(hp: Hparams, common: Common) -> Algorithm:
     del info
     return jax.tree.map(lambda d: d / safe_positive(uploads["a"]), uploads["delta"])
 
-  def server_update(server: ServerState, agg) -> ServerState:
-    step = jax.tree.map(lambda d: agg["tau_eff"] * d, agg["delta"])
-    return apply_server_tx(server_tx, server, step)
+  server = server_opt(server_sgd(common))
 
-  server_tx = server_sgd(common)
+  def server_update(state: ServerState, agg) -> ServerState:
+    step = jax.tree.map(lambda d: agg["tau_eff"] * d, agg["delta"])
+    return server.update(state, agg.replaced(delta=step))
+
   return Algorithm(
       # The proximal pull mu is part of the optimizer's linear rule (the paper's general rule).
-      local=local_optimizer(common, pull=hp.mu),
-      correct=proximal(hp.mu) if hp.mu else None, finish=finish,
+      local=local_optimizer(common, pull=hp.mu, correction=proximal(hp.mu) if hp.mu else None),
+      finish=finish,
       aggregate={"delta": Reduction(normalized),
                   "tau_eff": Reduction(lambda uploads, info: uploads["a"])},
-      server_tx=server_tx, server_update=server_update,
-      layerwise="FedNova normalises a whole-model update by one scalar per client")
+      server=ServerRule(server.init, server_update))
 
 
-SPECS = (Spec("fednova", Hparams, build, "normalised averaging by ||a_i||_1 (d + 1 scalar up)"),)
+SPECS = (Spec("fednova", Hparams, build, "normalised averaging by ||a_i||_1 (d + 1 scalar up)",
+              layerwise="FedNova normalises a whole-model update by one scalar per client"),)

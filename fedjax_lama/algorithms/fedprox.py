@@ -13,7 +13,7 @@ import jax
 
 from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require_nonnegative,
                                            server_sgd)
-from fedjax_lama.engine.algorithm import Algorithm
+from fedjax_lama.engine.algorithm import Algorithm, server_opt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,7 +25,8 @@ class Hparams:
 
 
 def proximal(mu: float):
-  """The correction g + mu (y - anchor), anchor = the downloaded model."""
+  """The correction g + mu (y - anchor), anchor = the downloaded model (the head of the
+  local optimizer's chain)."""
 
   def correct(grads, params, ctx):
     return jax.tree.map(lambda g, p, a: g + mu * (p - a), grads, params, ctx.shared["params"])
@@ -34,8 +35,8 @@ def proximal(mu: float):
 
 
 def build(hp: Hparams, common: Common) -> Algorithm:
-  return Algorithm(local=local_optimizer(common), server_tx=server_sgd(common),
-                   correct=proximal(hp.mu) if hp.mu else None)
+  return Algorithm(local=local_optimizer(common, correction=proximal(hp.mu) if hp.mu else None),
+                   server=server_opt(server_sgd(common)))
 
 
 SPECS = (Spec("fedprox", Hparams, build, "FedAvg + proximal pull mu/2 ||y - x||^2"),)

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require,
                                            require_one_of, server_sgd)
 from fedjax_lama.algorithms.fedspeed import global_norm
-from fedjax_lama.engine.algorithm import Algorithm, single_gradient
+from fedjax_lama.engine.algorithm import Algorithm, server_opt, single_gradient
 
 CLIP_MODES = ("none", "reference")
 
@@ -95,7 +95,8 @@ def sam_oracle(rho: float, eps: float):
 
 
 def with_reference_clip(correct, clip_norm: float):
-  """`correct` followed by FL-Simulator's clip of the whole local direction."""
+  """The correction `correct` (None: none) followed by FL-Simulator's clip of the whole local
+  direction."""
 
   def clipped(grads, params, ctx):
     if correct is not None:
@@ -117,10 +118,9 @@ class Hparams:
 
 
 def build(hp: Hparams, common: Common) -> Algorithm:
-  return Algorithm(
-      local=local_optimizer(common), server_tx=server_sgd(common),
-      grad=sam_oracle(hp.rho, hp.perturb_eps),
-      correct=with_reference_clip(None, hp.clip_norm) if hp.clip_mode == "reference" else None)
+  clip = with_reference_clip(None, hp.clip_norm) if hp.clip_mode == "reference" else None
+  return Algorithm(local=local_optimizer(common, correction=clip),
+                   grad=sam_oracle(hp.rho, hp.perturb_eps), server=server_opt(server_sgd(common)))
 
 
 SPECS = (Spec("fedsam", Hparams, build,

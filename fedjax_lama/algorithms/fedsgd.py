@@ -28,9 +28,7 @@ class Hparams:
 
 def build(hp: Hparams, common: Common) -> Algorithm:
   del hp  # full_batch is the run's batching (Spec.one_step)
-  return dataclasses.replace(
-      fedavg.build(NoHparams(), common),
-      layerwise="FedSGD takes one step per round; there is no interval to relax")
+  return fedavg.build(NoHparams(), common)
 
 
 def one_step(hp: Hparams) -> str:
@@ -38,4 +36,5 @@ def one_step(hp: Hparams) -> str:
 
 
 SPECS = (Spec("fedsgd", Hparams, build, "one full-batch gradient step per round",
-              one_step=one_step),)
+              one_step=one_step,
+              layerwise="FedSGD takes one step per round; there is no interval to relax"),)

@@ -42,9 +42,10 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_lama.algorithms import fedspeed
-from fedjax_lama.algorithms.common import Common, Spec, require, require_one_of
+from fedjax_lama.algorithms.common import Common, Spec, local_optimizer, require, require_one_of
 from fedjax_lama.algorithms.fedsam import ascent, check_sam_options
-from fedjax_lama.engine.algorithm import Algorithm, LocalOptimizer, ServerState, upload
+from fedjax_lama.engine.algorithm import (Algorithm, LocalOptimizer, ServerRule, ServerState,
+                                          corrected, upload)
 
 
 class PerturbationDual(NamedTuple):
@@ -79,9 +80,11 @@ class Hparams:
 
 def build(hp: Hparams, common: Common) -> Algorithm:
   # FedSpeed without its own perturbation: the dynamic regulariser, controller and server.
-  dyn = fedspeed.build(fedspeed.Hparams(rho=0.0, lam=hp.lam, server_average="all_clients",
-                                        clip_mode=hp.clip_mode, clip_norm=hp.clip_norm), common)
-  inner_tx = dyn.local.tx
+  dyn_hp = fedspeed.Hparams(rho=0.0, lam=hp.lam, server_average="all_clients",
+                            clip_mode=hp.clip_mode, clip_norm=hp.clip_norm)
+  dyn = fedspeed.build(dyn_hp, common)
+  sgd = local_optimizer(common)
+  inner_tx = sgd.tx
 
   def inner(ctx):
     return ctx._replace(row=ctx.row["g_hat"])
@@ -103,9 +106,6 @@ def build(hp: Hparams, common: Common) -> Algorithm:
     mu = jax.tree.map(lambda m, si, ss: m + si - ss, dual.mu, s_i, s)
     return (loss, aux), g_sam, (PerturbationDual(mu, s_i), rest)
 
-  def correct(grads, params, ctx):
-    return dyn.correct(grads, params, inner(ctx))
-
   def finish(final, ctx, info):
     dual = final.opt_state[0]
     uploads, g_hat = dyn.finish(final, inner(ctx), info)
@@ -115,7 +115,7 @@ def build(hp: Hparams, common: Common) -> Algorithm:
 
   def server_update(server: ServerState, agg) -> ServerState:
     s = server.extra["s"]
-    inner_server = dyn.update_server(server._replace(extra={"g_hat_mean":
+    inner_server = dyn.server.update(server._replace(extra={"g_hat_mean":
                                                             server.extra["g_hat_mean"]}), agg)
     if hp.rho != 0:
       z = agg["z"]
@@ -123,21 +123,25 @@ def build(hp: Hparams, common: Common) -> Algorithm:
       s = jax.tree.map(lambda v: (scale * v).astype(v.dtype), z)
     return inner_server._replace(extra={**inner_server.extra, "s": s})
 
-  def server_init(params):
-    return {**dyn.server_init(params), "s": optax.tree.zeros_like(params)}
+  def server_init(params, model_state):
+    state = dyn.server.init(params, model_state)
+    return state._replace(extra={**state.extra, "s": optax.tree.zeros_like(params)})
 
-  # The pass-through that holds the dual changes no direction: the linear rule is dyn's.
-  local = LocalOptimizer(optax.chain(_keep_state(), inner_tx), dyn.local.rule, init=local_init)
+  # FedSpeed's correction on the row's g_hat_i, then the pass-through that holds the dual
+  # (it changes no direction: the linear rule is SGD's), then SGD.
+  correct = fedspeed.correction(dyn_hp, controller=lambda ctx: ctx.row["g_hat"])
+  local = LocalOptimizer(corrected(correct, optax.chain(_keep_state(), inner_tx)), sgd.rule,
+                         init=local_init)
   return dataclasses.replace(
-      dyn, local=local, grad=perturbed_gradient, correct=correct,
+      dyn, local=local, grad=perturbed_gradient,
       row_init=lambda params: {"g_hat": optax.tree.zeros_like(params),
                                "mu": optax.tree.zeros_like(params)},
       finish=finish, aggregate={**dyn.aggregate, "z": upload("z")},
-      server_init=server_init, server_update=server_update, downloads=("params", "s"),
-      layerwise="the global perturbation s is normalised over all layers at once and each "
-      "client's row holds two duals")
+      server=ServerRule(server_init, server_update, downloads=("params", "s")))
 
 
 SPECS = (Spec("fedsmoo", Hparams, build,
               "dynamic regulariser + global SAM perturbation s, per-client g_hat_i, mu_i "
-              "(2d each way)"),)
+              "(2d each way)",
+              layerwise="the global perturbation s is normalised over all layers at once and "
+              "each client's row holds two duals"),)

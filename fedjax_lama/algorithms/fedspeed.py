@@ -31,8 +31,8 @@ import optax
 
 from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require,
                                            require_one_of, server_sgd)
-from fedjax_lama.engine.algorithm import (SUM, Algorithm, Reduction, ServerState,
-                                          apply_server_tx, displacement, upload)
+from fedjax_lama.engine.algorithm import (SUM, Algorithm, Reduction, ServerRule, ServerState,
+                                          displacement, server_opt, upload)
 
 
 def _positive(value) -> bool:
@@ -75,6 +75,32 @@ def global_norm(tree) -> jax.Array:
                       for x in leaves))
 
 
+def correction(hp: Hparams, controller=lambda ctx: ctx.row):
+  """The local correction g~ - g_hat_i + (1/lam) (y - x) (line 11), with the reference code's
+  clip when asked; None without a prox correction or a clip. `controller(ctx)` is g_hat_i
+  (the client's row)."""
+  inv_lam = 1.0 / hp.lam
+
+  def clip(tree):
+    factor = jnp.minimum(1.0, hp.clip_norm / (global_norm(tree) + 1e-6))
+    return jax.tree.map(lambda u: (u * factor).astype(u.dtype), tree)
+
+  def correct(grads, params, ctx):
+    x, g_hat = ctx.shared["params"], controller(ctx)
+    if not hp.prox_correction:  # only reached in reference clip mode: its FedAvg clips g~
+      return clip(grads)
+    if hp.clip_mode == "reference":  # clip g~ - g_hat - x/lam, then add y/lam unclipped
+      clipped = clip(jax.tree.map(lambda g, c, xx: g - c - inv_lam * xx, grads, g_hat, x))
+      return jax.tree.map(lambda u, y: u + inv_lam * y, clipped, params)
+    # The same arithmetic as FedDyn's correction with alpha = 1/lam.
+    return jax.tree.map(lambda g, c, y, xx: g - c + inv_lam * (y - xx), grads, g_hat, params,
+                        x)
+
+  if not hp.prox_correction and hp.clip_mode != "reference":
+    return None
+  return correct
+
+
 def build(hp: Hparams, common: Common) -> Algorithm:
   inv_lam, lam, alpha = 1.0 / hp.lam, hp.lam, hp.alpha
 
@@ -92,25 +118,10 @@ def build(hp: Hparams, common: Common) -> Algorithm:
     # loss and aux (normalisation statistics) are those at the unperturbed iterate.
     return (loss, aux), jax.tree.map(lambda a, b: (1 - alpha) * a + alpha * b, g1, g2), opt_state
 
-  def clip(tree):
-    factor = jnp.minimum(1.0, hp.clip_norm / (global_norm(tree) + 1e-6))
-    return jax.tree.map(lambda u: (u * factor).astype(u.dtype), tree)
-
-  def correct(grads, params, ctx):
-    x = ctx.shared["params"]
-    if not hp.prox_correction:  # only reached in reference clip mode: its FedAvg clips g~
-      return clip(grads)
-    if hp.clip_mode == "reference":  # clip g~ - g_hat - x/lam, then add y/lam unclipped
-      clipped = clip(jax.tree.map(lambda g, c, xx: g - c - inv_lam * xx, grads, ctx.row, x))
-      return jax.tree.map(lambda u, y: u + inv_lam * y, clipped, params)
-    # The same arithmetic as FedDyn's correction with alpha = 1/lam.
-    return jax.tree.map(lambda g, c, y, xx: g - c + inv_lam * (y - xx), grads, ctx.row, params,
-                        x)
-
-  local, server_tx = local_optimizer(common), server_sgd(common)
+  local = local_optimizer(common, correction=correction(hp))
+  server = server_opt(server_sgd(common))
   if not hp.prox_correction:  # a SAM-type local step with FedAvg's upload and server
-    return Algorithm(local=local, server_tx=server_tx, grad=quasi_gradient,
-                     correct=correct if hp.clip_mode == "reference" else None)
+    return Algorithm(local=local, grad=quasi_gradient, server=server)
 
   def finish(final, ctx, info):
     del info
@@ -123,26 +134,27 @@ def build(hp: Hparams, common: Common) -> Algorithm:
   if hp.server_average == "active":
     # x_hat - x = (y_K - x) + h_i is not the model's displacement: not named "delta".
     return Algorithm(
-        local=local, server_tx=server_tx, grad=quasi_gradient, correct=correct,
-        row_init=optax.tree.zeros_like, finish=finish,
-        server_update=lambda server, agg: apply_server_tx(server_tx, server, agg["x_hat_delta"]))
+        local=local, grad=quasi_gradient, row_init=optax.tree.zeros_like, finish=finish,
+        server=server_opt(server_sgd(common), upload="x_hat_delta"))
 
-  def server_update(server: ServerState, agg) -> ServerState:
+  def server_init(params, model_state):
+    return server.init(params, model_state)._replace(
+        extra={"g_hat_mean": optax.tree.zeros_like(params)})
+
+  def server_update(state: ServerState, agg) -> ServerState:
     # g_hat_mean = mean_j g_hat_j over all N clients, never-sampled ones at 0; FedDyn's h.
-    g_mean = jax.tree.map(lambda m, s: m - s / agg.population, server.extra["g_hat_mean"],
+    g_mean = jax.tree.map(lambda m, s: m - s / agg.population, state.extra["g_hat_mean"],
                           agg["scaled_delta"])
-    server = apply_server_tx(server_tx, server, agg["delta"])
+    state = server.update(state, agg)  # x <- x + server_lr mean(delta)
     # x - lam * g_hat_mean = x + mean_j h_j, divided as FedDyn does so the two agree bitwise.
-    params = jax.tree.map(lambda xx, m: xx - m / inv_lam, server.params, g_mean)
-    return server._replace(params=params, extra={"g_hat_mean": g_mean})
+    params = jax.tree.map(lambda xx, m: xx - m / inv_lam, state.params, g_mean)
+    return state._replace(params=params, extra={"g_hat_mean": g_mean})
 
   return Algorithm(
-      local=local, server_tx=server_tx, grad=quasi_gradient, correct=correct,
-      row_init=optax.tree.zeros_like, finish=finish,
+      local=local, grad=quasi_gradient, row_init=optax.tree.zeros_like, finish=finish,
       aggregate={"delta": upload("delta"), "scaled_delta": Reduction(
           lambda uploads, info: jax.tree.map(lambda d: inv_lam * d, uploads["delta"]), SUM)},
-      server_init=lambda params: {"g_hat_mean": optax.tree.zeros_like(params)},
-      server_update=server_update)
+      server=ServerRule(server_init, server_update))
 
 
 SPECS = (Spec("fedspeed", Hparams, build,

@@ -47,7 +47,7 @@ from fedjax_lama.algorithms import personal
 from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require,
                                            require_nonnegative, safe_positive, server_sgd)
 from fedjax_lama.engine.algorithm import (MEAN, MODEL_UPLOAD, Algorithm, Personalization,
-                                          Reduction, apply_server_tx)
+                                          Reduction, ServerRule, server_opt)
 from fedjax_lama.tree import tree_where
 
 CLUSTER_UPLOAD = "cluster"   # c_i, as a float32 scalar
@@ -99,7 +99,8 @@ def initial_others(params, hp: Hparams):
 
 def build(hp: Hparams, common: Common) -> Algorithm:
   k = hp.num_clusters
-  server_tx = server_sgd(common)
+  server_tx = server_sgd(common)          # the server optimizer, one state per cluster
+  first_cluster = server_opt(server_tx)   # x_1's rule: ServerState.params and opt_state
   local = personal.holding_optimizer(local_optimizer(common),
                                      lambda ctx: jnp.zeros((), jnp.int32))
 
@@ -144,18 +145,19 @@ def build(hp: Hparams, common: Common) -> Algorithm:
                OTHERS_DELTA: Reduction(others_delta, MEAN),
                CLUSTER_UPLOAD: Reduction(lambda uploads, info: one_hot(uploads), MEAN)}
 
-  def server_init(params):
+  def server_init(params, model_state):
     others = initial_others(params, hp)
-    return {OTHERS: others, "others_opt": jax.vmap(server_tx.init)(others)}
+    return first_cluster.init(params, model_state)._replace(
+        extra={OTHERS: others, "others_opt": jax.vmap(server_tx.init)(others)})
 
-  def server_update(server, agg):
+  def server_update(state, agg):
     share = agg[CLUSTER_UPLOAD]   # [k]: the weight that chose each cluster / the round's
     chosen = share > 0
     delta = jax.tree.map(lambda d: d / safe_positive(share[0]).astype(d.dtype),
                          agg[MODEL_UPLOAD])
-    updated = apply_server_tx(server_tx, server, delta)
+    updated = first_cluster.update(state, agg.replaced(**{MODEL_UPLOAD: delta}))
     first = tree_where(chosen[0], (updated.params, updated.opt_state),
-                       (server.params, server.opt_state))
+                       (state.params, state.opt_state))
 
     def step_other(params, opt_state, d, s, c):
       d = jax.tree.map(lambda v: v / safe_positive(s).astype(v.dtype), d)
@@ -163,10 +165,10 @@ def build(hp: Hparams, common: Common) -> Algorithm:
       return tree_where(c, (optax.apply_updates(params, updates), new_opt),
                         (params, opt_state))
 
-    others, others_opt = jax.vmap(step_other)(server.extra[OTHERS], server.extra["others_opt"],
+    others, others_opt = jax.vmap(step_other)(state.extra[OTHERS], state.extra["others_opt"],
                                               agg[OTHERS_DELTA], share[1:], chosen[1:])
-    return server._replace(params=first[0], opt_state=first[1],
-                           extra={**server.extra, OTHERS: others, "others_opt": others_opt})
+    return state._replace(params=first[0], opt_state=first[1],
+                          extra={**state.extra, OTHERS: others, "others_opt": others_opt})
 
   def row_init(params):
     del params
@@ -177,13 +179,12 @@ def build(hp: Hparams, common: Common) -> Algorithm:
     params, _ = lowest_loss(stacked(server.params, server.extra[OTHERS]), loss_at)
     return params, server.model_state
 
-  return Algorithm(local=local, server_tx=server_tx, finish=finish,
-                   aggregate=aggregate, server_init=server_init, server_update=server_update,
-                   downloads=("params", OTHERS), row_init=row_init,
-                   personal=Personalization(serve, start=start),
-                   layerwise="its k cluster models are chosen whole, per client")
+  return Algorithm(local=local, finish=finish, aggregate=aggregate, row_init=row_init,
+                   server=ServerRule(server_init, server_update, downloads=("params", OTHERS)),
+                   personal=Personalization(serve, start=start))
 
 
 SPECS = (Spec("hypcluster", Hparams, build,
               "k cluster models; each client trains the one of lowest loss on its first "
-              "batch, each cluster averages its own clients' updates"),)
+              "batch, each cluster averages its own clients' updates",
+              layerwise="its k cluster models are chosen whole, per client"),)

@@ -56,7 +56,7 @@ import optax
 
 from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require, server_sgd)
 from fedjax_lama.engine.algorithm import (MODEL_UPLOAD, Algorithm, LocalOptimizer,
-                                          Personalization)
+                                          Personalization, server_opt)
 from fedjax_lama.errors import ConfigError
 from fedjax_lama.fedlama import layer_units
 from fedjax_lama.tree import PyTree, leaf_paths
@@ -71,11 +71,13 @@ _FEDBN_NOT_LAYERWISE = ("its normalization statistics stay on the clients, which
                         "with config.schedule='none'")
 
 
-def _names(value: str) -> tuple:
+def names(value: str) -> tuple:
+  """The layer names of a comma-separated string ("Dense_1, Conv_0/kernel")."""
   return tuple(n.strip() for n in value.split(",") if n.strip())
 
 
-def _check_names(field: str, value) -> None:
+def check_layer_names(field: str, value) -> None:
+  """An Hparams check of a layer-names option (HparamError naming `field`)."""
   require(isinstance(value, str), field, value,
           f"a string: comma-separated layer names, {NONE!r}, or {DEFAULT!r} (the model's "
           "default)")
@@ -89,7 +91,7 @@ class PersonalHparams:
   personal_layers: str = DEFAULT
 
   def __post_init__(self):
-    _check_names("personal_layers", self.personal_layers)
+    check_layer_names("personal_layers", self.personal_layers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +103,7 @@ class FedRepHparams:
   head_steps: int = 5
 
   def __post_init__(self):
-    _check_names("personal_layers", self.personal_layers)
+    check_layer_names("personal_layers", self.personal_layers)
     require(isinstance(self.head_steps, int) and not isinstance(self.head_steps, bool)
             and self.head_steps >= 0, "head_steps", self.head_steps, "an integer >= 0")
 
@@ -112,7 +114,7 @@ class FedBNHparams:
   norm_layers: str = BATCH_NORM
 
   def __post_init__(self):
-    require(isinstance(self.norm_layers, str) and _names(self.norm_layers), "norm_layers",
+    require(isinstance(self.norm_layers, str) and names(self.norm_layers), "norm_layers",
             self.norm_layers, "comma-separated flax module name prefixes (e.g. 'BatchNorm')")
 
 
@@ -120,9 +122,9 @@ class FedBNHparams:
 def layer_names(params: PyTree) -> tuple:
   """The model's layers as FedLAMA names them at module granularity (a tensor at the root
   of params by its own name)."""
-  names = layer_units.layer_spec(params, "module").names
+  modules = layer_units.layer_spec(params, "module").names
   roots = [path[0] for path in leaf_paths(params) if len(path) == 1]
-  return tuple(n for n in names if n) + tuple(roots)
+  return tuple(n for n in modules if n) + tuple(roots)
 
 
 def classifier_head(params: PyTree, field: str) -> tuple:
@@ -135,17 +137,21 @@ def classifier_head(params: PyTree, field: str) -> tuple:
   return (max(found)[1],)
 
 
-def select_names(params: PyTree, names: tuple, field: str, value: str) -> np.ndarray:
-  """bool [num_leaves]: the leaves under any of `names` ("/"-joined path prefixes)."""
+def select_names(params: PyTree, layers: tuple, field: str, value: str,
+                 otherwise: str = f"{NONE!r}, or {DEFAULT!r} (the model's default)"
+                 ) -> np.ndarray:
+  """bool [num_leaves]: the leaves under any of `layers` ("/"-joined path prefixes); a name
+  that is not a layer of the model stops with a ConfigError naming `field` and what it
+  accepts (the model's layers, or `otherwise`)."""
   paths = leaf_paths(params)
   chosen = np.zeros(len(paths), bool)
-  for name in names:
+  for name in layers:
     parts = tuple(name.split("/"))
     hit = np.array([path[:len(parts)] == parts for path in paths], bool)
     if not hit.any():
       raise ConfigError(f"{field}={value!r}: {name!r} is not a layer of the model; accepted: "
                         f"comma-separated layer names ({', '.join(layer_names(params))}), "
-                        f"{NONE!r}, or {DEFAULT!r} (the model's default)")
+                        f"{otherwise}")
     chosen |= hit
   return chosen
 
@@ -157,8 +163,8 @@ def named_layers(value: str, default, field: str):
   def personal(params):
     if value.strip() == NONE:
       return np.zeros(len(jax.tree_util.tree_leaves(params)), bool)
-    names = _names(value) if value.strip() else default(params, field)
-    return select_names(params, names, field, value)
+    chosen = names(value) if value.strip() else default(params, field)
+    return select_names(params, chosen, field, value)
 
   return personal
 
@@ -230,9 +236,10 @@ def _row(params_part: dict, stats_part: dict) -> dict:
   return row
 
 
-def _as_tree(mask: np.ndarray, like: PyTree) -> PyTree:
-  return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like),
-                                      [bool(m) for m in mask])
+def as_tree(mask: np.ndarray, like: PyTree) -> PyTree:
+  """bool [num_leaves] as a pytree shaped like `like` of Python bools (what
+  `Personalization.exchanged` and `engine.algorithm.freeze` take)."""
+  return jax.tree.unflatten(jax.tree.structure(like), [bool(m) for m in mask])
 
 
 # ---- FedRep's alternating local steps --------------------------------------------------------
@@ -249,7 +256,7 @@ def head_then_body(inner: optax.GradientTransformation, head_steps: int, persona
     head_phase = count < head_steps
     head_dir, new_head = inner.update(updates, head_state, params)
     body_dir, new_body = inner.update(updates, body_state, params)
-    is_head = _as_tree(personal(updates), updates)
+    is_head = as_tree(personal(updates), updates)
     direction = jax.tree.map(
         lambda h, b, own: jnp.where(head_phase, h if own else jnp.zeros_like(h),
                                     jnp.zeros_like(b) if own else b),
@@ -286,7 +293,7 @@ def partition(common: Common, personal, *, personal_stats: bool = False,
     del info
     mask = personal(final.params)
     delta = jax.tree.map(lambda y, x, own: jnp.zeros_like(y) if own else y - x, final.params,
-                         ctx.shared["params"], _as_tree(mask, final.params))
+                         ctx.shared["params"], as_tree(mask, final.params))
     stats = {}
     if personal_stats:
       stats = take_like(final.model_state, ctx.row.get("batch_stats", {}))
@@ -297,12 +304,11 @@ def partition(common: Common, personal, *, personal_stats: bool = False,
     return own_layers(server.params, server.model_state, row)
 
   def exchanged(params):
-    return _as_tree(~personal(params), params)
+    return as_tree(~personal(params), params)
 
   return Algorithm(local=local if local is not None else local_optimizer(common),
-                   server_tx=server_sgd(common), row_init=row_init, finish=finish,
-                   personal=Personalization(serve, start=start, exchanged=exchanged),
-                   layerwise=_FEDBN_NOT_LAYERWISE if personal_stats else True)
+                   server=server_opt(server_sgd(common)), row_init=row_init, finish=finish,
+                   personal=Personalization(serve, start=start, exchanged=exchanged))
 
 
 def take_like(tree: PyTree, part: PyTree) -> dict:
@@ -331,7 +337,7 @@ def build_fedrep(hp: FedRepHparams, common: Common) -> Algorithm:
 
 
 def build_fedbn(hp: FedBNHparams, common: Common) -> Algorithm:
-  return partition(common, norm_layers(_names(hp.norm_layers)), personal_stats=True)
+  return partition(common, norm_layers(names(hp.norm_layers)), personal_stats=True)
 
 
 SPECS = (
@@ -342,5 +348,6 @@ SPECS = (
     Spec("lg_fedavg", PersonalHparams, build_lg_fedavg,
          "personal lower layers, shared top layers averaged"),
     Spec("fedbn", FedBNHparams, build_fedbn,
-         "FedAvg with local batch-norm layers and statistics"),
+         "FedAvg with local batch-norm layers and statistics",
+         layerwise=_FEDBN_NOT_LAYERWISE),
 )

@@ -29,7 +29,7 @@ rho = 0 is the project's fedcm with the same alpha exactly; alpha = 1 is fedsam.
 import dataclasses
 
 from fedjax_lama.algorithms import fedcm
-from fedjax_lama.algorithms.common import Common, Spec, require
+from fedjax_lama.algorithms.common import Common, Spec, local_optimizer, require
 from fedjax_lama.algorithms.fedsam import check_sam_options, sam_oracle, with_reference_clip
 from fedjax_lama.engine.algorithm import Algorithm
 
@@ -50,10 +50,11 @@ class Hparams:
 
 def build(hp: Hparams, common: Common) -> Algorithm:
   momentum = fedcm.build(fedcm.Hparams(alpha=hp.alpha), common)
-  correct = momentum.correct
+  correct = fedcm.client_momentum(hp.alpha)  # alpha g~ + (1 - alpha) D
   if hp.clip_mode == "reference":
     correct = with_reference_clip(correct, hp.clip_norm)
-  return dataclasses.replace(momentum, grad=sam_oracle(hp.rho, hp.perturb_eps), correct=correct)
+  return dataclasses.replace(momentum, local=local_optimizer(common, correction=correct),
+                             grad=sam_oracle(hp.rho, hp.perturb_eps))
 
 
 SPECS = (Spec("mofedsam", Hparams, build,

@@ -33,7 +33,7 @@ import jax
 from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require,
                                            require_one_of, server_sgd)
 from fedjax_lama.algorithms.personal import sgd_step
-from fedjax_lama.engine.algorithm import Algorithm
+from fedjax_lama.engine.algorithm import Algorithm, server_opt
 
 VARIANTS = ("fo", "hf")
 
@@ -68,7 +68,8 @@ def build(hp: Hparams, common: Common) -> Algorithm:
     loss_aux, g = meta_gradient(value_and_grad, params, hp.alpha, hp.variant)
     return loss_aux, g, opt_state
 
-  return Algorithm(local=local_optimizer(common), server_tx=server_sgd(common), grad=grad)
+  return Algorithm(local=local_optimizer(common), server=server_opt(server_sgd(common)),
+                   grad=grad)
 
 
 SPECS = (Spec("perfedavg", Hparams, build,

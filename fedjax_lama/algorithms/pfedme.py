@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from fedjax_lama.algorithms import personal
 from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require,
                                            server_sgd)
-from fedjax_lama.engine.algorithm import Algorithm, Personalization, upload_delta
+from fedjax_lama.engine.algorithm import Algorithm, Personalization, server_opt, upload_delta
 
 
 def _positive(value) -> bool:
@@ -94,12 +94,12 @@ def build(hp: Hparams, common: Common) -> Algorithm:
   def row_init(params):
     return {"theta": jax.tree.map(jnp.asarray, params), "seen": personal.unseen()}
 
-  return Algorithm(local=local, server_tx=server_sgd(common), grad=grad, row_init=row_init,
-                   finish=finish, personal=Personalization(serve),
-                   layerwise="each client's row holds a whole personal model, and theta is "
-                   "solved for the whole model at once")
+  return Algorithm(local=local, server=server_opt(server_sgd(common)), grad=grad,
+                   row_init=row_init, finish=finish, personal=Personalization(serve))
 
 
 SPECS = (Spec("pfedme", Hparams, build,
               "Moreau-envelope personalization: theta_i solved in inner steps, w_i stepped "
-              "toward it, server beta-mixing (config.server_lr)"),)
+              "toward it, server beta-mixing (config.server_lr)",
+              layerwise="each client's row holds a whole personal model, and theta is "
+              "solved for the whole model at once"),)

@@ -25,8 +25,8 @@ import optax
 
 from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require_one_of,
                                            safe_positive, server_sgd)
-from fedjax_lama.engine.algorithm import (SUM, Algorithm, ServerState, apply_server_tx,
-                                          displacement, leafwise, upload)
+from fedjax_lama.engine.algorithm import (SUM, Algorithm, ServerRule, ServerState, corrected,
+                                          displacement, leafwise, server_opt, upload)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,19 +58,24 @@ def record_first_gradient() -> optax.GradientTransformation:
   return optax.GradientTransformation(init, update)
 
 
-def build(hp: Hparams, common: Common) -> Algorithm:
-  sgd = local_optimizer(common)
-  server_tx = server_sgd(common)
-  if not hp.control_variates:
-    return Algorithm(local=sgd, server_tx=server_tx)
-  # Option I records the first corrected gradient g(x) - c_i + c before any decay or momentum;
-  # the pass-through leaves the linear rule unchanged.
-  local = (dataclasses.replace(sgd, tx=optax.chain(record_first_gradient(), sgd.tx))
-           if hp.option == "I" else sgd)
+def control_variates(grads, params, ctx):
+  """The correction g - c_i + c, with c_i the client's row and c the downloaded variate."""
+  del params
+  return jax.tree.map(lambda g, ci, c: g - ci + c, grads, ctx.row, ctx.shared["c"])
 
-  def correct(grads, params, ctx):
-    del params
-    return jax.tree.map(lambda g, ci, c: g - ci + c, grads, ctx.row, ctx.shared["c"])
+
+def build(hp: Hparams, common: Common) -> Algorithm:
+  server = server_opt(server_sgd(common))
+  if not hp.control_variates:
+    return Algorithm(local=local_optimizer(common), server=server)
+  if hp.option == "II":
+    local = local_optimizer(common, correction=control_variates)
+  else:
+    # Option I records the first corrected gradient g(x) - c_i + c before any decay or
+    # momentum; the pass-through leaves the linear rule unchanged.
+    sgd = local_optimizer(common)
+    local = dataclasses.replace(
+        sgd, tx=corrected(control_variates, optax.chain(record_first_gradient(), sgd.tx)))
 
   def finish(final, ctx, info):
     c_i, c = ctx.row, ctx.shared["c"]
@@ -84,20 +89,25 @@ def build(hp: Hparams, common: Common) -> Algorithm:
     dc = jax.tree.map(jnp.subtract, c_new, c_i)
     return {"delta": displacement(final, ctx), "dc": dc}, c_new
 
-  def server_update(server: ServerState, agg) -> ServerState:
-    server = apply_server_tx(server_tx, server, agg["delta"])
-    c = jax.tree.map(lambda c, s: c + s / agg.population, server.extra["c"], agg["dc"])
-    return server._replace(extra={**server.extra, "c": c})
+  def server_init(params, model_state):
+    return server.init(params, model_state)._replace(extra={"c": optax.tree.zeros_like(params)})
+
+  def server_update(state: ServerState, agg) -> ServerState:
+    state = server.update(state, agg)  # x <- x + server_lr mean(delta)
+    c = jax.tree.map(lambda c, s: c + s / agg.population, state.extra["c"], agg["dc"])
+    return state._replace(extra={**state.extra, "c": c})
 
   return Algorithm(
-      local=local, server_tx=server_tx, correct=correct,
-      row_init=optax.tree.zeros_like, finish=finish,
+      local=local, row_init=optax.tree.zeros_like, finish=finish,
       aggregate={"delta": upload("delta"), "dc": upload("dc", SUM)},
-      server_init=lambda params: {"c": optax.tree.zeros_like(params)},
-      server_update=server_update, downloads=("params", "c"),
-      layerwise=True if hp.option == "II" else
+      server=ServerRule(server_init, server_update, downloads=("params", "c")))
+
+
+def layerwise(hp: Hparams):
+  return True if hp.option == "II" else (
       "option I's c_i is the gradient at the round's start model, which a layer-wise "
       "schedule does not have")
 
 
-SPECS = (Spec("scaffold", Hparams, build, "control variates c, c_i (2d each way)"),)
+SPECS = (Spec("scaffold", Hparams, build, "control variates c, c_i (2d each way)",
+              layerwise=layerwise),)

@@ -36,7 +36,7 @@ import optax
 
 from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require, require_one_of,
                                            server_rate)
-from fedjax_lama.engine.algorithm import Algorithm
+from fedjax_lama.engine.algorithm import Algorithm, server_opt
 
 
 class ReddiState(NamedTuple):
@@ -139,7 +139,7 @@ def adaptive(kind: str):
       server_tx = optax_server(kind, rate, hp.beta1, hp.beta2, hp.tau)
     else:
       server_tx = reddi(kind, rate, hp.beta1, hp.beta2, hp.tau, hp.convention)
-    return Algorithm(local=local_optimizer(common), server_tx=server_tx)
+    return Algorithm(local=local_optimizer(common), server=server_opt(server_tx))
 
   return build
 
@@ -166,8 +166,8 @@ class MomentumHparams:
 
 def build_fedavgm(hp: MomentumHparams, common: Common) -> Algorithm:
   """v <- b v + G, x <- x - server_lr v: optax.sgd with momentum (b = 0: FedAvg exactly)."""
-  return Algorithm(local=local_optimizer(common),
-                   server_tx=optax.sgd(server_rate(common), momentum=hp.momentum or None))
+  return Algorithm(local=local_optimizer(common), server=server_opt(
+      optax.sgd(server_rate(common), momentum=hp.momentum or None)))
 
 
 SPECS = (

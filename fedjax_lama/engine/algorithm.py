@@ -7,19 +7,22 @@ functions for ONE client or ONE server, and adds the client axis itself.
 
 One synchronous round, and which function the engine calls where:
 
-    shared  = {name: server value for name in downloads}         what goes down
+    rule    = algorithm.server                                    the ServerRule
+    server  = rule.init(params, model_state)                      once, at the run's start
+    shared  = {name: server value for name in rule.downloads}    what goes down
     ctx     = ClientContext(shared, row, num_examples, client_id)
     state   = LocalState(shared["params"], server stats, local.init_state(ctx))
     state   = personal.start(state, ctx, loss on the first batch)   personalized methods only
     for each local step k (a lax.scan, vmapped over clients):
       (loss, aux), g, opt = grad(value_and_grad_at_this_batch, params, ctx, opt)
-      g = correct(g, params, ctx)                                proximal pull, control variates
-      direction, opt = local.tx.update(g, opt, params)           optax; the engine applies -lr
+      direction, opt = local.tx.update(g, opt, params, ctx=ctx)  optax; the engine applies -lr
+                       (a correction -- proximal pull, control variates -- is the head of
+                        this chain: `corrected`, which reads the context from `ctx`)
     uploads, new_row = finish(final_state, ctx, info)             what goes up; the client's row
     uploads = decode(encode(uploads))                             the run's uplink compressor
     aggregates[name] = stage(reduction.fn(uploads_i, info_i))   engine/aggregation.py
-    server = server_update(server, Aggregates)                    the algorithm's own rule
-    eval_params, scalars = report(server)                         what the run evaluates and logs
+    server = rule.update(server, Aggregates)                      the algorithm's server rule
+    eval_params, scalars = rule.report(server)                    what the run evaluates and logs
     params_i, stats_i = personal.serve(server, row_i, loss_at)    each client's own model
 
 Conventions:
@@ -28,10 +31,13 @@ Conventions:
   FedLAMA's layer discrepancy reads it when it is there (else y - x from the slots).
 - Communication follows from the declaration: every upload travels (floats up
   = their sizes; all-scalar uploads are 32 bits each and are never compressed),
-  every name in `downloads` travels down. `personal.exchanged` narrows the params-shaped ones
-  to the leaves that travel (the personalization methods' shared layers): the other leaves
-  of a params-shaped upload must be zeros, and `personal.start` must not read their
-  downloads.
+  every name in `ServerRule.downloads` travels down. `personal.exchanged` narrows the
+  accounting of the params-shaped ones to the leaves that travel (the personalization
+  methods' shared layers), up and down; it does not narrow what the engine hands a client
+  (the simulation passes the server's whole tree), so the other leaves of a params-shaped
+  upload must be zeros, and a client must not read their downloaded values unless the
+  server never changes them (FedBABU's head, frozen at its initialisation, which every
+  client holds from the start).
   `aggregate`s are computed from the decoded uploads and `ClientInfo`, which the server
   knows without transmission (step counts, learning rates, example counts, ids).
 - Aggregation: `aggregate` declares each aggregate's reduction as an engine/stages.py
@@ -40,11 +46,11 @@ Conventions:
   run-level stage (clipping, a robust reducer) wraps the aggregate of the model upload.
 - Layer-wise schedules (FedLAMA) apply the server update, the rows and the
   uploads leaf by leaf. That needs every upload, row and server-state entry to
-  be params-shaped (or absent); `layerwise` says whether the rules are also
-  meaningful per leaf (False, or a string saying why not).
+  be params-shaped (or absent); the algorithm's registry entry (`Spec.layerwise`,
+  fedjax_lama/algorithms/common.py) says whether the rules are also meaningful per leaf.
 """
 import dataclasses
-from typing import Any, Callable, Mapping, NamedTuple, Optional, Union
+from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -103,6 +109,9 @@ class ServerState(NamedTuple):
   extra: dict           # algorithm state: SCAFFOLD's c, FedDyn's h, Fed-LAMB's v_hat, ...
 
 
+# The upload that is the model displacement y - x, by convention (FedLAMA's d_l reads it).
+MODEL_UPLOAD = "delta"
+
 # The two reducers algorithms declare (engine/stages.py): the round's weighted mean, and the
 # sum over the participants (for 1/N means over the federation).
 MEAN = stages.mean()   # sum_i p_i f_i / sum_i p_i, the round's p_i (Aggregates.weighting)
@@ -142,6 +151,11 @@ class Aggregates(NamedTuple):
   def __getitem__(self, name: str) -> PyTree:
     return self.values[name]
 
+  def replaced(self, **values) -> "Aggregates":
+    """These aggregates with some values replaced (a rescaled displacement for a rule that
+    steps with `server_opt`)."""
+    return self._replace(values={**self.values, **values})
+
 
 # Signatures (one client, one server; no client axis anywhere).
 ValueAndGrad = Callable[[PyTree], tuple[tuple[jax.Array, Any], PyTree]]
@@ -151,9 +165,13 @@ ValueAndGrad = Callable[[PyTree], tuple[tuple[jax.Array, Any], PyTree]]
 # FedSMOO's dual kept across steps), and every other oracle passes opt_state through.
 GradOracle = Callable[[ValueAndGrad, PyTree, ClientContext, PyTree],
                       tuple[tuple[jax.Array, Any], PyTree, PyTree]]
-Correction = Callable[[PyTree, PyTree, ClientContext], PyTree]           # (g, params, ctx) -> g
+# (g, params, ctx) -> g: a gradient correction, the head of the local optimizer's chain
+# (`corrected`): FedProx's pull, SCAFFOLD's control variates, FedDyn's linear term.
+Correction = Callable[[PyTree, PyTree, ClientContext], PyTree]
 LocalInit = Callable[[ClientContext], PyTree]                            # ctx -> opt_state
 Finish = Callable[[LocalState, ClientContext, ClientInfo], tuple[dict, PyTree]]
+# (params, model_state) -> the server state at the run's start.
+ServerInit = Callable[[PyTree, PyTree], ServerState]
 ServerUpdate = Callable[[ServerState, Aggregates], ServerState]
 # server -> (the params the run evaluates, {metric name: scalar} for the round's record)
 Report = Callable[[ServerState], tuple[PyTree, Mapping[str, jax.Array]]]
@@ -180,18 +198,18 @@ class Personalization:
   """What a personalized method adds to its record: the model each client is served, where
   each client's local training starts, and which layers travel.
 
-  `serve` gives every client its own model in per-client evaluation (engine/personal_eval.py).
+  `serve` (None: the global model, then the run's fine-tuning if any) gives every client its
+  own model in per-client evaluation (engine/personal_eval.py).
   `start` (None: the default start) rewrites a client's starting state (see `Start`).
-  `exchanged` (None: all) names the params leaves that travel up and down; the others are
-  personal: params-shaped uploads hold zeros there and only the exchanged leaves are counted.
+  `exchanged` (None: all) names the params leaves that travel up and down. It narrows the
+  accounting (the ledger's floats and bits, the compressor's input, FedLAMA's
+  synchronisation), not the values: params-shaped uploads must hold zeros on the other
+  leaves, and the downloads a client is handed still hold the server's values there, which
+  a client may read only if the server never changes them (see the module docstring).
   """
-  serve: Serve
+  serve: Optional[Serve] = None
   start: Optional[Start] = None
   exchanged: Optional[Exchanged] = None
-
-
-# The upload that is the model displacement y - x, by convention (FedLAMA's d_l reads it).
-MODEL_UPLOAD = "delta"
 
 
 def single_gradient(value_and_grad: ValueAndGrad, params: PyTree, ctx: ClientContext,
@@ -229,6 +247,48 @@ def report_model(server: ServerState):
   return server.params, {}
 
 
+@dataclasses.dataclass(frozen=True)
+class ServerRule:
+  """The server's half of an algorithm: where its state starts, how a round's aggregates
+  update it, which of its entries go down to the clients, and what the run evaluates.
+
+  `server_opt(tx)` is the common rule, FedAvg's with tx = optax.sgd(1.0). An algorithm
+  with state of its own (SCAFFOLD's c, FedDyn's h) writes its `init` and `update` around
+  it: `server_opt(tx).init(params, model_state)._replace(extra=...)`, and its update calls
+  `server_opt(tx).update(server, agg)` for the model's step.
+  """
+  init: ServerInit
+  update: ServerUpdate
+  downloads: tuple = ("params",)   # names of the server state that go down (extra's keys)
+  report: Report = report_model    # what the run evaluates, and scalars it logs
+
+  def __post_init__(self):
+    if "params" not in self.downloads:
+      raise ValueError(f"ServerRule.downloads={self.downloads!r} must include 'params'")
+
+  def shared(self, server: ServerState) -> dict:
+    """What goes down: the declared downloads of the server state."""
+    return {name: server.params if name == "params" else server.extra[name]
+            for name in self.downloads}
+
+
+def server_opt(tx: Optional[optax.GradientTransformation] = None,
+               upload: str = MODEL_UPLOAD) -> ServerRule:
+  """The server rule x <- x + tx(G) with G = -agg[upload], the mean of the uploaded
+  displacements (`apply_server_tx`); its state is tx's, and nothing but the model goes
+  down. tx None: optax.sgd(1.0), FedAvg's average.
+  """
+  tx = optax.sgd(1.0) if tx is None else tx
+
+  def init(params: PyTree, model_state: PyTree) -> ServerState:
+    return ServerState(params, model_state, tx.init(params), {})
+
+  def update(server: ServerState, agg: Aggregates) -> ServerState:
+    return apply_server_tx(tx, server, agg[upload])
+
+  return ServerRule(init, update)
+
+
 class LocalSGD(NamedTuple):
   """The local optimizer as a linear rule, for the effective step (ClientInfo).
 
@@ -249,6 +309,9 @@ class LocalOptimizer:
   direction by -lr), the same optimizer as a linear rule for the effective step, and how
   its state starts each round.
 
+  The engine calls `tx.update(g, opt_state, params, ctx=ctx)`: the client's ClientContext
+  is an optax extra argument, which a gradient correction at the head of the chain reads
+  (`corrected`); a plain optax.GradientTransformation ignores it.
   Build SGD with `local_sgd`, which makes the transform and the rule from the same numbers
   so they cannot disagree; an adaptive optimizer (Fed-LAMB's AMSGrad) is
   `LocalOptimizer(tx)`, without a rule, and ClientInfo.effective_step is then nan.
@@ -265,14 +328,35 @@ class LocalOptimizer:
     return self.tx.init(ctx.shared["params"])
 
 
+def corrected(correction: Optional[Correction],
+              tx: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
+  """`tx` applied to the corrected gradient: the chain g -> correction(g, params, ctx) -> tx,
+  with ctx the client's ClientContext (the extra argument the engine passes).
+
+  The correction keeps no state, so the chain's state is tx's own (the same structure as
+  without it: a checkpointed local state restores either way). correction None: tx.
+  """
+  inner = optax.with_extra_args_support(tx)
+  if correction is None:
+    return inner
+
+  def update(updates, state, params=None, *, ctx: ClientContext, **extra_args):
+    return inner.update(correction(updates, params, ctx), state, params, ctx=ctx,
+                        **extra_args)
+
+  return optax.GradientTransformationExtraArgs(inner.init, update)
+
+
 def local_sgd(momentum: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0,
-              pull: float = 0.0, weight_decay_mask: Optional[Any] = None) -> LocalOptimizer:
-  """Local SGD: decayed weights, then a momentum trace (optax), and its linear rule.
+              pull: float = 0.0, weight_decay_mask: Optional[Any] = None,
+              correction: Optional[Correction] = None) -> LocalOptimizer:
+  """Local SGD: the gradient `correction` (if any), decayed weights, then a momentum trace
+  (optax), and its linear rule.
 
   The learning rate is applied outside the transform, so that a schedule indexed by the
   global local-step count is evaluated inside the scan without rebuilding the optimizer
-  state. `pull` is a proximal coefficient applied by the algorithm's `correct` (FedProx's
-  mu) that the effective step counts as part of the optimizer (LocalSGD).
+  state. `pull` is a proximal coefficient inside the correction (FedProx's mu) that the
+  effective step counts as part of the optimizer (LocalSGD).
   """
   parts = []
   if weight_decay:
@@ -280,7 +364,22 @@ def local_sgd(momentum: float = 0.0, nesterov: bool = False, weight_decay: float
   if momentum:
     parts.append(optax.trace(decay=momentum, nesterov=nesterov))
   tx = optax.chain(*parts) if parts else optax.identity()
+  if correction is not None:
+    tx = corrected(correction, tx)
   return LocalOptimizer(tx, LocalSGD(float(momentum), bool(nesterov), float(pull)))
+
+
+def freeze(local: LocalOptimizer, frozen: Exchanged) -> LocalOptimizer:
+  """`local` with the leaves `frozen(params)` marks True (a params-shaped tree of Python
+  bools) held where they start: their direction is set to zero after every other transform
+  (weight decay and momentum included), so they stay bit for bit. The linear rule is
+  `local`'s: it describes the leaves that move. (FedBABU's head during training; the layers
+  fine-tuning leaves alone at evaluation.)"""
+  zero = optax.masked(optax.set_to_zero(), frozen)
+  init = None
+  if local.init is not None:
+    init = lambda ctx: (local.init(ctx), zero.init(ctx.shared["params"]))
+  return LocalOptimizer(optax.chain(local.tx, zero), local.rule, init)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,34 +388,38 @@ class Algorithm:
 
   Fields left at their defaults give FedAvg's behaviour for that piece (docs/algorithms.md
   lists them). What the run decides (the uplink compressor, FedSGD's one full-batch step,
-  whether local optimizer states carry over rounds) and the registry name are not here:
-  they belong to the algorithm's `Spec` and the run options.
+  whether a layer-wise schedule may run it, whether local optimizer states carry over
+  rounds) and the registry name are not here: they belong to the algorithm's `Spec` and the
+  run options.
+
+  Example: FedAvg with server momentum, and FedProx's clients::
+
+    Algorithm(local=local_sgd(momentum=0.9), server=server_opt(optax.sgd(1.0, momentum=0.9)))
+    pull = lambda g, params, ctx: jax.tree.map(
+        lambda gi, p, x: gi + 0.01 * (p - x), g, params, ctx.shared["params"])
+    Algorithm(local=local_sgd(correction=pull))
   """
+  # The client's optimizer; a gradient correction is the head of its chain (`corrected`).
   local: LocalOptimizer = dataclasses.field(default_factory=local_sgd)
-  server_tx: optax.GradientTransformation = dataclasses.field(
-      default_factory=lambda: optax.sgd(1.0))
   grad: GradOracle = single_gradient
-  correct: Optional[Correction] = None
   row_init: Optional[Callable[[PyTree], PyTree]] = None   # params -> one client's row
   finish: Finish = upload_delta
   # The declared aggregation: name -> Reduction. Every upload not named here is aggregated
   # by MEAN under its own name (so declaring some never drops another's default).
   aggregate: Optional[Mapping[str, Reduction]] = None
-  server_init: Optional[Callable[[PyTree], dict]] = None  # params -> ServerState.extra
-  server_update: Optional[ServerUpdate] = None            # None: apply_server_tx(agg["delta"])
-  downloads: tuple = ("params",)
-  layerwise: Union[bool, str] = True     # may a layer-wise schedule run it? (str: why not)
-  report: Report = report_model          # what the run evaluates, and scalars it logs
+  # The server's state, update, downloads and report; default FedAvg's server_opt().
+  server: ServerRule = dataclasses.field(default_factory=server_opt)
   # Each client's own model, start and exchanged layers (the personalization methods); None:
   # every client starts from and is served the global model, and every leaf travels.
   personal: Optional[Personalization] = None
 
   def __post_init__(self):
-    if "params" not in self.downloads:
-      raise ValueError(f"Algorithm.downloads={self.downloads!r} must include 'params'")
     if not isinstance(self.local, LocalOptimizer):
       raise ValueError(f"Algorithm.local={self.local!r} is not accepted; accepted: a "
                        "LocalOptimizer (local_sgd(...), or LocalOptimizer(tx) for an adaptive one)")
+    if not isinstance(self.server, ServerRule):
+      raise ValueError(f"Algorithm.server={self.server!r} is not accepted; accepted: a "
+                       "ServerRule (server_opt(tx), or ServerRule(init, update, ...))")
 
   # ---- the engine's view, defaults resolved ------------------------------------------------
   @property
@@ -335,23 +438,13 @@ class Algorithm:
     return self.personal.serve if self.personal is not None else None
 
   def shared(self, server: ServerState) -> dict:
-    """What goes down: the declared downloads of the server state."""
-    return {name: server.params if name == "params" else server.extra[name]
-            for name in self.downloads}
-
-  def init_server(self, params: PyTree, model_state: PyTree) -> ServerState:
-    extra = dict(self.server_init(params)) if self.server_init is not None else {}
-    return ServerState(params, model_state, self.server_tx.init(params), extra)
+    """What goes down: the declared downloads of the server state (`ServerRule.shared`)."""
+    return self.server.shared(server)
 
   def aggregations_for(self, upload_names) -> dict:
     """The declared aggregates, then the MEAN of every other upload under its own name."""
     declared = dict(self.aggregate or {})
     return {**declared, **{name: upload(name) for name in upload_names if name not in declared}}
-
-  def update_server(self, server: ServerState, agg: Aggregates) -> ServerState:
-    if self.server_update is not None:
-      return self.server_update(server, agg)
-    return apply_server_tx(self.server_tx, server, agg[MODEL_UPLOAD])
 
 
 def leafwise(value: PyTree, like: PyTree) -> PyTree:

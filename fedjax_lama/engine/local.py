@@ -175,8 +175,9 @@ def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
   the first step, from the losses it may ask for on step 0's batch (FedPer's own head,
   HypCluster's choice of cluster).
   Each step evaluates `algorithm.grad` (one or more gradients on the step's batch; it may
-  also update the local optimizer state), adds `algorithm.correct(g, params, ctx)`, and
-  moves the parameters by -lr * local.tx(g) (engine/algorithm.py). Beside it the same
+  also update the local optimizer state) and moves the parameters by -lr * local.tx(g), the
+  local optimizer's update with the client's context as optax's extra argument `ctx`, which
+  a gradient correction at the head of its chain reads (engine/algorithm.py). Beside it the same
   steps of `algorithm.local.rule` run on the unit problem (`unit_step`), which gives the
   client's effective step (StepStats.effective_step, per client, padded steps skipped, each
   step's own learning rate). step_offset is the global local-step count of the first step
@@ -189,7 +190,8 @@ def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
   the step's batch after augmentation, so a triggered example keeps the trigger where the
   evaluation stamps it.
   """
-  local_tx, grad_oracle, correct = algorithm.local.tx, algorithm.grad, algorithm.correct
+  local_tx = optax.with_extra_args_support(algorithm.local.tx)
+  grad_oracle = algorithm.grad
   rule = algorithm.local.rule
   start = algorithm.start if begins else None
 
@@ -226,9 +228,7 @@ def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
           lambda p: loss_fn(p, carry.model_state, x, y, emask, k), has_aux=True)
       (loss, (new_model_state, correct_count)), grads, opt_state = grad_oracle(
           value_and_grad, carry.params, ctx, carry.opt_state)
-      if correct is not None:
-        grads = correct(grads, carry.params, ctx)
-      direction, new_opt = local_tx.update(grads, opt_state, carry.params)
+      direction, new_opt = local_tx.update(grads, opt_state, carry.params, ctx=ctx)
       lr = learning_rate(step_offset + s)
       new_params = jax.tree.map(lambda p, u: p - lr * u, carry.params, direction)
       new = LocalState(new_params, new_model_state, new_opt)

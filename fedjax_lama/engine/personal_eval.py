@@ -17,7 +17,8 @@ memory is flat in the number of clients (it grows with C, never with N):
       w_i, s_i   = algorithm.serve(server, row_i, loss_at)            (or x, model_state)
                    (loss_at: a model's mean loss over client i's training part, computed
                    only for a serve that reads it, HypCluster's choice)
-      w_i, s_i   = k steps of local SGD from w_i on client i's training part (fine-tuning)
+      w_i, s_i   = k steps of local SGD from w_i on client i's training part (fine-tuning;
+                   the layers it leaves alone, if any, stay as served: `finetune_frozen`)
       personal_i = metrics of w_i on client i's test part
 
 Test parts are packed once as [N, T] index and mask arrays (T: the largest test part); a
@@ -47,7 +48,7 @@ import numpy as np
 from fedjax_lama import data as fdata
 from fedjax_lama.data import seeding
 from fedjax_lama.engine import evaluate, local, sharding
-from fedjax_lama.engine.algorithm import Algorithm, ClientContext, LocalState
+from fedjax_lama.engine.algorithm import Algorithm, ClientContext, LocalState, freeze
 
 
 class ClientSums(NamedTuple):
@@ -179,6 +180,9 @@ class PersonalEvaluator:
       chunks laid out by size); default C times the largest test part.
     max_padding, max_widths: `chunk_layout`'s bound on the personal chunks' padding (inf:
       one width) and on the widths it may use.
+    finetune_frozen: params -> a params-shaped tree of Python bools, True on the leaves
+      fine-tuning leaves alone (engine.algorithm.freeze; the head-only fine-tuning of
+      FedBABU freezes the body); None: fine-tuning moves every leaf.
   """
 
   def __init__(self, eval_fn, mesh, *, test_x, test_y, test_parts, clients_per_chunk: int,
@@ -186,7 +190,8 @@ class PersonalEvaluator:
                train_x=None, train_y=None, train_parts=None, finetune_steps: int = 0,
                finetune_lr: float = 0.0, batch_size: int = 1, seed: int = 0,
                unroll: int = 1, eval_batch_size: Optional[int] = None,
-               max_padding: float = MAX_PADDING, max_widths: int = MAX_WIDTHS):
+               max_padding: float = MAX_PADDING, max_widths: int = MAX_WIDTHS,
+               finetune_frozen: Optional[Callable] = None):
     if finetune_steps < 0:
       raise ValueError(f"finetune_steps={finetune_steps!r}; accepted: an integer >= 0")
     if finetune_steps and (loss_fn is None or train_parts is None):
@@ -211,10 +216,12 @@ class PersonalEvaluator:
     # Fine-tuning is configured when its loss and data are given; k = 0 then runs the same
     # code over an empty step axis (the model comes back as it went in).
     self.finetunes = loss_fn is not None and train_parts is not None
+    # Plain SGD at a constant rate; the frozen leaves (if any) never move.
+    tuner = Algorithm() if finetune_frozen is None else Algorithm(
+        local=freeze(Algorithm().local, finetune_frozen))
     if self.finetunes:
       rate = float(finetune_lr)
-      client_train = local.make_client_train(loss_fn, Algorithm(), lambda step: rate,
-                                             unroll=unroll)
+      client_train = local.make_client_train(loss_fn, tuner, lambda step: rate, unroll=unroll)
     else:
       client_train = None
     self.has_personal_model = serve is not None or self.finetune_steps > 0
@@ -231,10 +238,9 @@ class PersonalEvaluator:
           return jnp.sum(loss) / jnp.maximum(jnp.sum(count), 1.0)
         own, own_state = serve(server, row, loss_at)
       if client_train is not None:
-        tx = Algorithm().local.tx
         ctx = ClientContext({"params": own}, row, num_examples, client_id)
-        final, _ = client_train(LocalState(own, own_state, tx.init(own)), ctx, train_x,
-                                train_y, batch, 0)
+        final, _ = client_train(LocalState(own, own_state, tuner.local.init_state(ctx)), ctx,
+                                train_x, train_y, batch, 0)
         own, own_state = final.params, final.model_state
       return _example_outcomes(eval_fn, own, own_state, test_x, test_y, indices, mask)
 

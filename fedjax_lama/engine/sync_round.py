@@ -84,7 +84,7 @@ def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, learning_rate: C
 
   def server_update(server: ServerState, sums: ChunkSums, agg_state=None, round_idx=0):
     aggregates, new_state, scalars = agg.finish(sums, population, agg_state, round_idx)
-    new = algorithm.update_server(server, aggregates)
+    new = algorithm.server.update(server, aggregates)
     new = new._replace(model_state=aggregation.mean_model_state(sums))
     # An empty cohort (Bernoulli sampling can draw none) leaves the server as it was.
     has = sums.weight > 0

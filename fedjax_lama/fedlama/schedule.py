@@ -131,8 +131,8 @@ class FedLamaProgram(ProgramBase):
                         f"{opts.algorithm_name!r} with a proximal pull in its effective step")
     self.has_state = bool(jax.tree_util.tree_leaves(model_state))
     self.compressor = compressor if compressor is not None else compression.identity()
-    self.reporter = Reporter(algorithm.report)
-    server = algorithm.init_server(params, model_state)
+    self.reporter = Reporter(algorithm.server.report)
+    server = algorithm.server.init(params, model_state)
     self.row_template = algorithm.row_init(params) if algorithm.row_init is not None else {}
     self.traffic = traffic_lib.traffic(algorithm, server, self.row_template)
     check_composable(algorithm, server, self.row_template, self.traffic, opts.algorithm_name)
@@ -197,7 +197,7 @@ class FedLamaProgram(ProgramBase):
 
   def init_state(self):
     m = self.slots_padded
-    server = self.algorithm.init_server(self.params, self.model_state)
+    server = self.algorithm.server.init(self.params, self.model_state)
     template = ClientContext(self.algorithm.shared(server),
                              broadcast_clients(self.row_template, m), jnp.zeros(m), jnp.zeros(m, jnp.int32))
     slots = LocalState(broadcast_clients(self.params, m), broadcast_clients(self.model_state, m),
@@ -304,7 +304,7 @@ class FedLamaProgram(ProgramBase):
         window_scalars = scalars
       agg_state = jax.tree.map(lambda a, b: jnp.where(jnp.any(sync), a, b), new_agg_state,
                                agg_state)
-      new_server = alg.update_server(server, aggregates)
+      new_server = alg.server.update(server, aggregates)
       server = leafwise.select_leafwise(sync_leaf, new_server._replace(
           model_state=server.model_state), server, self.params_def)
       if self.whole_rows:

@@ -65,7 +65,7 @@ class SyncProgram(ProgramBase):
                        "accepted by synchronous rounds (every client starts afresh); accepted: "
                        "'reset' ('carry' runs under the FedLAMA schedule)")
     self.compressor = compressor if compressor is not None else compression.identity()
-    self.reporter = Reporter(algorithm.report)
+    self.reporter = Reporter(algorithm.server.report)
     has_state = bool(jax.tree_util.tree_leaves(model_state))
     self.num_steps = steps_per_round(opts, fed)
     self.plan = platform_plan(opts)
@@ -93,7 +93,7 @@ class SyncProgram(ProgramBase):
     self.data_y = sharding.replicate(np.asarray(fed.dataset.train_y, np.int32), mesh)
     cap = opts.clients_per_chunk or opts.sampler.max_cohort
     self.chunk_size = sharding.padded_size(cap, mesh)
-    server = algorithm.init_server(params, model_state)
+    server = algorithm.server.init(params, model_state)
     row = algorithm.row_init(params) if algorithm.row_init is not None else {}
     self.traffic = traffic_lib.traffic(algorithm, server, row)
     self.bits_up_per_client = traffic_lib.uplink_bits(self.traffic, self.compressor)
@@ -104,7 +104,7 @@ class SyncProgram(ProgramBase):
     self.aggregation.resolve(self.traffic.upload_shapes)
 
   def init_state(self):
-    server = self.algorithm.init_server(self.params, self.model_state)
+    server = self.algorithm.server.init(self.params, self.model_state)
     rows = {}
     if self.algorithm.row_init is not None:
       rows = self._new_store(self.algorithm.row_init(self.params))

@@ -76,7 +76,7 @@ class VectorizedSyncProgram:
                          "may differ only in seed and local learning rate")
     self.opts_list, self.algorithm, self.feds, self.mesh = list(opts_list), algorithm, feds, mesh
     self.compressor = compressor if compressor is not None else compression.identity()
-    self.reporter = Reporter(algorithm.report)
+    self.reporter = Reporter(algorithm.server.report)
     self.num_rounds, self.eval_every = base.rounds, base.eval_every
     self.num_steps = max(steps_per_round(o, f) for o, f in zip(opts_list, feds))
     self.chunk_size = max(o.sampler.max_cohort for o in opts_list)
@@ -121,7 +121,7 @@ class VectorizedSyncProgram:
         plan=plan, donate_argnums=(0, 1, 2))
     self.seeds = jnp.asarray([o.seed for o in opts_list], jnp.int32)
     self.lrs = jnp.asarray([o.learning_rate.lr for o in opts_list], jnp.float32)
-    server = algorithm.init_server(params_list[0], model_state_list[0])
+    server = algorithm.server.init(params_list[0], model_state_list[0])
     row = algorithm.row_init(params_list[0]) if algorithm.row_init is not None else {}
     self.traffic = traffic_lib.traffic(algorithm, server, row)
     self.bits_up_per_client = traffic_lib.uplink_bits(self.traffic, self.compressor)
@@ -132,7 +132,7 @@ class VectorizedSyncProgram:
     self.aggregations[0].resolve(self.traffic.upload_shapes)
 
   def init_state(self):
-    servers = [self.algorithm.init_server(p, s)
+    servers = [self.algorithm.server.init(p, s)
                for p, s in zip(self.params_list, self.model_state_list)]
     stores = [{}] * self.num_runs
     if self.algorithm.row_init is not None:

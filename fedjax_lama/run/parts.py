@@ -230,8 +230,8 @@ def program(spec, parts: Parts, mesh=None):
     privacy_stage.check_federation(spec.records.privacy, fed.num_clients)
     privacy_stage.check_layer_split(spec.records.privacy, parts.params)
     row = algorithm.row_init(parts.params) if algorithm.row_init is not None else {}
-    uploads = traffic_lib.traffic(algorithm, algorithm.init_server(parts.params,
-                                                                   parts.model_state), row)
+    uploads = traffic_lib.traffic(
+        algorithm, algorithm.server.init(parts.params, parts.model_state), row)
     privacy_stage.check_uploads(uploads.upload_shapes, spec.records.algorithm,
                                 algorithm.aggregations_for(uploads.upload_shapes))
     privacy_stage.check_model_state(parts.model_state, spec.model.name)

@@ -16,6 +16,7 @@ import numpy as np
 
 from fedjax_lama import checkpointing, comm, divergence, errors, metrics, plots, progress
 from fedjax_lama import data as fdata
+from fedjax_lama.algorithms import layer_partition
 from fedjax_lama.engine import evaluate as evaluation
 from fedjax_lama.engine import personal_eval
 from fedjax_lama.errors import TrainingError
@@ -59,6 +60,10 @@ class Run:
     # The backdoor's test set (robust_stage.Backdoor.test_set), triggered once on the host.
     self.backdoor_test = (records.backdoor.test_set(fed.dataset)
                           if records.backdoor is not None else None)
+    # The layers fine-tuning moves are names of this model's layers: checked before training.
+    frozen = finetune_frozen(records.finetune_layers)
+    if frozen is not None:
+      frozen(params)
     self.personal_evaluator = None    # built at the first per-client evaluation on test parts
     self.last_client_accuracy = None  # {"global": [N], "personal": [N]} of the last one
 
@@ -384,11 +389,27 @@ def make_personal_evaluator(options, program, fed, eval_batch_size: Optional[int
           "program (vectorized runs evaluate the global model only); accepted: 0")
     finetune.update(loss_fn=loss_fn, finetune_steps=options.finetune_steps,
                     finetune_lr=options.finetune_lr, batch_size=options.batch_size,
-                    seed=options.seed)
+                    seed=options.seed, finetune_frozen=finetune_frozen(options.finetune_layers))
   return personal_eval.PersonalEvaluator(
       program.eval_fn, program.mesh, test_x=test_x, test_y=test_y, test_parts=fed.client_test,
       clients_per_chunk=max(1, eval_batch_size // width), eval_batch_size=eval_batch_size,
       serve=algorithm.serve if algorithm is not None else None, **finetune)
+
+
+def finetune_frozen(layers: str):
+  """params -> the leaves fine-tuning leaves alone (personal_eval's `finetune_frozen`): every
+  leaf outside the layers config.finetune_layers names; None when it is "" (every leaf
+  moves). A name that is not a layer of the model stops with a ConfigError."""
+  if not layers.strip():
+    return None
+
+  def frozen(params):
+    moved = layer_partition.select_names(params, layer_partition.names(layers),
+                                         "config.finetune_layers", layers,
+                                         "or '' (every layer)")
+    return layer_partition.as_tree(~moved, params)
+
+  return frozen
 
 
 def client_test_record(sums: dict) -> dict:

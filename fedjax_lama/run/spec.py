@@ -88,6 +88,7 @@ class RecordOptions:
   # before it, their learning rate and batch size, and the seed of their batches.
   finetune_steps: int = 0
   finetune_lr: float = 0.0
+  finetune_layers: str = ""    # the layers fine-tuning moves ("": every layer)
   batch_size: int = 1
   seed: int = 0
   # A training loss above this multiple of the run's starting one stops it as diverged (0: off).
@@ -232,5 +233,6 @@ def record_options(config) -> RecordOptions:
       finetune_steps=config.get("finetune_steps", 0),
       finetune_lr=float(config.local_lr if config.get("finetune_lr") is None
                         else config.finetune_lr),
+      finetune_layers=config.get("finetune_layers", ""),
       batch_size=config.batch_size, seed=config.seed,
       max_loss_growth=float(config.max_loss_growth))

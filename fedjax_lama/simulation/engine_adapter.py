@@ -37,7 +37,7 @@ from fedjax_lama.engine import evaluate as evaluation
 from fedjax_lama.engine import local, sharding
 from fedjax_lama.engine import plan as plan_lib
 from fedjax_lama.engine import clients as clients_lib
-from fedjax_lama.engine.algorithm import Algorithm, ClientContext, LocalOptimizer
+from fedjax_lama.engine.algorithm import Algorithm, ClientContext, LocalOptimizer, corrected
 from fedjax_lama.simulation import job_packing
 from fedjax_lama.simulation.interfaces import PyTree, TrainJob, TrainResult
 
@@ -68,7 +68,7 @@ def job_algorithm(local_tx: optax.GradientTransformation) -> Algorithm:
   """Local training of a simulated job as an engine Algorithm (only the local rule is used:
   the simulation's methods aggregate on the host, methods/)."""
   # No linear rule, so no effective step: the methods never divide by one.
-  return Algorithm(local=LocalOptimizer(local_tx), correct=per_job_proximal)
+  return Algorithm(local=LocalOptimizer(corrected(per_job_proximal, local_tx)))
 
 
 def stack_trees(trees: Sequence[PyTree]) -> PyTree:

@@ -81,7 +81,7 @@ def ours(initial, batches, reading) -> list[dict]:
   history = []
   with jax.enable_x64(True):
     alg = algorithms.build("apfl", alpha=ALPHA, personal_lr=LR, alpha_lr=LR, **reading)
-    server = alg.init_server(jax.tree.map(jnp.asarray, initial), {})
+    server = alg.server.init(jax.tree.map(jnp.asarray, initial), {})
     seen = set()
     for cohort_ids, server, store in engine_rounds.rounds(alg, model(), batches, COHORTS,
                                                            server, LR):

@@ -87,7 +87,7 @@ def ours(clusters, batches, setting) -> list[dict]:
   history = []
   with jax.enable_x64(True):
     alg = algorithms.build("hypcluster", num_clusters=K_CLUSTERS)
-    server = alg.init_server(jax.tree.map(jnp.asarray, clusters[0]), {})
+    server = alg.server.init(jax.tree.map(jnp.asarray, clusters[0]), {})
     others = jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *clusters[1:])
     server = server._replace(extra={**server.extra, "others": others})
     for cohort_ids, server, store in engine_rounds.rounds(
@@ -153,7 +153,7 @@ def test_per_client_evaluation_equals_fedjax_hyp_cluster_evaluator():
     alg = algorithms.build("hypcluster", num_clusters=K_CLUSTERS)
     first = jax.tree.map(jnp.asarray, clusters[0])
     others = jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *clusters[1:])
-    server = alg.init_server(first, {})
+    server = alg.server.init(first, {})
     server = server._replace(extra={**server.extra, hypcluster.OTHERS: others})
     offsets = np.cumsum([0] + [len(y) for _, y in train])
     test_offsets = np.cumsum([0] + [len(y) for _, y in test])

@@ -119,7 +119,7 @@ def ours(name, initial, batches, weighting="uniform") -> list[dict]:
                                jnp.asarray(step_mask), jnp.ones(N), ids,
                                jnp.asarray(np.array(BATCHES_PER_CLIENT, np.float64) * BATCH))
     params = jax.tree_util.tree_map(jnp.asarray, to_ours(initial))
-    server = alg.init_server(params, {})
+    server = alg.server.init(params, {})
     template = alg.row_init(params) if alg.row_init is not None else {}
     store = jax.tree_util.tree_map(lambda r: jnp.stack([r] * N), template)
     for r in range(ROUNDS):

@@ -74,14 +74,14 @@ def ours(name: str, initial, uploads_per_round, convention=None) -> list[dict]:
   history = []
   with jax.enable_x64(True):
     algorithm = algorithms.build(name, Common(server_lr=server_lr), **hparams)
-    server = algorithm.init_server({"kernel": jnp.asarray(initial[0]),
+    server = algorithm.server.init({"kernel": jnp.asarray(initial[0]),
                                     "bias": jnp.asarray(initial[1])}, {})
     for uploads in uploads_per_round:
       x = server.params
       delta = {key: sum(p_i * (jnp.asarray(upload[i]) - x[key])
                         for p_i, upload in zip(p, uploads))
                for i, key in enumerate(("kernel", "bias"))}
-      server = algorithm.update_server(
+      server = algorithm.server.update(
           server, Aggregates({"delta": delta}, jnp.asarray(len(uploads), jnp.float32),
                              len(uploads)))
       record = {"params": [np.asarray(server.params[k]) for k in ("kernel", "bias")]}
