@@ -162,6 +162,7 @@ class LSTMLM(nn.Module):
   dropout: float = 0.1
   num_layers: int = 1
   batch_norm: bool = True
+  dense: ModuleDef = param_layers.Dense
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -174,4 +175,4 @@ class LSTMLM(nn.Module):
     if self.batch_norm:
       x = nn.BatchNorm(use_running_average=not train, momentum=0.99,
                        epsilon=1e-3)(x)
-    return param_layers.Dense(self.num_classes)(x)
+    return self.dense(self.num_classes)(x)
