@@ -153,7 +153,8 @@ class LSTMLM(nn.Module):
   recurrent kernels with one bias per gate, 4 (e h + h h + h) parameters for input width e);
   layer k's weights are the module "OptimizedLSTMCell_k" (FedLAMA's and the personalization
   methods' layer names: Embed_0, OptimizedLSTMCell_k, BatchNorm_0, Dense_0). The embedding leaf is named "embedding", not "kernel" (as Keras's
-  "embeddings" is not a kernel either).
+  "embeddings" is not a kernel either). `dense` builds the output layer (the zoo's, with the
+  adapters of its `lora` option: fedjax_lama/models/lora.py; the LSTM cells have none).
   """
   num_classes: int = 10_000
   vocab_size: int = 10_000

@@ -6,9 +6,10 @@
 the kernel set its convolutions, dense layers and max pools compute with; logreg and lstm_lm
 ignore it. Every model but logreg accepts `lora` (None, or a dict: `lora.LoRA.parse`), the
 LoRA adapters put on the Dense layers it names (fedjax_lama/models/lora.py); it adds the
-adapter leaves and leaves the rest of the parameter tree as it is. The counts in the summaries are the papers' (FedLAMA: Lee et al. 2023; FedSpeed:
-Sun et al. 2023; FedAT: Chai et al. 2021; Fed-LAMB: Karimi et al. 2022; the FedAvg paper,
-McMahan et al. 2017, and LEAF, Caldas et al. 2018) and their code's.
+adapter leaves and leaves the rest of the parameter tree as it is. The counts in the
+summaries are the papers' (FedLAMA: Lee et al. 2023; FedSpeed: Sun et al. 2023; FedAT: Chai
+et al. 2021; Fed-LAMB: Karimi et al. 2022; the FedAvg paper, McMahan et al. 2017, and LEAF,
+Caldas et al. 2018) and their code's.
 """
 
 from __future__ import annotations
@@ -188,9 +189,9 @@ _MODELS: dict[str, _Entry] = {
                     for name, size in transformer.SIZES.items())
         + " (transformer.SIZES)"),
     "mlp": _Entry(
-        lambda num_classes, hidden_sizes, dropout, init_style, batch_norm, **ops: dense_models.MLP(
-            num_classes, tuple(hidden_sizes), dropout, init_style, ops["dense"],
-            bool(batch_norm)),
+        lambda num_classes, hidden_sizes, dropout, init_style, batch_norm, **ops: (
+            dense_models.MLP(num_classes, tuple(hidden_sizes), dropout, init_style,
+                             ops["dense"], bool(batch_norm))),
         {"hidden_sizes": (128,), "dropout": 0.0, "init_style": "keras", "batch_norm": False},
         "small MLP (e.g. the built-in 8x8 digits); batch_norm: a BatchNorm per hidden layer"),
 }

@@ -44,7 +44,8 @@ import flax.linen as nn  # pylint: disable=g-import-not-at-top,wrong-import-posi
 import jax  # pylint: disable=wrong-import-position
 import jax.numpy as jnp  # pylint: disable=wrong-import-position
 
-from fedjax_lama.models import lora, param_layers, transformer  # pylint: disable=wrong-import-position
+from fedjax_lama.models import (  # pylint: disable=wrong-import-position
+    lora, param_layers, transformer)
 from fedjax_lama.tree import leaf_names  # pylint: disable=wrong-import-position
 from third_party import peft_peer  # pylint: disable=wrong-import-position
 
