@@ -279,6 +279,13 @@ def _check_options(c) -> None:
       raise ConfigError(f"config.model_options.{key} is not an option of config.model="
                         f"{c.model!r}; {closest(key, accepted)} (remove the others, e.g. "
                         f"use a config written for {c.model!r})")
+  if (c.get("model_options") or {}).get("lora") is not None:
+    # The engine trains every parameter; training only the trainable set (the adapters over
+    # a frozen shared base) is not wired in yet, and adapters trained with their base
+    # would only be a larger full fine-tuning.
+    raise ConfigError("config.model_options.lora is not accepted by runs yet: the engine "
+                      "does not train a trainable set; accepted: None (LoRA is available "
+                      "from the library, fedjax_lama.models.lora)")
 
 
 def validate(c: ml_collections.ConfigDict, num_classes: int | None = None) -> None:

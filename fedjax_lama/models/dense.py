@@ -153,7 +153,8 @@ class LSTMLM(nn.Module):
   recurrent kernels with one bias per gate, 4 (e h + h h + h) parameters for input width e);
   layer k's weights are the module "OptimizedLSTMCell_k" (FedLAMA's and the personalization
   methods' layer names: Embed_0, OptimizedLSTMCell_k, BatchNorm_0, Dense_0). The embedding leaf is named "embedding", not "kernel" (as Keras's
-  "embeddings" is not a kernel either).
+  "embeddings" is not a kernel either). `dense` builds the output layer (the zoo's, with the
+  adapters of its `lora` option: fedjax_lama/models/lora.py; the LSTM cells have none).
   """
   num_classes: int = 10_000
   vocab_size: int = 10_000
@@ -162,6 +163,7 @@ class LSTMLM(nn.Module):
   dropout: float = 0.1
   num_layers: int = 1
   batch_norm: bool = True
+  dense: ModuleDef = param_layers.Dense
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -174,4 +176,4 @@ class LSTMLM(nn.Module):
     if self.batch_norm:
       x = nn.BatchNorm(use_running_average=not train, momentum=0.99,
                        epsilon=1e-3)(x)
-    return param_layers.Dense(self.num_classes)(x)
+    return self.dense(self.num_classes)(x)

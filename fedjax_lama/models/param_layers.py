@@ -6,7 +6,7 @@ the same parameters, so a checkpoint or a FedLAMA kernel mask does not depend on
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import flax.linen as nn
 import jax
@@ -15,6 +15,7 @@ from fedjax_lama.kernels import conv as conv_kernels
 from fedjax_lama.kernels import dot as dense_kernels
 from fedjax_lama.kernels import pool as pool_kernels
 from fedjax_lama.models import init
+from fedjax_lama.models import lora as lora_lib
 
 Array = jax.Array
 
@@ -43,11 +44,17 @@ class Conv(nn.Module):
 
 
 class Dense(nn.Module):
-  """Dense layer with `kernel` (in, out) and `bias` leaves; op(x, kernel) computes x @ kernel."""
+  """Dense layer with `kernel` (in, out) and `bias` leaves; op(x, kernel) computes x @ kernel.
+
+  With `lora` (`lora.LoRA`) and this module's path among its targets, it also has the
+  adapter leaves `lora_a` (in, r) and `lora_b` (r, out) and adds (alpha / r) (x A) B after
+  the bias (fedjax_lama/models/lora.py).
+  """
   features: int
   use_bias: bool = True
   init_style: str = "keras"
   op: Callable = dense_kernels.lax_dense
+  lora: Optional[lora_lib.LoRA] = None
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
@@ -56,6 +63,8 @@ class Dense(nn.Module):
     y = self.op(x, kernel)
     if self.use_bias:
       y = y + self.param("bias", bias_init, (self.features,))
+    if self.lora is not None and self.lora.adapts(self.scope.path):
+      y = y + lora_lib.adapter_term(self, self.lora, x, self.features, kernel.dtype)
     return y
 
 

@@ -4,9 +4,12 @@
 `__call__(x, train=False)` returns logits. Every model accepts the option `kernels`
 (`fedjax_lama.kernels.KERNELS`) so the engine can pass it uniformly:
 the kernel set its convolutions, dense layers and max pools compute with; logreg and lstm_lm
-ignore it. The counts in the summaries are the papers' (FedLAMA: Lee et al. 2023; FedSpeed:
-Sun et al. 2023; FedAT: Chai et al. 2021; Fed-LAMB: Karimi et al. 2022; the FedAvg paper,
-McMahan et al. 2017, and LEAF, Caldas et al. 2018) and their code's.
+ignore it. Every model but logreg accepts `lora` (None, or a dict: `lora.LoRA.parse`), the
+LoRA adapters put on the Dense layers it names (fedjax_lama/models/lora.py); it adds the
+adapter leaves and leaves the rest of the parameter tree as it is. The counts in the
+summaries are the papers' (FedLAMA: Lee et al. 2023; FedSpeed: Sun et al. 2023; FedAT: Chai
+et al. 2021; Fed-LAMB: Karimi et al. 2022; the FedAvg paper, McMahan et al. 2017, and LEAF,
+Caldas et al. 2018) and their code's.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ import flax.linen as nn
 from fedjax_lama import kernels
 from fedjax_lama.models import param_layers
 from fedjax_lama.models import cnn
-from fedjax_lama.models import dense
+from fedjax_lama.models import dense as dense_models
 from fedjax_lama.models import init
+from fedjax_lama.models import lora
 from fedjax_lama.models import resnet
 from fedjax_lama.models import transformer
 
@@ -31,12 +35,14 @@ class _Entry:
   """A model family: builder, accepted options with defaults, a summary.
 
   `build(num_classes, **options)` also takes `ops` (the layers' plan) when `conv` is
-  true.
+  true, and else `dense` (the Dense layer, with the adapters of option `lora`) when
+  `adapters` is true.
   """
   build: Callable[..., nn.Module]
   defaults: dict[str, Any]
   summary: str
   conv: bool = True
+  adapters: bool = True
 
 
 def _choice(model: str, option: str, value: Any, accepted: tuple[str, ...]):
@@ -76,13 +82,13 @@ def _positive_int(model: str, option: str, value: Any):
 
 
 def _lstm_lm(num_classes, vocab_size, embed_size, hidden_size, dropout, num_layers,
-             batch_norm):
+             batch_norm, dense):
   for option, value in (("vocab_size", vocab_size), ("embed_size", embed_size),
                         ("hidden_size", hidden_size), ("num_layers", num_layers)):
     _positive_int("lstm_lm", option, value)
   _choice("lstm_lm", "batch_norm", batch_norm, (True, False))
-  return dense.LSTMLM(num_classes, vocab_size, embed_size, hidden_size, dropout,
-                      num_layers, batch_norm)
+  return dense_models.LSTMLM(num_classes, vocab_size, embed_size, hidden_size, dropout,
+                             num_layers, batch_norm, dense)
 
 
 def _transformer_lm(num_classes, vocab_size, width, depth, heads, mlp_ratio, max_len,
@@ -131,7 +137,7 @@ _MODELS: dict[str, _Entry] = {
         {"variant": "tf_tutorial", "init_style": "torch"},
         "Fed-LAMB CIFAR CNN, fedat_cnn layout; 122,570"),
     "mnist_mlp": _Entry(
-        lambda num_classes, dropout, init_style, **ops: dense.MLP(
+        lambda num_classes, dropout, init_style, **ops: dense_models.MLP(
             num_classes, (200,), dropout, init_style, ops["dense"]),
         {"dropout": 0.5, "init_style": "torch"},
         "Fed-LAMB MNIST MLP 784-200-10; 159,010"),
@@ -160,11 +166,11 @@ _MODELS: dict[str, _Entry] = {
         {"num_groups": 2},
         "FedSpeed ResNet-18-GN; 11,181,642 (10 classes)"),
     "logreg": _Entry(
-        lambda num_classes, vocab_size, init_style: dense.LogReg(
+        lambda num_classes, vocab_size, init_style: dense_models.LogReg(
             num_classes, vocab_size, init_style),
         {"vocab_size": None, "init_style": "keras"},
         "bag-of-words logistic regression; vocab*classes+classes",
-        conv=False),
+        conv=False, adapters=False),
     "lstm_lm": _Entry(
         _lstm_lm,
         {"vocab_size": 10_000, "embed_size": 128, "hidden_size": 128,
@@ -183,9 +189,9 @@ _MODELS: dict[str, _Entry] = {
                     for name, size in transformer.SIZES.items())
         + " (transformer.SIZES)"),
     "mlp": _Entry(
-        lambda num_classes, hidden_sizes, dropout, init_style, batch_norm, **ops: dense.MLP(
-            num_classes, tuple(hidden_sizes), dropout, init_style, ops["dense"],
-            bool(batch_norm)),
+        lambda num_classes, hidden_sizes, dropout, init_style, batch_norm, **ops: (
+            dense_models.MLP(num_classes, tuple(hidden_sizes), dropout, init_style,
+                             ops["dense"], bool(batch_norm))),
         {"hidden_sizes": (128,), "dropout": 0.0, "init_style": "keras", "batch_norm": False},
         "small MLP (e.g. the built-in 8x8 digits); batch_norm: a BatchNorm per hidden layer"),
 }
@@ -196,8 +202,9 @@ def names() -> list[str]:
 
 
 def options(name: str) -> dict[str, Any]:
-  """The options `name` accepts, with their defaults (kernels included)."""
-  return {**_entry(name).defaults, "kernels": "auto"}
+  """The options `name` accepts, with their defaults (kernels and lora included)."""
+  entry = _entry(name)
+  return {**entry.defaults, "kernels": "auto", **({"lora": None} if entry.adapters else {})}
 
 
 def _entry(name: str) -> _Entry:
@@ -215,7 +222,9 @@ def get(name: str, num_classes: int, **opts: Any) -> nn.Module:
     num_classes: size of the logit axis (for lstm_lm the output vocabulary).
     **opts: model options, see `options(name)`. `kernels` ("auto" by default) names
       a kernel set (`kernels.get`); a `kernels.Kernels` is taken as it is (the benchmarks'
-      measurement-only plans).
+      measurement-only plans). `lora` (None by default) puts LoRA adapters on the Dense
+      layers it names (`lora.LoRA.parse`); `lora.check_targets` on the initialised
+      parameters then checks that every target named a layer.
 
   Returns:
     An unbound flax module; `module.init(rngs, x)` / `module.apply(...)`.
@@ -236,7 +245,9 @@ def get(name: str, num_classes: int, **opts: Any) -> nn.Module:
         f"{', '.join(sorted(options(name)))}")
   merged = {**entry.defaults, **opts}
   chosen = merged.pop("kernels", "auto")
-  ops = _layers(chosen if isinstance(chosen, kernels.Kernels) else kernels.get(chosen))
+  adapter = lora.LoRA.parse(merged.pop("lora", None))
+  ops = _layers(chosen if isinstance(chosen, kernels.Kernels) else kernels.get(chosen),
+                adapter)
   if "init_style" in merged:
     init.initializers(merged["init_style"], 1)  # Validates the name.
   if "dropout" in merged and not 0.0 <= merged["dropout"] < 1.0:
@@ -244,13 +255,22 @@ def get(name: str, num_classes: int, **opts: Any) -> nn.Module:
         f"model {name!r}: dropout must be in [0, 1); got {merged['dropout']!r}")
   if entry.conv:  # The others accept kernels and ignore it.
     merged.update(ops)
+  elif entry.adapters:  # Its Dense layers compute with the default op.
+    merged["dense"] = _plain_dense(adapter)
   return entry.build(num_classes, **merged)
 
 
 @functools.lru_cache(maxsize=None)
-def _layers(ops: kernels.Kernels) -> dict[str, Any]:
-  """The modules a model is built with, computing with `ops`; one dict per kernel set, so a
-  model built twice compares equal (jit caches on it)."""
+def _layers(ops: kernels.Kernels, adapter: lora.LoRA | None = None) -> dict[str, Any]:
+  """The modules a model is built with, computing with `ops`, its Dense layers with the
+  adapters of `adapter`; one dict per kernel set and adapter, so a model built twice
+  compares equal (jit caches on it)."""
   return {"conv": functools.partial(param_layers.Conv, op=ops.conv),
-          "dense": functools.partial(param_layers.Dense, op=ops.dense),
+          "dense": functools.partial(param_layers.Dense, op=ops.dense, lora=adapter),
           "max_pool": ops.max_pool}
+
+
+@functools.lru_cache(maxsize=None)
+def _plain_dense(adapter: lora.LoRA | None) -> Any:
+  """The Dense layer of the models that ignore `kernels` (lstm_lm), with `adapter`."""
+  return functools.partial(param_layers.Dense, lora=adapter)
