@@ -15,8 +15,6 @@ from absl import app, flags
 
 from fedjax_lama.data import datasets, gutenberg, shakespeare_roles
 
-flags.DEFINE_string("data_dir", None, "Directory of the texts (default: $FEDJAX_LAMA_DATA_DIR, "
-                    "else ./data).")
 
 PUBLISHED = (
     ("LEAF (Caldas et al. 2018), all roles", shakespeare_roles.LEAF_ROLES,
@@ -60,4 +58,8 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
+  # Defined here, not at import: the tests import format_tables beside other commands
+  # that define their own --data_dir.
+  flags.DEFINE_string("data_dir", None, "Directory of the texts (default: "
+                      "$FEDJAX_LAMA_DATA_DIR, else ./data).")
   app.run(main)

@@ -57,9 +57,9 @@ DP_REFUSED = {
     "mofedsam": "reads 'D'",
     "scaffold": "uploads 'dc' besides the model delta",
 }
-DP_ACCEPTED = ("apfl", "ditto", "fedadagrad", "fedadam", "fedavg", "fedavgm", "fedbn", "fedcom",
-               "fedpaq", "fedper", "fedprox", "fedrep", "fedsam", "fedsgd", "fedyogi", "lg_fedavg",
-               "perfedavg", "pfedme")
+DP_ACCEPTED = ("apfl", "ditto", "fedadagrad", "fedadam", "fedavg", "fedavgm", "fedbabu", "fedbn",
+               "fedcom", "fedpaq", "fedper", "fedprox", "fedrep", "fedsam", "fedsgd", "fedyogi",
+               "lg_fedavg", "perfedavg", "pfedme")
 ADAPTIVE = "+adaptive"  # case suffix: adaptive clipping
 CASES = list(DP_ACCEPTED) + ["fedavg" + ADAPTIVE]
 CORE = ("fedavg", "fedavg" + ADAPTIVE, "fedadam")
