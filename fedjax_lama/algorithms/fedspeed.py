@@ -33,6 +33,7 @@ from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, requir
                                            require_one_of, server_sgd)
 from fedjax_lama.engine.algorithm import (SUM, Algorithm, Reduction, ServerState,
                                           apply_server_tx, displacement, upload)
+from fedjax_lama.tree import TORCH_CLIP_EPS, clip_by_global_norm, global_norm
 
 
 def _positive(value) -> bool:
@@ -67,14 +68,6 @@ class Hparams:
     require(_positive(self.clip_norm), "clip_norm", self.clip_norm, "a finite number > 0")
 
 
-def global_norm(tree) -> jax.Array:
-  """One L2 norm over all leaves (the ascent is scaled for the whole model, not per layer),
-  accumulated in at least float32."""
-  leaves = jax.tree_util.tree_leaves(tree)
-  return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.promote_types(x.dtype, jnp.float32))))
-                      for x in leaves))
-
-
 def build(hp: Hparams, common: Common) -> Algorithm:
   inv_lam, lam, alpha = 1.0 / hp.lam, hp.lam, hp.alpha
 
@@ -92,9 +85,8 @@ def build(hp: Hparams, common: Common) -> Algorithm:
     # loss and aux (normalisation statistics) are those at the unperturbed iterate.
     return (loss, aux), jax.tree.map(lambda a, b: (1 - alpha) * a + alpha * b, g1, g2), opt_state
 
-  def clip(tree):
-    factor = jnp.minimum(1.0, hp.clip_norm / (global_norm(tree) + 1e-6))
-    return jax.tree.map(lambda u: (u * factor).astype(u.dtype), tree)
+  def clip(tree):  # PyTorch's clip_grad_norm_, as the reference code clips
+    return clip_by_global_norm(tree, hp.clip_norm, eps=TORCH_CLIP_EPS)[0]
 
   def correct(grads, params, ctx):
     x = ctx.shared["params"]
