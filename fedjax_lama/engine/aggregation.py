@@ -1,23 +1,24 @@
 """The step between the clients' uploads and the server update: the algorithm's declared
-aggregation (Algorithm.aggregate) with the run's stage (RunOptions.aggregator) around the
-aggregate of the model upload.
+aggregation (Algorithm.aggregate) with the run's chain of stages (RunOptions.aggregator,
+engine/stages.py) around the aggregate of the model upload.
 
 Per group of clients (inside the vmapped client computation, engine/local.py):
 
-    uploads = uplink(uploads)                       the compressor (stages.uplink), keys per
+    uploads = decode(uploads)                       the chain's uplink codec, keys per
                                                     (round, client id, upload, leaf)
-    uploads[model] = run.client(uploads[model])     the run stage's client part (a clip)
+    uploads[model] = run.client(uploads[model])     the chain's client part (a clip)
     v_i = reduction.fn(uploads_i, info_i)           each declared aggregate
-    streaming: (sum_i a_i v_i, sum_i a_i)           added over chunks and shards (ChunkSums)
-    whole cohort: Stack(v, p, mask)                 concatenated over chunks (C x d floats)
+    running sums: (sum_i a_i v_i, sum_i a_i)        added over chunks and shards (ChunkSums)
+    the stack: Stack(v, p, mask, ids)               concatenated over chunks (C x d floats)
 
-Once per round (`RoundAggregation.finish`): each aggregate's server part, giving the
+Once per round (`RoundAggregation.finish`): each aggregate's server parts in order (the
+chain's, then the declared stage's unless the chain reduces: `around`), giving the
 `Aggregates` the algorithm's server update reads, the stages' new state (kept in the
 program state, checkpointed) and scalars for the metrics.
 
-Keys: the uplink draws from rng.STREAM_UPLINK as before; the stages from
-rng.STREAM_AGGREGATE: client parts from (round, client id), server parts from the round,
-the run stage from member 0 and declared aggregate number i from member i + 1.
+Keys: the codec draws from rng.STREAM_UPLINK; the stages from rng.STREAM_AGGREGATE: client
+parts from (round, client id), server parts from the round, the run's chain from member 0
+and declared aggregate number i from member i + 1.
 """
 from typing import Any, Mapping, NamedTuple, Optional
 

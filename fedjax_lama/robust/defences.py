@@ -389,7 +389,7 @@ def centered_clipping(stack: PyTree, mask: jax.Array, weights: jax.Array,
     v, _ = carry
     gaps = jax.tree.map(lambda x, c: x - c, momenta, v)
     norms = jnp.sqrt(_row_sq_norms(gaps))
-    scale = 1 / jnp.maximum(1, norms / radius)
+    scale = tree.clip_scale(norms, radius)  # min(1, tau / ||m_i - v||)
     step = reduce_lib.weighted_sum(gaps, p * scale)
     v = jax.tree.map(lambda c, s: c + s / total, v, step)
     return v, jnp.sum(real & (norms > radius)) / jnp.maximum(_count(mask), 1)

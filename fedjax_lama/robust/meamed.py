@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from fedjax_lama.engine import reduce, stages
 
+
 def meamed(values, mask, f: int):
   """(the aggregate, {"valid": n > 2f}) of a stack whose leaves are [C, ...]."""
   real = mask > 0
