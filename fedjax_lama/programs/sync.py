@@ -73,11 +73,18 @@ class SyncProgram(ProgramBase):
         plan=self.plan, aggregator=opts.aggregator, name=opts.algorithm_name)
     replicated = sharding.replicated_sharding(mesh)
     clients = sharding.clients_sharding(mesh)
+    # The sums are replicated; a stack stays split over the clients' devices, where its rows
+    # were computed: gathering C x d floats onto every device and running the stage's server
+    # part once per device on all of them doubled its cost on two devices (docs/performance.md,
+    # "Robust aggregation's cost"). The server update partitions the stage over the split.
+    sums_sharding = aggregation.ChunkSums(replicated, replicated, replicated, replicated,
+                                          clients)
     self.train_chunk = local.jit_training(train_chunk, plan=self.plan,
-                                          out_shardings=(replicated, clients, clients))
+                                          out_shardings=(sums_sharding, clients, clients))
     self.server_update = jax.jit(server_update, out_shardings=replicated)
-    self._first_chunk = jax.jit(_first_chunk, out_shardings=replicated)
-    self._add_chunk = jax.jit(_add_chunk, out_shardings=replicated)
+    totals_sharding = _RoundTotals(sums_sharding, replicated, replicated)
+    self._first_chunk = jax.jit(_first_chunk, out_shardings=totals_sharding)
+    self._add_chunk = jax.jit(_add_chunk, out_shardings=totals_sharding)
     self.data_x = sharding.replicate(np.asarray(fed.dataset.train_x), mesh)
     self.data_y = sharding.replicate(np.asarray(fed.dataset.train_y, np.int32), mesh)
     cap = opts.clients_per_chunk or opts.sampler.max_cohort
