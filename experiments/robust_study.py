@@ -520,7 +520,7 @@ if __name__ == "__main__":
                       "Report prefix: <out>.md, <out>.json, <out>_accuracy.png.")
   flags.DEFINE_string("runs_dir", None, "Directory of the runs' workdirs (default <out>_runs).")
   flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of every cell.")
-  flags.DEFINE_list("defences", [], "Rows (default: every robust_stage.DEFENCES key).")
+  flags.DEFINE_list("defences", [], "Rows (default: every name of robust_stage.DEFENCES).")
   flags.DEFINE_string("attacks", "", "Columns separated by ';', each NAME[:KEY=VALUE,...] "
                       "(default: every robust_stage.ATTACKS entry and "
                       f"{'; '.join(EXTRA_ATTACKS)}).")

@@ -97,22 +97,19 @@ def section_blocks(title: str) -> list[str]:
   return re.findall(r"```python\n(.*?)```", page[start:end if end >= 0 else None], re.S)
 
 
-def check_module_and_registration(blocks, module_file, registry_file):
-  """All blocks but the last are the whole module after its docstring; the last is the
-  registration, a line of the registry's own source."""
-  *module_blocks, registration = blocks
+def run_section(title: str, module_file: str, registry_file: str) -> types.ModuleType:
+  """The section's code run as a module, once checked: all blocks but the last are the whole
+  module after its docstring; the last is the registration, a line of the registry's own
+  source."""
+  *module_blocks, registration = section_blocks(title)
   source = pathlib.Path(module_file).read_text()
   for block in module_blocks:
     assert block in source, f"docs/stages.md shows code that is not {module_file}'s:\n{block}"
   body = source[source.index('"""', 3) + 3:]
   assert re.sub(r"\s+", "", "".join(module_blocks)) == re.sub(r"\s+", "", body)
   assert registration.strip() in pathlib.Path(registry_file).read_text()
-  return module_blocks
-
-
-def run_blocks(blocks, name: str):
-  module = types.ModuleType(name)
-  exec(compile("\n".join(blocks), "docs/stages.md", "exec"), module.__dict__)  # pylint: disable=exec-used
+  module = types.ModuleType("walkthrough_" + pathlib.Path(module_file).stem)
+  exec(compile("\n".join(module_blocks), "docs/stages.md", "exec"), module.__dict__)  # pylint: disable=exec-used
   return module
 
 
@@ -130,9 +127,7 @@ def numpy_meamed(x: np.ndarray, f: int) -> np.ndarray:
 
 
 def test_meamed_walkthrough_is_the_module_and_matches_numpy():
-  blocks = check_module_and_registration(section_blocks(MEAMED), meamed.__file__,
-                                         defences.__file__)
-  page = run_blocks(blocks, "walkthrough_meamed")
+  page = run_section(MEAMED, meamed.__file__, defences.__file__)
   assert defences.DEFENCES["meamed"].build is meamed.stage
   rng = np.random.default_rng(0)
   real, padded, f = 9, 3, 2
@@ -182,9 +177,7 @@ def test_meamed_runs_from_the_config_with_its_bound_and_fields_checked():
 
 
 def test_automatic_clipping_walkthrough_is_the_module_and_matches_numpy():
-  blocks = check_module_and_registration(section_blocks(AUTOMATIC), automatic_clip.__file__,
-                                         clipping.__file__)
-  page = run_blocks(blocks, "walkthrough_automatic_clip")
+  page = run_section(AUTOMATIC, automatic_clip.__file__, clipping.__file__)
   assert clipping.CLIPPINGS["automatic"].clip is automatic_clip.clip
   rng = np.random.default_rng(1)
   clip_norm, clients = 1.5, 7

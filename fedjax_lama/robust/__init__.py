@@ -35,4 +35,3 @@ from fedjax_lama.robust.defences import norm_bounded_mean
 from fedjax_lama.robust.defences import pairwise_sq_distances
 from fedjax_lama.robust.defences import stack_rule
 from fedjax_lama.robust.defences import trimmed_mean
-from fedjax_lama.robust.meamed import meamed
