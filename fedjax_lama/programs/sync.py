@@ -74,14 +74,13 @@ class SyncProgram(ProgramBase):
     replicated = sharding.replicated_sharding(mesh)
     clients = sharding.clients_sharding(mesh)
     # The sums are replicated; a stack stays split over the clients' devices, where its rows
-    # were computed: gathering C x d floats onto every device and running the stage's server
-    # part once per device on all of them doubled its cost on two devices (docs/performance.md,
-    # "Robust aggregation's cost"). The server update partitions the stage over the split.
+    # were computed (`_server_update`).
     sums_sharding = aggregation.ChunkSums(replicated, replicated, replicated, replicated,
                                           clients)
     self.train_chunk = local.jit_training(train_chunk, plan=self.plan,
                                           out_shardings=(sums_sharding, clients, clients))
-    self.server_update = jax.jit(server_update, out_shardings=replicated)
+    # Its outputs follow its inputs: replicated in, replicated out (`_server_update`).
+    self.server_update = jax.jit(server_update)
     totals_sharding = _RoundTotals(sums_sharding, replicated, replicated)
     self._first_chunk = jax.jit(_first_chunk, out_shardings=totals_sharding)
     self._add_chunk = jax.jit(_add_chunk, out_shardings=totals_sharding)
@@ -129,8 +128,8 @@ class SyncProgram(ProgramBase):
                 self._add_chunk(totals, sums, stats))
     loss, count, scalars = 0.0, 0.0, {}
     if totals is not None:  # a Bernoulli draw can be empty: the server stays as it was
-      server, agg_state, scalars = self.server_update(server, totals.sums, agg_state,
-                                                      round_idx)
+      server, agg_state, scalars = self._server_update(server, totals.sums, agg_state,
+                                                       round_idx)
       loss, count = (float(v) for v in jax.device_get((totals.loss_sum, totals.count)))
     n = len(ids)
     extra = {"clients": n, **self.reporter.scalars(server)}
@@ -144,6 +143,19 @@ class SyncProgram(ProgramBase):
     if "aggregation" in state:
       new_state["aggregation"] = agg_state
     return new_state, out
+
+  def _server_update(self, server, sums, agg_state, round_idx):
+    """The round's server update. With the cohort's stack (a stage that reads it: a robust
+    rule, an attack) it runs on the mesh's first device, after one copy of the stack's rows
+    there, and its result is replicated back: replicated, every device would hold the whole
+    stack and run the stage on all of it, the same work once per device (on two CPU devices
+    sharing the cores, twice the stage's time; docs/performance.md, "Robust aggregation's
+    cost"). One device computes the replicated program's numbers exactly."""
+    if not sums.stacks or self.mesh.size == 1:
+      return self.server_update(server, sums, agg_state, round_idx)
+    first = self.mesh.devices.flat[0]
+    out = self.server_update(*jax.device_put((server, sums, agg_state), first), round_idx)
+    return sharding.replicate(out, self.mesh)
 
   def eval_params(self, state):
     server = state["server"]
