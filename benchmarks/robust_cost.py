@@ -47,6 +47,7 @@ import numpy as np
 from benchmarks import round_timing
 from fedjax_lama import config as config_lib
 from fedjax_lama.cli import cpu_devices, logs
+from fedjax_lama.engine import stages
 from fedjax_lama.robust import defences as defences_lib
 from fedjax_lama.robust import robust_stage
 
@@ -109,7 +110,7 @@ def _time_alone(fn, args, repeats: int) -> float:
 def defence_alone(config, params, repeats: int) -> float:
   """Seconds of the config's rule alone on a random stack of C uploads shaped like `params`."""
   spec = robust_stage.read(config, "synchronous")
-  rule = defences_lib.build(robust_stage.DEFENCES[spec.defence], spec.f, **spec.hparams)
+  rule = defences_lib.build(spec.defence, spec.f, on_stack=True, **spec.hparams)
   clients = config.num_clients
   leaves, treedef = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.PRNGKey(0), len(leaves))
@@ -119,7 +120,7 @@ def defence_alone(config, params, repeats: int) -> float:
   mask = jnp.ones((clients,), jnp.float32)
   weights = mask / clients
   state = rule.init(params)
-  aggregate = jax.jit(lambda s, m, w, st: rule.aggregate(s, m, w, st)[0])
+  aggregate = jax.jit(lambda s, m, w, st: rule.server(stages.Stack(s, w, m), st, None)[0])
   return _time_alone(aggregate, (stack, mask, weights, state), repeats)
 
 

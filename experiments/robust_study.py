@@ -117,10 +117,10 @@ def tolerated(base) -> tuple[int, dict]:
                       "robust study; accepted: a fraction in (0, 1/2)")
   f = int(round(fraction * n))
   own = {}
-  for defence, name in robust_stage.DEFENCES.items():
-    if name is None or name == "trimmed_mean":  # the trimmed mean's beta is the config's
+  for defence, rule in defences_lib.DEFENCES.items():
+    if rule.bound is None or defence == "trimmed_mean":  # its beta is the config's
       continue
-    holds = defences_lib.BOUNDS[name][1]
+    holds = rule.bound.holds
     if not holds(n, f):
       own[defence] = max(g for g in range(f + 1) if holds(n, g))
   return f, own
@@ -520,7 +520,7 @@ if __name__ == "__main__":
                       "Report prefix: <out>.md, <out>.json, <out>_accuracy.png.")
   flags.DEFINE_string("runs_dir", None, "Directory of the runs' workdirs (default <out>_runs).")
   flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of every cell.")
-  flags.DEFINE_list("defences", [], "Rows (default: every robust_stage.DEFENCES key).")
+  flags.DEFINE_list("defences", [], "Rows (default: every name of robust_stage.DEFENCES).")
   flags.DEFINE_string("attacks", "", "Columns separated by ';', each NAME[:KEY=VALUE,...] "
                       "(default: every robust_stage.ATTACKS entry and "
                       f"{'; '.join(EXTRA_ATTACKS)}).")

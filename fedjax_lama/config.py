@@ -74,6 +74,17 @@ def rename_old_fields(config: dict) -> dict:
     for key in new_parents:
       target = target.setdefault(key, {})
     target.setdefault(new_key, value)
+  return _unread_old_defaults(config)
+
+
+def _unread_old_defaults(config: dict) -> dict:
+  """config.robust.f defaulted to 0 before it became required with the defences that read it
+  (None otherwise): a workdir's f = 0 that its defence never read is the unset f of today."""
+  robust = config.get("robust")
+  if isinstance(robust, dict) and robust.get("f") == 0:
+    from fedjax_lama.robust import robust_stage  # pylint: disable=g-import-not-at-top
+    if "f" not in robust_stage.fields_read(robust.get("defence"), "none"):
+      robust["f"] = None
   return config
 
 
@@ -146,10 +157,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.compressor = ml_collections.ConfigDict({"name": "auto", "levels": 16, "block": "leaf"})
   # Byzantine-robust aggregation of the model updates and the attacks it is tested against,
   # off by default; read once by fedjax_lama/robust/robust_stage.py (docs/guide.md, "Robust
-  # aggregation and attacks"). Options a rule or an attack does not read are ignored.
+  # aggregation and attacks"). An option the defence and the attack do not read is refused
+  # when set on the command line (check_overrides).
   c.robust = ml_collections.ConfigDict({
-      "defence": "none",        # robust.robust_stage.DEFENCES
-      "f": 0,                   # Byzantine clients per cohort the defence must tolerate
+      "defence": "none",        # robust.defences.DEFENCES
+      # Byzantine clients per cohort the defence must tolerate: required by every defence
+      # with a bound on it (all but norm_bounding), no default.
+      "f": ml_collections.FieldReference(None, field_type=int),
       "num_selected": 0,        # multi_krum: updates averaged (0: n - f)
       "beta": 0.1,              # trimmed_mean: fraction cut from each side, floor(beta n) >= f
       "iterations": 0,          # geometric_median (0: 4), centered_clipping (0: 1)
@@ -157,7 +171,7 @@ def base_config() -> ml_collections.ConfigDict:
       "radius": 1.0,            # centered_clipping: clipping radius tau
       "momentum": 0.0,          # centered_clipping: momentum of the centre, in [0, 1)
       "bound": 1.0,             # norm_bounding: L2 bound of each update
-      "attack": "none",         # robust.robust_stage.ATTACKS
+      "attack": "none",         # robust.attacks.ATTACKS
       "malicious_fraction": 0.0,  # floor(fraction * clients) malicious, fixed by config.seed
       "malicious_count": 0,     # or this many (set exactly one of the two with an attack)
       "scale": 1.0,             # sign_flip: the update sent is -scale * the honest one
@@ -442,6 +456,28 @@ def _switched_off(c, path: str):
   return None
 
 
+def _robust_unread(c, path: str):
+  """The refusal of a config.robust.* field that the run's defence and attack never read
+  (their registrations declare what they read), or None."""
+  if not path.startswith("robust.") or path in ("robust.defence", "robust.attack"):
+    return None
+  from fedjax_lama.robust import robust_stage  # pylint: disable=g-import-not-at-top
+  defence, attack = c.robust.defence, c.robust.attack
+  if defence not in robust_stage.DEFENCES or attack not in robust_stage.ATTACKS:
+    return None  # validation names the unknown rule
+  field = path.split(".")[1]
+  if field in robust_stage.fields_read(defence, attack):
+    return None
+  readers = [f"defence={d!r}" for d in robust_stage.DEFENCES
+             if field in robust_stage.fields_read(d, "none")]
+  readers += [f"attack={a!r}" for a in robust_stage.ATTACKS
+              if field in robust_stage.fields_read("none", a)]
+  return (f"config.{path} has no effect with config.robust.defence={defence!r} and "
+          f"config.robust.attack={attack!r}: it is read only with "
+          f"{', '.join(readers) or 'no defence or attack'}; remove it or choose a defence "
+          "or attack that reads it")
+
+
 def check_overrides(c: ml_collections.ConfigDict, paths) -> None:
   """Refuses a field set on the command line (`paths`, e.g. "fedprox.mu") that the run
   described by `c` never reads, naming both the field and what makes it unread."""
@@ -452,6 +488,9 @@ def check_overrides(c: ml_collections.ConfigDict, paths) -> None:
     top = path.split(".")[0]
     if path in ("algorithm", "schedule", "system.clock"):
       continue
+    unread = _robust_unread(c, path)
+    if unread is not None:
+      raise ConfigError(unread)
     switch = _switched_off(c, path)
     if switch is not None:
       raise ConfigError(f"config.{path} has no effect while config.{switch}=False; set "

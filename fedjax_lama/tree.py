@@ -55,6 +55,50 @@ def broadcast_clients(tree: PyTree, num_clients: int) -> PyTree:
   return jax.tree.map(lambda x: jnp.broadcast_to(x, (num_clients,) + jnp.shape(x)), tree)
 
 
+def accumulation_dtype(dtype) -> jnp.dtype:
+  """The dtype every norm of the library accumulates in: the leaf's, at least float32
+  (bfloat16 and float16 leaves are squared and summed in float32; float64 stays float64)."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
+def global_sq_norm(tree: PyTree) -> jax.Array:
+  """sum over every leaf of sum(x^2): the squared L2 norm of the whole tree, accumulated in
+  `accumulation_dtype` (leaf by leaf, each leaf's sum first, in leaf order)."""
+  return sum(jnp.sum(jnp.square(x.astype(accumulation_dtype(x.dtype))))
+             for x in jax.tree.leaves(tree))
+
+
+def global_norm(tree: PyTree) -> jax.Array:
+  """||tree||_2 over every leaf (`global_sq_norm`'s square root): the one norm that DP's clip,
+  the robust rules, FedSAM's ascent and FedSpeed's clip all use."""
+  return jnp.sqrt(global_sq_norm(tree))
+
+
+# PyTorch's clip_grad_norm_ divides by ||g|| + 1e-6 (FL-Simulator's FedSAM and FedSpeed clip).
+TORCH_CLIP_EPS = 1e-6
+
+
+def clip_scale(norm: jax.Array, max_norm, eps: float = 0.0) -> jax.Array:
+  """min(1, max_norm / (norm + eps)): 1 for a zero norm (never 0 / 0: the denominator is at
+  least the dtype's smallest normal number). eps = TORCH_CLIP_EPS is PyTorch's
+  clip_grad_norm_."""
+  return jnp.minimum(1.0, max_norm / jnp.maximum(norm + eps, jnp.finfo(norm.dtype).tiny))
+
+
+def clip_by_global_norm(tree: PyTree, max_norm, eps: float = 0.0) -> tuple[PyTree, jax.Array]:
+  """(tree * clip_scale(||tree||, max_norm, eps), ||tree||): the whole tree scaled so that its
+  L2 norm is at most `max_norm`, each leaf cast back to its dtype.
+
+  The clip of DP-FedAvg (McMahan, Ramage, Talwar, Zhang, ICLR 2018, flat clipping), of norm
+  bounding against backdoors (Sun, Kairouz, Suresh, McMahan, 2019) and, with eps =
+  TORCH_CLIP_EPS, PyTorch's clip_grad_norm_ as FL-Simulator's FedSAM and FedSpeed clip their
+  local direction.
+  """
+  norm = global_norm(tree)
+  scale = clip_scale(norm, max_norm, eps)
+  return jax.tree.map(lambda x: (x * scale).astype(x.dtype), tree), norm
+
+
 def tree_all_finite(tree: PyTree) -> jax.Array:
   leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
   return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)

@@ -1,11 +1,12 @@
 """The aggregation stage (engine/stages.py, engine/aggregation.py) under every synchronous
 algorithm of the contract table, SyncProgram, the vectorized program and FedLAMA.
 
-Two toy stages: `clip_norm(1.0)` (streaming, client side: every model upload scaled to L2
-norm <= 1) and `coordinate_median()` (whole cohort: the engine gathers the cohort's uploads
-across chunks). Checked:
+Two stages: a clip (`clip_stage(1.0)`, a client part: every model upload scaled to L2 norm
+<= 1 by tree.clip_by_global_norm) and the coordinate median (robust/defences.py's, reading
+the cohort's stack: the engine gathers the cohort's uploads across chunks). Checked:
 - both against numpy on a tiny stack (padded rows holding garbage included);
-- composition (`chain`, `around`) and the refusals, one line each;
+- composition (`chain`, `aggregation.around`) and the refusals of an order that cannot run,
+  one line each naming both members;
 - no stage is exactly the algorithm's declaration (program state unchanged: no
   "aggregation" entry), and the stages really act (the clip bound binds, the median of two
   clients is their unweighted mean, of three it is not a mean);
@@ -35,13 +36,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_lama import checkpointing, registry, training
+from fedjax_lama import checkpointing, compression, registry, training, tree
 from fedjax_lama.engine import aggregation, sharding, stages
 from fedjax_lama.engine import traffic as traffic_lib
 from fedjax_lama.engine.algorithm import MODEL_UPLOAD
 from fedjax_lama.errors import ConfigError
-from fedjax_lama.fedlama.schedule import FedLamaProgram
+from fedjax_lama.programs.fedlama import FedLamaProgram
 from fedjax_lama.programs.sync import SyncProgram
+from fedjax_lama.robust import attacks, defences
 from fedjax_lama.programs.vectorized import VectorizedSyncProgram
 from tests import test_algorithm_contract as contract
 from tests import test_sharding as helpers
@@ -52,7 +54,19 @@ NAMES = sorted(registry.SPECS)
 # The default suite runs the stages under FedAvg; every other algorithm (SCAFFOLD's rows and
 # server state, FedPAQ's compressed upload, ...) runs under `-m slow`.
 CORE = ("fedavg",)
-STAGES = {"clip": lambda: stages.clip_norm(1.0), "median": stages.coordinate_median}
+
+
+def clip_stage(max_norm: float) -> stages.Stage:
+  """Each client's value scaled to L2 norm at most `max_norm` (a client part alone)."""
+  return stages.make(f"clip[{max_norm:g}]", client=lambda value, state, key:
+                     tree.clip_by_global_norm(value, max_norm)[0])
+
+
+def median_stage() -> stages.Stage:
+  return defences.build("median", 0)
+
+
+STAGES = {"clip": lambda: clip_stage(1.0), "median": median_stage}
 
 
 def _core_first(names):
@@ -89,69 +103,118 @@ def _stack(seed=0, clients=5, garbage_rows=2):
 
 
 def test_clip_norm_matches_numpy():
-  tree, _ = _stack(garbage_rows=0)
-  tree["b"][0] *= 1e-3  # one client already inside the ball: left as it is
-  stage = stages.clip_norm(1.0)
+  values, _ = _stack(garbage_rows=0)
+  values["b"][0] *= 1e-3  # one client already inside the ball: left as it is
+  stage = clip_stage(1.0)
   keys = jax.random.split(jax.random.PRNGKey(0), 5)
-  got = aggregation.apply_client(stage, (), keys, jax.tree.map(jnp.asarray, tree))
+  got = aggregation.apply_client(stage, (), keys, jax.tree.map(jnp.asarray, values))
   for i in range(5):
-    norm = np.sqrt(sum(np.sum(np.square(v[i].astype(np.float64))) for v in tree.values()))
+    norm = np.sqrt(sum(np.sum(np.square(v[i].astype(np.float64))) for v in values.values()))
     scale = min(1.0, 1.0 / norm)
-    for k in tree:
-      np.testing.assert_allclose(got[k][i], tree[k][i] * scale, rtol=1e-6, atol=1e-7)
-    got_norm = np.sqrt(sum(np.sum(np.square(np.asarray(got[k][i], np.float64))) for k in tree))
+    for k in values:
+      np.testing.assert_allclose(got[k][i], values[k][i] * scale, rtol=1e-6, atol=1e-7)
+    got_norm = np.sqrt(sum(np.sum(np.square(np.asarray(got[k][i], np.float64)))
+                           for k in values))
     assert got_norm <= 1.0 + 1e-6
-  assert np.linalg.norm(tree["w"][1]) > 1.0, "the stack must exercise the clip"
+  assert np.linalg.norm(values["w"][1]) > 1.0, "the stack must exercise the clip"
 
 
 @pytest.mark.parametrize("clients", [5, 4, 1])
 def test_coordinate_median_matches_numpy_and_ignores_padded_rows(clients):
-  tree, mask = _stack(1, clients=clients)
-  stack = stages.Stack(jax.tree.map(jnp.asarray, tree), jnp.asarray(mask), jnp.asarray(mask))
-  got, state, scalars = stages.coordinate_median().server(stack, (), jax.random.PRNGKey(0))
-  assert state == () and scalars == {}
-  for k in tree:
-    np.testing.assert_allclose(got[k], np.median(tree[k][:clients], axis=0), rtol=1e-6)
+  values, mask = _stack(1, clients=clients)
+  stack = stages.Stack(jax.tree.map(jnp.asarray, values), jnp.asarray(mask), jnp.asarray(mask))
+  got, state, scalars = median_stage().server(stack, (), jax.random.PRNGKey(0))
+  assert state == () and set(scalars) == {"valid"} and bool(scalars["valid"])
+  for k in values:
+    np.testing.assert_allclose(got[k], np.median(values[k][:clients], axis=0), rtol=1e-6)
 
 
 def test_median_of_an_empty_cohort_is_zero():
-  tree, mask = _stack(2, clients=0)
-  stack = stages.Stack(jax.tree.map(jnp.asarray, tree), jnp.asarray(mask), jnp.asarray(mask))
-  got, _, _ = stages.coordinate_median().server(stack, (), jax.random.PRNGKey(0))
-  for v in jax.tree_util.tree_leaves(got):
+  values, mask = _stack(2, clients=0)
+  stack = stages.Stack(jax.tree.map(jnp.asarray, values), jnp.asarray(mask), jnp.asarray(mask))
+  got, _, _ = median_stage().server(stack, (), jax.random.PRNGKey(0))
+  for v in jax.tree.leaves(got):
     np.testing.assert_array_equal(v, 0.0)
 
 
 def test_chain_clips_then_averages():
-  tree, mask = _stack(3, garbage_rows=0)
+  values, mask = _stack(3, garbage_rows=0)
   weights = np.arange(1.0, 6.0, dtype=np.float32)
-  stage = stages.chain(stages.clip_norm(1.0), stages.mean())
-  assert stage.reduction == stages.STREAMING and stage.weights == stages.ROUND_WEIGHTS
+  stage = stages.chain(clip_stage(1.0), stages.mean())
+  assert stage.consumes == stages.SUMS and stage.reduces
+  assert stage.weights == stages.ROUND_WEIGHTS
   keys = jax.random.split(jax.random.PRNGKey(0), 5)
   clipped = aggregation.apply_client(stage, stage.init(None), keys,
-                                     jax.tree.map(jnp.asarray, tree))
+                                     jax.tree.map(jnp.asarray, values))
   sums = stages.Sums(jax.tree.map(lambda v: jnp.tensordot(weights, v, axes=1), clipped),
                      jnp.sum(weights))
   got, _, _ = stage.server(sums, stage.init(None), jax.random.PRNGKey(1))
-  ref = stages.clip_norm(1.0)
-  for k in tree:
-    want = sum(w * np.asarray(ref.client({kk: jnp.asarray(v[i]) for kk, v in tree.items()},
+  ref = clip_stage(1.0)
+  for k in values:
+    want = sum(w * np.asarray(ref.client({kk: jnp.asarray(v[i]) for kk, v in values.items()},
                                          (), None)[k])
                for i, w in enumerate(weights)) / weights.sum()
     np.testing.assert_allclose(got[k], want, rtol=1e-5, atol=1e-6)
   # A reducer wraps nothing; a transform goes before the declared reducer.
-  median = stages.coordinate_median()
-  assert stages.around(median, stages.mean()) is median
-  assert stages.around(stages.clip_norm(1.0), stages.total()).weights == stages.PARTICIPANTS
+  median = median_stage()
+  assert aggregation.around(median, stages.mean()) == (median,)
+  clip = clip_stage(1.0)
+  assert aggregation.around(clip, stages.total())[1].weights == stages.PARTICIPANTS
 
 
 def test_bad_compositions_are_refused_in_one_line():
   with pytest.raises(ConfigError, match=r"chain: stage 'mean' reduces .* not last"):
-    stages.chain(stages.mean(), stages.clip_norm(1.0))
-  with pytest.raises(ConfigError, match=r"clip_norm: max_norm=0"):
-    stages.clip_norm(0)
-  with pytest.raises(ConfigError, match=r"reduction='sideways'"):
-    stages.make("x", reduction="sideways", server=lambda *a: a)
+    stages.chain(stages.mean(), clip_stage(1.0))
+  with pytest.raises(ConfigError, match=r"consumes='sideways'"):
+    stages.make("x", consumes="sideways", server=lambda *a: a)
+
+
+def _attack():
+  return attacks.upload_attack("sign_flip", np.zeros(4, bool), {"scale": 1.0})
+
+
+@pytest.mark.parametrize("members, first, second", [
+    # An attack hands on the cohort's stack; the streaming mean reads running sums.
+    (lambda: (_attack(), stages.mean()), "attack[sign_flip]", "mean"),
+    # A clip of each client's upload cannot follow a stage that took the stack.
+    (lambda: (_attack(), clip_stage(1.0), median_stage()), "attack[sign_flip]", "clip[1]"),
+    # The stack is gone once the sums are taken.
+    (lambda: (stages.make("noise", server=lambda s, st, k: (s, st, {}), consumes=stages.SUMS),
+              median_stage()), "noise", "median"),
+    # Nothing after a reducer.
+    (lambda: (median_stage(), clip_stage(1.0)), "median", "clip[1]"),
+    # The uplink codec decodes every upload before anything reads it.
+    (lambda: (clip_stage(1.0), stages.uplink(compression.identity())), "clip[1]",
+     "uplink[identity]"),
+    # Sums of two weightings cannot be one stream.
+    (lambda: (stages.make("noise", server=lambda s, st, k: (s, st, {}), consumes=stages.SUMS),
+              stages.total()), "noise", "sum"),
+])
+def test_chain_refuses_an_order_that_cannot_run_naming_both(members, first, second):
+  with pytest.raises(ConfigError) as e:
+    stages.chain(*members())
+  message = str(e.value)
+  assert repr(first) in message and repr(second) in message and "\n" not in message
+  assert message.startswith("chain: ")
+
+
+def test_the_engine_refuses_a_run_stage_that_cannot_wrap_the_declared_mean():
+  # An attack alone hands the stack on to the algorithm's streaming mean: refused when the
+  # program is built, naming both.
+  config = contract.config_for("fedavg", active_ratio=0.25, rounds=1)
+  with pytest.raises(ConfigError, match=r"'mean' reads the running sums but "
+                                        r"'attack\[sign_flip\]' hands on the cohort's stack"):
+    build(config, attacks.upload_attack("sign_flip", np.zeros(helpers.NUM_CLIENTS, bool),
+                                        {"scale": 1.0}))
+
+
+def test_an_uplink_codec_first_is_carried_by_the_chain():
+  codec = compression.qsgd(4, "leaf")
+  chained = stages.chain(stages.uplink(codec), median_stage())
+  assert chained.codec is codec and chained.consumes == stages.STACK
+  assert chained.name == "median"  # its state and keys are the median's
+  alone = stages.chain(stages.uplink(codec))
+  assert alone.codec is codec and not alone.acts
 
 
 def test_declared_reductions_never_drop_another_uploads_default():
@@ -182,11 +245,13 @@ def build(config, stage=None, mesh=MESH):
   selection = registry.select(config)
   algorithm = registry.build_algorithm(config, fed.num_clients, float(np.mean(fed.client_sizes)))
   compressor = registry.uplink_compressor(config)
-  opts = dataclasses.replace(training.run_options(config, fed), aggregator=stage)
+  members = ([] if compression.is_identity(compressor) else [stages.uplink(compressor)])
+  members += [stage] if stage is not None else []
+  chain = stages.chain(*members) if members else None
+  opts = dataclasses.replace(training.run_options(config, fed), aggregator=chain)
   if selection.fedlama is not None:
-    return FedLamaProgram(opts, selection.fedlama, algorithm, model, params, {}, fed, mesh,
-                          compressor)
-  return SyncProgram(opts, algorithm, model, params, {}, fed, mesh, compressor)
+    return FedLamaProgram(opts, selection.fedlama, algorithm, model, params, {}, fed, mesh)
+  return SyncProgram(opts, algorithm, model, params, {}, fed, mesh)
 
 
 def _server(program, state):
@@ -205,12 +270,12 @@ def _update_norm(config, stage):
 
 def test_no_stage_is_the_declaration_and_the_clip_binds():
   config = contract.config_for("fedavg", active_ratio=0.25, local_lr=2.0)
-  plain, clipped = _update_norm(config, None), _update_norm(config, stages.clip_norm(1.0))
+  plain, clipped = _update_norm(config, None), _update_norm(config, clip_stage(1.0))
   assert plain > 1.5, "the run must move further than the clip allows"
   assert clipped <= 1.0 + 1e-5  # a weighted mean of vectors of norm <= 1 (server SGD at 1)
   assert "aggregation" not in build(config).init_state()
   # A stateless chain as the run's stage: the same clip, then the declared mean's equal.
-  chained = _update_norm(config, stages.chain(stages.clip_norm(1.0), stages.mean()))
+  chained = _update_norm(config, stages.chain(clip_stage(1.0), stages.mean()))
   np.testing.assert_allclose(chained, clipped, rtol=1e-6)
 
 
@@ -221,12 +286,12 @@ def _cohort_config(name, clients, **overrides):
 
 def test_median_of_two_clients_is_their_unweighted_mean_and_of_three_is_not():
   two = _cohort_config("fedavg", 2)
-  med, _ = helpers.run(build(two, stages.coordinate_median()))
+  med, _ = helpers.run(build(two, median_stage()))
   uniform, _ = helpers.run(build(_cohort_config("fedavg", 2, weighting="uniform")))
   chex.assert_trees_all_close(med["server"].params, uniform["server"].params, rtol=1e-5,
                               atol=1e-6)
   three = _cohort_config("fedavg", 3)
-  med, _ = helpers.run(build(three, stages.coordinate_median()))
+  med, _ = helpers.run(build(three, median_stage()))
   uniform, _ = helpers.run(build(_cohort_config("fedavg", 3, weighting="uniform")))
   diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(
       jax.tree_util.tree_leaves(med["server"].params),
@@ -262,9 +327,9 @@ def momentum_mean(beta: float = 0.5) -> stages.Stage:
     del key
     mean = jax.tree.map(lambda s: s / jnp.where(sums.weight > 0, sums.weight, 1.0), sums.total)
     m = jax.tree.map(lambda a, b: beta * a + b, m, mean)
-    return m, m, {"momentum_norm": stages.global_norm(m)}
+    return m, m, {"momentum_norm": tree.global_norm(m)}
   return stages.make("momentum_mean", init=lambda params: jax.tree.map(jnp.zeros_like, params),
-                     reduction=stages.STREAMING, server=server)
+                     server=server, consumes=stages.SUMS, reduces=True)
 
 
 @pytest.mark.parametrize("schedule", ["none", "fedlama"])

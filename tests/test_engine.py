@@ -202,13 +202,13 @@ def test_folded_round_equals_reducing_the_stacked_clients(name):
   ctx = clients_lib.client_contexts(alg.shared(server), rows, cohort)
   keys = rng.client_keys(rng.round_key(SEED, rng.STREAM_TRAIN, 1), cohort.client_ids)
   state = clients_lib.fresh_states(alg, ctx, server.model_state, c, batched=False)
-  phase = clients_lib.ClientPhase(loss_fn, alg, schedule, seed=SEED,
+  phase = clients_lib.ClientPhase(loss_fn, alg, schedule,
                                 state_axes=clients_lib.fresh_state_axes(alg),
                                 plan=plan_lib.plan(client_map="vmap"))
   assert phase.client_map == "vmap"
   final, stats = phase.train(state, ctx, data_x, data_y, cohort, keys, S)
   info = phase.info(stats, cohort, S)
-  uploads, want_rows = phase.finish(final, ctx, info, cohort.client_ids, 1)
+  uploads, want_rows = phase.finish(final, ctx, info)
   weights = reduce.client_weights(cohort.client_mask, cohort.num_examples, "examples")
   want = (aggregation.reduce_uploads(alg, uploads, info, final.model_state, weights,
                                    cohort.client_mask),

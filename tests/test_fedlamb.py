@@ -220,7 +220,7 @@ def test_a_flax_model_with_zero_biases_stays_finite(zero_norm):
   assert all(np.all(b == 0) for b in jax.tree_util.tree_leaves(biases))
   alg = build("fedlamb", lam=0.01, zero_norm=zero_norm)
   phase = clients_lib.ClientPhase(local.make_loss_fn(model, False), alg,
-                                optax.constant_schedule(0.01), seed=0)
+                                optax.constant_schedule(0.01))
   server = alg.server.init(params, {})
   idx = np.arange(24).reshape(2, 3, 4)  # 2 clients, 3 steps of 4 examples
   c = cohort_lib.Cohort(jnp.asarray(idx, jnp.int32), jnp.ones((2, 3, 4)), jnp.ones((2, 3)),
@@ -230,7 +230,7 @@ def test_a_flax_model_with_zero_biases_stays_finite(zero_norm):
   final, stats = phase.train(state, ctx, jnp.asarray(x), jnp.asarray(y), c,
                              jax.random.split(jax.random.PRNGKey(1), 2), 0)
   info = phase.info(stats, c, 0)
-  uploads, _ = phase.finish(final, ctx, info, c.client_ids, 0)
+  uploads, _ = phase.finish(final, ctx, info)
   sums = aggregation.reduce_uploads(alg, uploads, info, {}, c.client_mask, c.client_mask)
   new = alg.server.update(server, aggregation.aggregates(alg, sums, 2))
   # theta, m, v, w (the optax state) and the server's theta and v_hat
@@ -404,7 +404,7 @@ def test_worked_local_step_matches_the_hand_computation():
 def test_masked_surplus_steps_change_nothing(name):
   alg = build(name, v_bias_correction=True)
   with jax.enable_x64(True):
-    phase = clients_lib.ClientPhase(loss_fn, alg, optax.constant_schedule(LR), seed=0)
+    phase = clients_lib.ClientPhase(loss_fn, alg, optax.constant_schedule(LR))
     server = alg.server.init(eng_params(PARAMS0), {})
 
     def final(max_steps, steps):

@@ -72,7 +72,7 @@ def run_partial_rounds(alg, cohorts, seed=0):
   rng = np.random.default_rng(seed)
   data_x = jnp.asarray(rng.normal(size=(M * ROWS, D)), jnp.float32)
   data_y = jnp.asarray(rng.normal(size=(M * ROWS,)), jnp.float32)
-  phase = clients_lib.ClientPhase(least_squares_loss, alg, optax.constant_schedule(0.05), seed=0)
+  phase = clients_lib.ClientPhase(least_squares_loss, alg, optax.constant_schedule(0.05))
 
   @jax.jit
   def one_round(server, rows, cohort, keys, r):
@@ -80,7 +80,7 @@ def run_partial_rounds(alg, cohorts, seed=0):
     state = clients_lib.fresh_states(alg, ctx, server.model_state, cohort.indices.shape[0])
     final, stats = phase.train(state, ctx, data_x, data_y, cohort, keys, r * STEPS)
     info = phase.info(stats, cohort, r * STEPS)
-    uploads, new_rows = phase.finish(final, ctx, info, cohort.client_ids, r)
+    uploads, new_rows = phase.finish(final, ctx, info)
     weights = reduce.client_weights(cohort.client_mask, cohort.num_examples, "uniform")
     sums = aggregation.reduce_uploads(alg, uploads, info, final.model_state, weights,
                                     cohort.client_mask)

@@ -159,7 +159,7 @@ def test_robust_defences_are_refused():
   refused before any training, because HypCluster declares its own aggregate of the model
   upload. (DP's refusal, for the upload c_i, is tests/test_privacy_contract.py's.)"""
   config = contract.config_for("hypcluster")
-  config.robust.defence = "median"
+  config.robust.defence, config.robust.f = "median", 0
   with pytest.raises(ValueError, match=r"config\.robust\.defence='median' is not accepted with "
                      r"config\.algorithm='hypcluster' \(it declares its own aggregate"):
     helpers.build(config, sharding.client_mesh(jax.devices()[:1]))

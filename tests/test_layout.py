@@ -38,6 +38,14 @@ def test_no_two_library_modules_share_a_name():
   assert module_basename_clashes(REPO / "fedjax_lama") == {}
 
 
+def test_no_library_module_shadows_a_standard_library_module():
+  # A module named like one of Python's (`codecs`, `platform`) hides it from any script run
+  # from its folder and misleads a reader of `import codecs`.
+  shadows = [path.relative_to(REPO).as_posix() for path in sorted((REPO / "fedjax_lama").rglob("*"))
+             if (path.suffix == ".py" or path.is_dir()) and path.stem in sys.stdlib_module_names]
+  assert not shadows
+
+
 def test_the_library_imports_none_of_the_tools_around_it():
   # Imports flow one way: experiments/, benchmarks/ and third_party/ use fedjax_lama, never
   # the reverse, so an installed package (which holds fedjax_lama/ only) imports.

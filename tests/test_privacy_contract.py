@@ -30,7 +30,7 @@ import pytest
 from fedjax_lama import training
 from fedjax_lama.engine import sharding
 from fedjax_lama.errors import ConfigError
-from fedjax_lama.privacy import dp_stage
+from fedjax_lama.privacy import mechanisms
 from tests import test_algorithm_contract as contract
 from tests import test_cli_errors as cli
 from tests import test_privacy_runs as privacy_runs
@@ -111,7 +111,7 @@ def test_every_algorithm_is_in_exactly_one_dp_group():
 @pytest.mark.parametrize("name", DP_ACCEPTED)
 def test_accepted_algorithms_build_with_the_dp_stage(name):
   program = _build(dp_config_for(name))
-  assert program.opts.aggregator.name == dp_stage.STAGE_NAME
+  assert program.opts.aggregator.name == mechanisms.STAGE_NAME
   assert program.opts.sampler.kind == "bernoulli"
 
 
@@ -157,7 +157,7 @@ def dp_runs(tmp_path_factory):
 def test_dp_round_compiles_once_and_resumes_exactly(dp_runs, case):
   run = dp_runs(case)
   bits = contract._bits  # pylint: disable=protected-access
-  assert run["program"].opts.aggregator.name == dp_stage.STAGE_NAME
+  assert run["program"].opts.aggregator.name == mechanisms.STAGE_NAME
   assert run["compiles"] == [], f"recompiled after round 1: {run['compiles']}"
   assert bits(run["resumed"]) == bits(run["straight"]), "resumed run differs"
   server, _ = run["straight"]

@@ -4,10 +4,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_lama.engine import reduce
+from fedjax_lama.engine import reduce, stages
 from fedjax_lama.errors import HparamError
-from fedjax_lama.privacy import (AdaptiveClipOptions, DpOptions, SamplingOptions, mechanisms,
-                                 update_noise_multiplier)
+from fedjax_lama.privacy import (AdaptiveClipOptions, DpOptions, SamplingOptions, clipping,
+                                 mechanisms, update_noise_multiplier)
 
 SHAPES = {"dense": {"kernel": (3, 4), "bias": (4,)}, "out": {"kernel": (4, 2)}}
 
@@ -41,7 +41,7 @@ def run_stage(stage, stacked, mask, state, key, chunk=None):
     outputs = client(part, state, keys)
     summed = reduce.weighted_sum(outputs, jnp.asarray(mask[start:start + chunk]))
     total = summed if total is None else jax.tree.map(jnp.add, total, summed)
-  return jax.jit(stage.server)(total, state, key)
+  return jax.jit(stage.server)(stages.Sums(total, jnp.sum(mask)), state, key)
 
 
 def flat_leaves(tree, i):
@@ -75,7 +75,8 @@ def test_clip_then_average_without_noise_equals_numpy(clipping, layer_split):
   stacked = client_updates(11, seed=3)
   mask = np.array([1, 1, 0, 1, 1, 1, 1, 0, 1, 1, 1], np.float32)  # two padded rows
   stage = mechanisms.user_level_dp(opts)
-  value, state, scalars = run_stage(stage, stacked, mask, stage.init(), jax.random.PRNGKey(1))
+  value, state, scalars = run_stage(stage, stacked, mask, stage.init(None),
+                                    jax.random.PRNGKey(1))
   leaves = jax.tree.leaves(stacked)
   if clipping == "flat":
     clips = [opts.clip_norm]
@@ -92,7 +93,7 @@ def test_clip_then_average_without_noise_equals_numpy(clipping, layer_split):
   for got, want in zip(jax.tree.leaves(value), expected):
     np.testing.assert_allclose(np.asarray(got), want, rtol=2e-6, atol=1e-7)
   assert float(scalars["dp/clip_norm"]) == pytest.approx(opts.clip_norm)
-  assert state.clip_norm == stage.init().clip_norm
+  assert state.clip_norm == stage.init(None).clip_norm
   # Some clients were clipped and some were not, so the reference is not vacuous.
   norms = [np.sqrt(sum(np.sum(v ** 2) for v in flat_leaves(stacked, i))) for i in range(11)]
   assert min(norms) < opts.clip_norm < max(norms)
@@ -102,8 +103,8 @@ def test_chunks_sum_to_the_unchunked_round():
   stage = mechanisms.user_level_dp(options("flat", sigma=0.7))
   stacked, mask = client_updates(12, seed=5), np.ones(12, np.float32)
   key = jax.random.PRNGKey(4)
-  whole = run_stage(stage, stacked, mask, stage.init(), key)[0]
-  chunked = run_stage(stage, stacked, mask, stage.init(), key, chunk=4)[0]
+  whole = run_stage(stage, stacked, mask, stage.init(None), key)[0]
+  chunked = run_stage(stage, stacked, mask, stage.init(None), key, chunk=4)[0]
   for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(chunked)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
@@ -111,10 +112,10 @@ def test_chunks_sum_to_the_unchunked_round():
 def test_per_layer_clips_share_the_whole_clip():
   tree = jax.tree.map(lambda s: jnp.ones(s), SHAPES, is_leaf=lambda x: isinstance(x, tuple))
   for split in ("equal", "size", (0.1, 0.6, 0.3)):
-    clips = mechanisms.layer_clip_norms(tree, 2.0, split)
+    clips = clipping.layer_clip_norms(tree, 2.0, split)
     assert float(sum(c ** 2 for c in jax.tree.leaves(clips))) == pytest.approx(4.0, rel=1e-6)
   with pytest.raises(HparamError, match=r"^privacy\.layer_split=\(0\.5, 0\.5\) .*\(3 leaves\)$"):
-    mechanisms.layer_clip_norms(tree, 2.0, (0.5, 0.5))
+    clipping.layer_clip_norms(tree, 2.0, (0.5, 0.5))
 
 
 def test_the_noise_has_std_sigma_c_over_the_expected_cohort():
@@ -144,7 +145,8 @@ def test_the_stage_noises_the_updates_with_the_adaptive_multiplier():
   opts = options(sigma=1.1, adaptive=adaptive)
   stage = mechanisms.user_level_dp(opts)
   summed = {"update": {"w": jnp.zeros(200_000)}, "unclipped": jnp.float32(3)}
-  value = stage.server(summed, stage.init(), jax.random.PRNGKey(2))[0]
+  value = stage.server(stages.Sums(summed, jnp.float32(3)), stage.init(None),
+                       jax.random.PRNGKey(2))[0]
   want = update_noise_multiplier(1.1, 4.0) * opts.clip_norm / opts.sampling.expected_cohort
   assert np.std(np.asarray(value["w"])) == pytest.approx(want, rel=5 / np.sqrt(400_000))
 
@@ -157,7 +159,7 @@ def test_adaptive_clipping_without_noise_follows_the_geometric_update():
   stage = mechanisms.user_level_dp(opts)
   server = jax.jit(stage.server)
   client = jax.jit(jax.vmap(stage.client, in_axes=(0, None, 0)))
-  state, clip = stage.init(), clip0
+  state, clip = stage.init(None), clip0
   fractions = []
   for round_idx in range(6):
     stacked = client_updates(10, seed=100 + round_idx)
@@ -166,7 +168,8 @@ def test_adaptive_clipping_without_noise_follows_the_geometric_update():
     keys = jax.random.split(jax.random.PRNGKey(round_idx), 10)
     outputs = client(stacked, state, keys)
     summed = reduce.weighted_sum(outputs, jnp.asarray(mask))
-    _, state, scalars = server(summed, state, jax.random.PRNGKey(round_idx))
+    _, state, scalars = server(stages.Sums(summed, jnp.sum(jnp.asarray(mask))), state,
+                               jax.random.PRNGKey(round_idx))
     # numpy: b = (number of unmasked clients with norm <= C) / (q N); C <- C exp(-eta (b - gamma))
     norms = np.array([np.sqrt(sum(np.sum(v ** 2) for v in flat_leaves(stacked, i)))
                       for i in range(10)])

@@ -20,13 +20,14 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_lama import registry, training
+from fedjax_lama import compression, registry, training
 from fedjax_lama.engine import sharding, stages
 from fedjax_lama.errors import ConfigError
-from fedjax_lama.privacy import accounting
+from fedjax_lama.privacy import accounting, mechanisms
 from fedjax_lama.privacy import dp_stage as privacy_stage
 from fedjax_lama.privacy.dp_options import AdaptiveClipOptions, DpOptions, SamplingOptions
 from fedjax_lama.programs.sync import SyncProgram
+from fedjax_lama.robust import defences
 from fedjax_lama.run import spec as spec_lib
 from tests import test_algorithm_contract as contract
 from tests import test_sharding as helpers
@@ -96,6 +97,7 @@ def test_target_epsilon_is_calibrated_for_the_configured_rounds():
 def test_a_run_without_privacy_has_no_stage_and_no_epsilon():
   spec = spec_lib.build_spec(tiny_config())
   assert spec.options.aggregator is None and spec.records.privacy is None
+  assert spec_lib.run_chain(spec, spec.federation.num_clients) is None
 
 
 # ---- the stage on recorded uploads -------------------------------------------------------------
@@ -104,15 +106,18 @@ def _program(config, stage):
   model = helpers.TinyMLP()
   params = model.init(jax.random.PRNGKey(config.seed), fed.dataset.train_x[:1])["params"]
   algorithm = registry.build_algorithm(config, fed.num_clients, float(np.mean(fed.client_sizes)))
-  opts = dataclasses.replace(training.run_options(config, fed), aggregator=stage)
-  return SyncProgram(opts, algorithm, model, params, {}, fed, MESH,
-                     registry.uplink_compressor(config))
+  compressor = registry.uplink_compressor(config)
+  members = [] if compression.is_identity(compressor) else [stages.uplink(compressor)]
+  members += [stage] if stage is not None else []
+  opts = dataclasses.replace(training.run_options(config, fed),
+                             aggregator=stages.chain(*members) if members else None)
+  return SyncProgram(opts, algorithm, model, params, {}, fed, MESH)
 
 
 def _recorded_deltas(config):
   """Round 0's per-client deltas [C, ...] and the client mask, from the same program with a
   whole-cohort stage (the engine stacks the model uploads for it)."""
-  program = _program(config, stages.coordinate_median())
+  program = _program(config, defences.build("median", 0))
   state = program.init_state()
   ids = program.opts.sampler.sample(0)
   assert len(ids) <= program.chunk_size
@@ -143,7 +148,7 @@ def test_sigma_zero_is_numpy_clip_then_sum_over_the_expected_cohort(sampling):
   expected = [np.tensordot(scale, x.astype(np.float64), axes=1) / expected_cohort
               for x in leaves]
 
-  program = _program(config, privacy_stage.dp_stage(options))
+  program = _program(config, mechanisms.user_level_dp(options))
   state = program.init_state()
   before = jax.tree.leaves(program.params)
   state, out = program.run_round(state, 0)
@@ -156,7 +161,7 @@ def test_sigma_zero_is_numpy_clip_then_sum_over_the_expected_cohort(sampling):
 
 # ---- chunks ------------------------------------------------------------------------
 def _params_after(config, options, rounds=2):
-  program = _program(config, privacy_stage.dp_stage(options))
+  program = _program(config, mechanisms.user_level_dp(options))
   state, outs = helpers.run(program, rounds)
   return state["server"].params, outs, program
 
@@ -187,7 +192,7 @@ def test_algorithms_that_upload_the_delta_alone_accept_dp(name):
   model = helpers.TinyMLP()
   params = model.init(jax.random.PRNGKey(0), fed.dataset.train_x[:1])["params"]
   program = training.build_program(config, model, params, {}, fed, MESH)
-  assert program.opts.aggregator.name == privacy_stage.STAGE_NAME
+  assert program.opts.aggregator.name == mechanisms.STAGE_NAME
   state, outs = helpers.run(program, 2)
   assert "aggregation" in state and all(np.isfinite(o.train_loss) for o in outs)
   assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(state["server"].params))
@@ -317,7 +322,7 @@ def test_per_layer_clipping_bounds_every_layer():
   leaves = jax.tree.leaves(_program(config, None).params)
   total = sum(np.size(x) for x in leaves)
   layer_clips = [0.3 * np.sqrt(np.size(x) / total) for x in leaves]  # C_l^2 = C^2 d_l / d
-  clipped, plain = moves(privacy_stage.dp_stage(options)), moves(None)
+  clipped, plain = moves(mechanisms.user_level_dp(options)), moves(None)
   assert any(p > c for p, c in zip(plain, layer_clips)), "the clip must bind for some layer"
   # The mean of m updates whose leaf l is clipped to C_l moves leaf l by at most C_l.
   for move, clip in zip(clipped, layer_clips):

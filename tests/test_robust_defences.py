@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from fedjax_lama import robust
+from fedjax_lama.engine import stages
 from fedjax_lama.errors import HparamError
 
 SHAPES = {"kernel": (3, 2), "bias": (2,)}
@@ -382,7 +383,7 @@ def test_centered_clipping_momentum_over_rounds(cohort):
     defence = robust.build("centered_clipping", 1, radius=0.5, iterations=2, momentum=0.9)
     state = defence.init(jax.tree.map(lambda leaf: leaf[0], stack))
     center = np.zeros(x.shape[1])
-    step = jax.jit(defence.aggregate)
+    step = jax.jit(lambda *args: on_stack(defence, *args))
     for r in range(3):
       shifted = jax.tree.map(lambda leaf: leaf + 0.1 * r, stack)
       got, state, _ = step(shifted, jnp.ones(11), jnp.asarray(weights), state)
@@ -428,7 +429,7 @@ def test_check_preconditions_accepts_the_edge_and_names_the_largest_f():
     robust.check_preconditions("trimmed_mean", 10, 2, beta=0.5)
   with pytest.raises(HparamError, match="defence"):
     robust.check_preconditions("krun", 10, 2)
-  robust.check_preconditions("norm_bound", 1, 5)
+  robust.check_preconditions("norm_bounding", 1, 5)
 
 
 def test_build_checks_hyperparameters():
@@ -444,26 +445,36 @@ def test_build_checks_hyperparameters():
     robust.build("krum", -1)
 
 
-def test_build_bundles_every_rule(cohort):
+def on_stack(stage, stack, mask, weights, state):
+  """A stage's server part on the cohort's stack: (aggregate, state, scalars)."""
+  return stage.server(stages.Stack(stack, weights, mask), state, jax.random.PRNGKey(0))
+
+
+def test_build_makes_every_rule_a_stage(cohort):
   stack, weights = cohort
   stack = jax.tree.map(lambda x: x.astype(np.float32), stack)
   hparams = {"trimmed_mean": {"beta": 0.2}, "centered_clipping": {"radius": 1.0},
-             "norm_bound": {"bound": 1.0}}
+             "norm_bounding": {"bound": 1.0}}
   upload_like = jax.tree.map(lambda x: x[0], stack)
   for name in robust.DEFENCES:
-    defence = robust.build(name, 1, **hparams.get(name, {}))
+    streams = name == "norm_bounding"
+    defence = robust.build(name, 1, on_stack=streams, **hparams.get(name, {}))
     state = defence.init(upload_like)
+    assert defence.consumes == stages.STACK and defence.reduces, name
     # Traced, not compiled: the numbers are checked above, here the stage's shapes.
-    value, next_state, info = jax.eval_shape(defence.aggregate, stack, jnp.ones(11),
-                                             jnp.asarray(weights), state)
+    value, next_state, info = jax.eval_shape(
+        lambda s, m, w, st, d=defence: on_stack(d, s, m, w, st), stack, jnp.ones(11),
+        jnp.asarray(weights), state)
     assert jax.tree.map(np.shape, value) == jax.tree.map(np.shape, upload_like), name
     assert jax.tree.map(np.shape, next_state) == jax.tree.map(np.shape, state), name
     assert info["valid"].shape == () and info["valid"].dtype == bool, name
-    assert defence.reduce == ("streaming" if name == "norm_bound" else "whole_cohort")
   # Norm bounding streams: its per-client clip then the engine's weighted mean.
-  defence = robust.build("norm_bound", bound=1.0)
-  clipped = jax.vmap(defence.client)(stack)
+  defence = robust.build("norm_bounding", bound=1.0)
+  assert defence.consumes == stages.SUMS and defence.client is not None
+  clipped = jax.vmap(lambda u: defence.client(u, defence.init(None), jax.random.PRNGKey(0)))(
+      stack)
   streamed = jax.tree.map(lambda x: np.tensordot(weights, x, axes=1) / weights.sum(), clipped)
-  whole = defence.aggregate(stack, jnp.ones(11), jnp.asarray(weights), ())[0]
+  whole = on_stack(robust.build("norm_bounding", bound=1.0, on_stack=True), stack,
+                   jnp.ones(11), jnp.asarray(weights), ())[0]
   for k in stack:
     np.testing.assert_allclose(streamed[k], whole[k], rtol=1e-6)

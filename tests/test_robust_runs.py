@@ -32,7 +32,7 @@ DEFENCES = {
     "krum": {}, "multi_krum": {}, "bulyan": {"robust.f": 1}, "median": {},
     "trimmed_mean": {"robust.beta": 0.2}, "geometric_median": {},
     "centered_clipping": {"robust.radius": 0.5, "robust.momentum": 0.5},
-    "norm_bounding": {"robust.bound": 0.5},
+    "norm_bounding": {"robust.bound": 0.5}, "meamed": {},
 }
 FAST = ("krum", "centered_clipping")
 

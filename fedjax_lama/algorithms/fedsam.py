@@ -35,8 +35,8 @@ import jax.numpy as jnp
 
 from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, require,
                                            require_one_of, server_sgd)
-from fedjax_lama.algorithms.fedspeed import global_norm
 from fedjax_lama.engine.algorithm import Algorithm, server_opt, single_gradient
+from fedjax_lama.tree import TORCH_CLIP_EPS, clip_by_global_norm, global_norm
 
 CLIP_MODES = ("none", "reference")
 
@@ -76,12 +76,6 @@ def sam_gradient(value_and_grad, params, rho: float, eps: float,
   return (loss, aux), g, g_sam, e
 
 
-def clip_by_global_norm(tree, max_norm: float):
-  """PyTorch's clip_grad_norm_: scale by min(1, max_norm / (||tree|| + 1e-6))."""
-  factor = jnp.minimum(1.0, max_norm / (global_norm(tree) + 1e-6))
-  return jax.tree.map(lambda u: (u * factor).astype(u.dtype), tree)
-
-
 def sam_oracle(rho: float, eps: float):
   """A `grad` oracle returning SAM's g~ (the plain gradient when rho = 0, statically)."""
 
@@ -101,7 +95,8 @@ def with_reference_clip(correct, clip_norm: float):
   def clipped(grads, params, ctx):
     if correct is not None:
       grads = correct(grads, params, ctx)
-    return clip_by_global_norm(grads, clip_norm)
+    # PyTorch's clip_grad_norm_: scale by min(1, max_norm / (||g|| + 1e-6)).
+    return clip_by_global_norm(grads, clip_norm, eps=TORCH_CLIP_EPS)[0]
 
   return clipped
 

@@ -46,6 +46,7 @@ from fedjax_lama.algorithms.common import Common, Spec, local_optimizer, require
 from fedjax_lama.algorithms.fedsam import ascent, check_sam_options
 from fedjax_lama.engine.algorithm import (Algorithm, LocalOptimizer, ServerRule, ServerState,
                                           corrected, upload)
+from fedjax_lama.tree import global_norm
 
 
 class PerturbationDual(NamedTuple):
@@ -119,7 +120,7 @@ def build(hp: Hparams, common: Common) -> Algorithm:
                                                             server.extra["g_hat_mean"]}), agg)
     if hp.rho != 0:
       z = agg["z"]
-      scale = hp.rho / (fedspeed.global_norm(z) + hp.perturb_eps)
+      scale = hp.rho / (global_norm(z) + hp.perturb_eps)
       s = jax.tree.map(lambda v: (scale * v).astype(v.dtype), z)
     return inner_server._replace(extra={**inner_server.extra, "s": s})
 

@@ -33,6 +33,7 @@ from fedjax_lama.algorithms.common import (Common, Spec, local_optimizer, requir
                                            require_one_of, server_sgd)
 from fedjax_lama.engine.algorithm import (SUM, Algorithm, Reduction, ServerRule, ServerState,
                                           displacement, server_opt, upload)
+from fedjax_lama.tree import TORCH_CLIP_EPS, clip_by_global_norm, global_norm
 
 
 def _positive(value) -> bool:
@@ -67,23 +68,14 @@ class Hparams:
     require(_positive(self.clip_norm), "clip_norm", self.clip_norm, "a finite number > 0")
 
 
-def global_norm(tree) -> jax.Array:
-  """One L2 norm over all leaves (the ascent is scaled for the whole model, not per layer),
-  accumulated in at least float32."""
-  leaves = jax.tree_util.tree_leaves(tree)
-  return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.promote_types(x.dtype, jnp.float32))))
-                      for x in leaves))
-
-
 def correction(hp: Hparams, controller=lambda ctx: ctx.row):
   """The local correction g~ - g_hat_i + (1/lam) (y - x) (line 11), with the reference code's
   clip when asked; None without a prox correction or a clip. `controller(ctx)` is g_hat_i
   (the client's row)."""
   inv_lam = 1.0 / hp.lam
 
-  def clip(tree):
-    factor = jnp.minimum(1.0, hp.clip_norm / (global_norm(tree) + 1e-6))
-    return jax.tree.map(lambda u: (u * factor).astype(u.dtype), tree)
+  def clip(tree):  # PyTorch's clip_grad_norm_, as the reference code clips
+    return clip_by_global_norm(tree, hp.clip_norm, eps=TORCH_CLIP_EPS)[0]
 
   def correct(grads, params, ctx):
     x, g_hat = ctx.shared["params"], controller(ctx)

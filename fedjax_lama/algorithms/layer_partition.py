@@ -38,7 +38,7 @@ the zoo (fedjax_lama/models/).
 
 Under FedLAMA (config.schedule="fedlama") FedPer, FedRep and LG-FedAvg synchronise their
 shared layers on the schedule's intervals and never their personal ones
-(fedjax_lama/fedlama/schedule.py); FedBN's local statistics do not compose with the
+(fedjax_lama/programs/fedlama.py); FedBN's local statistics do not compose with the
 schedule's per-slot statistics and it is refused there.
 
 The server's copies of the personal layers are never updated (the uploads are zero

@@ -10,9 +10,9 @@ A compressor is a bundle of pure, jit- and vmap-compatible functions over pytree
 
 What is compressed follows from an algorithm's declaration (engine/algorithm.py): every
 upload whose leaves are not all scalars; scalar uploads (FedNova's ||a_i||_1) stay
-32-bit. The engine applies a compressor as a client-side aggregation stage
-(engine/stages.py `uplink`, engine/aggregation.py `uplink_uploads`). No algorithm name
-appears here.
+32-bit. The engine applies a compressor as the uplink codec of the run's chain of stages
+(engine/stages.py `uplink`, engine/aggregation.py `RoundAggregation.decode`). No algorithm
+name appears here.
 """
 from typing import Any, Callable, NamedTuple
 

@@ -1,13 +1,12 @@
 """The clients' half of a round: fresh local states, and `ClientPhase`, which runs the
-vmapped local scan and the algorithm's `finish` for a group of clients and decodes their
-uploads (the uplink compressor, engine/aggregation.py)."""
+vmapped local scan and the algorithm's `finish` for a group of clients (what happens to
+their uploads next, the uplink codec included, is the aggregation's: engine/aggregation.py)."""
 from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 
-from fedjax_lama import compression
-from fedjax_lama.engine import aggregation, local
+from fedjax_lama.engine import local
 from fedjax_lama.engine.algorithm import Algorithm, ClientContext, ClientInfo, LocalState
 from fedjax_lama.engine.cohort import Cohort
 from fedjax_lama.engine.plan import PlatformPlan
@@ -62,25 +61,22 @@ class ClientPhase:
 
     final, stats = phase.train(state, ctx, data_x, data_y, cohort, keys, step_offset, key_offset)
     info = phase.info(stats, cohort, step_offset)          # or a schedule's own per-leaf info
-    uploads, rows = phase.finish(final, ctx, info, cohort.client_ids, compress_round)
+    uploads, rows = phase.finish(final, ctx, info)
 
-  `uploads` are what the server decodes (the uplink compressor applied, keys per
-  (compress_round, client id, upload, leaf)). `client_devices`: the devices the client axis
-  is split over (the run's mesh size; default every device), `local.vmap_clients`.
+  `uploads` are what the clients send (`RoundAggregation.decode` gives what the server
+  decodes). `client_devices`: the devices the client axis is split over (the run's mesh
+  size; default every device), `local.vmap_clients`.
   `plan`: the run's platform plan, whose client map and scan group bytes add the client
   axis (None: the default backend's choice); `client_map` says
   which map was taken ("vmap" or "scan").
   """
 
   def __init__(self, loss_fn: local.LossFn, algorithm: Algorithm, learning_rate: Callable, *,
-               seed: int, unroll=1, augment: Optional[Callable] = None,
+               unroll=1, augment: Optional[Callable] = None,
                poison: Optional[Callable] = None,
-               compressor: Optional[compression.Compressor] = None,
                shared_per_client: bool = False, state_axes: Optional[LocalState] = None,
                client_devices: Optional[int] = None, plan: Optional[PlatformPlan] = None):
     self.algorithm, self.learning_rate = algorithm, learning_rate
-    # The run's uplink compressor (registry.uplink_compressor); None: the identity.
-    self.compressor = compressor
     self.client_map = local.resolve_client_map(plan.client_map if plan is not None else None)
 
     def vmapped_train(begins: bool):
@@ -97,7 +93,6 @@ class ClientPhase:
     self._train[False] = (vmapped_train(False) if algorithm.start is not None
                           else self._train[True])
     self._ctx_axes = local.context_axes(shared_per_client)
-    self._uplink_key = compression.base_key(seed)
 
   def train(self, state: LocalState, ctx: ClientContext, data_x, data_y, cohort: Cohort, keys,
             step_offset, key_offset=0, *, reduce_group: Optional[Callable] = None, extras=None,
@@ -116,13 +111,10 @@ class ClientPhase:
     return ClientInfo(stats.steps, stats.effective_step, lr0, cohort.num_examples,
                       cohort.client_ids)
 
-  def finish(self, final: LocalState, ctx: ClientContext, info: ClientInfo, client_ids,
-             compress_round) -> tuple[dict, PyTree]:
-    uploads, rows = jax.vmap(self.algorithm.finish, in_axes=(0, self._ctx_axes, 0))(
-        final, ctx, info)
-    uploads = aggregation.uplink_uploads(self.compressor, self._uplink_key, compress_round,
-                                         client_ids, uploads)
-    return uploads, rows
+  def finish(self, final: LocalState, ctx: ClientContext,
+             info: ClientInfo) -> tuple[dict, PyTree]:
+    """(uploads, rows) of every client: the algorithm's `finish`, vmapped."""
+    return jax.vmap(self.algorithm.finish, in_axes=(0, self._ctx_axes, 0))(final, ctx, info)
 
 
 def client_stats(stats: local.StepStats) -> "ClientStats":

@@ -72,3 +72,52 @@ def weighted_mean(stacked: PyTree, weights: jax.Array) -> PyTree:
   means = [(client_sum(x.astype(acc_dtype(x.dtype)), w) / safe.astype(acc_dtype(x.dtype)))
            .astype(x.dtype) for x in leaves]
   return jax.tree_util.tree_unflatten(treedef, means)
+
+
+# ---- coordinate-wise order statistics over the client axis --------------------------------
+def _rows(mask: jax.Array, x: jax.Array) -> jax.Array:
+  """mask [C] shaped to broadcast against a leaf [C, ...]."""
+  return mask.reshape((-1,) + (1,) * (x.ndim - 1))
+
+
+def sorted_real(x: jax.Array, mask: jax.Array) -> jax.Array:
+  """x sorted along the client axis with the rows where mask <= 0 as +inf (they sort last, so
+  a padded row never enters, whatever it holds); a real NaN sorts after +inf."""
+  return jnp.sort(jnp.where(_rows(mask > 0, x), x, jnp.array(jnp.inf, x.dtype)), axis=0)
+
+
+def coordinate_median(stacked: PyTree, mask: jax.Array) -> PyTree:
+  """Per leaf and coordinate, the median over the rows with mask > 0: the mean of the two
+  middle values for an even count (numpy's convention), 0 when no row is real. Unweighted.
+
+  The median of Yin, Chen, Ramchandran, Bartlett, "Byzantine-Robust Distributed Learning:
+  Towards Optimal Statistical Rates", ICML 2018 (Option I); also Bulyan's and MeaMed's centre.
+  The count n may change every round without recompiling (a traced index).
+  """
+  n = jnp.sum((mask > 0).astype(jnp.int32))
+
+  def median(x):
+    ordered = sorted_real(x, mask)
+    low = jax.lax.dynamic_index_in_dim(ordered, jnp.maximum(n - 1, 0) // 2, axis=0,
+                                       keepdims=False)
+    high = jax.lax.dynamic_index_in_dim(ordered, n // 2, axis=0, keepdims=False)
+    return jnp.where(n > 0, (low + high) / 2, jnp.zeros((), x.dtype))
+
+  return jax.tree.map(median, stacked)
+
+
+def nearest_mean(x: jax.Array, kept: jax.Array, reference: jax.Array,
+                 count: jax.Array) -> jax.Array:
+  """Per coordinate of a leaf [C, ...], the mean of the `count` values of the kept rows
+  nearest `reference` (ties: the lower row), 0 rows counting as 1 in the division.
+
+  Bulyan's last step (El Mhamdi, Guerraoui, Rouault, ICML 2018) and MeaMed (Xie, Koyejo,
+  Gupta, 2018) with `reference` the coordinate-wise median.
+  """
+  kept = _rows(kept, x)
+  gap = jnp.where(kept, jnp.abs(x - reference), jnp.inf)
+  values = jnp.where(kept, x, jnp.zeros((), x.dtype))
+  _, nearest_first = jax.lax.sort((gap, values), dimension=0, is_stable=True, num_keys=1)
+  position = jnp.arange(x.shape[0]).reshape((-1,) + (1,) * (x.ndim - 1))
+  total = jnp.sum(jnp.where(position < count, nearest_first, jnp.zeros((), x.dtype)), axis=0)
+  return total / jnp.maximum(count, 1).astype(x.dtype)

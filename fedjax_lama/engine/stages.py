@@ -1,29 +1,34 @@
-"""Aggregation stages: the declared step between the clients' uploads and the server update.
+"""Aggregation stages: the one type for every step between the clients' uploads and the server
+update (the uplink codec, DP's clip and noise, an upload attack, a robust rule, the mean).
 
-A stage is a bundle of pure functions, composed like optax transforms and wrapped like
-TensorFlow Federated's aggregation factories (a clipping factory around a noising factory
-around a mean):
+A stage is a bundle of pure functions, composed like optax transforms (`chain`) and wrapped
+like TensorFlow Federated's aggregation factories (a clip around a noise around a mean):
 
     state = stage.init(params)                                  kept in the program state
-    value = stage.client(value, state, key)                     one client, inside the vmapped
-                                                                client computation (optional)
-    reduced = Sums(sum_i a_i v_i, sum_i a_i)                    stage.reduction == "streaming"
-            | Stack(v [C, ...], weights [C], mask [C], ids [C]) stage.reduction == "whole_cohort"
+    value = stage.client(value, state, key)                     one client's upload, inside
+                                                                the vmapped client computation
+    reduced = Sums(sum_i a_i v_i, sum_i a_i)                    stage.consumes == SUMS
+            | Stack(v [C, ...], weights [C], mask [C], ids [C]) stage.consumes == STACK
     out, state, scalars = stage.server(reduced, state, key)     once per round
 
-Streaming stages see (weighted sum, weight) pairs, which the engine accumulates over chunks
-of clients and shards of the client axis in any order (docs/design.md, "The engine"); the
-weights a_i are the round's weights p_i (RunOptions.weighting: examples or uniform) or 1 per
-participant (`weights=PARTICIPANTS`). Whole-cohort stages (a coordinate median, Krum) see the
-cohort's stack of per-client values, which the engine gathers across chunks (C x d floats
-per aggregate); padded clients have weight and mask 0 and must be ignored.
+What a stage consumes is declared: `client` reads each client's upload; `server` reads what
+`consumes` names. Running sums are (weighted sum, weight) pairs, which the engine accumulates
+over chunks of clients and shards of the client axis in any order (docs/design.md, "The
+engine"); the weights a_i are the round's p_i (RunOptions.weighting: examples or uniform) or 1
+per participant (`weights=PARTICIPANTS`). The stack is the cohort's per-client values, which
+the engine gathers across chunks (C x d floats); padded clients have weight and mask 0 and
+must be ignored. A stage either reduces (`reduces`: its server makes the aggregate) or
+transforms (its server maps Sums to Sums or Stack to Stack, its client part maps one
+client's value). An uplink stage (`uplink(compressor)`) is the codec of every vector upload:
+its `codec` is the compressor, which the programs read for the communication ledger.
 
-A stage either reduces (`reduction` set: its server turns `Sums`/`Stack` into the
-aggregate) or transforms (`reduction` None: a client-side clip, the uplink compressor, or a
-server-side step that maps `Sums` to `Sums` or `Stack` to `Stack`, such as noise added to a
-sum). `chain(transform, ..., reducer)` composes them. Keys are per (round, client id) for
-the client part and per round for the server part (engine/aggregation.py derives them from
-the seed, rng.STREAM_AGGREGATE); inside a chain member i draws from fold_in(key, i).
+`chain(a, b, ...)` runs the client parts in order on each client's value, then the server
+parts in order, and refuses, naming both members, an order that cannot run: a per-client
+stage after one whose server part has already reduced the uploads, a stage reading running
+sums after one handing on the stack (or the reverse), anything after a reducer, and an uplink
+codec anywhere but first. Keys are per (round, client id) for the client parts and per round
+for the server parts (engine/aggregation.py derives them from the seed, rng.STREAM_AGGREGATE);
+inside a chain member i draws from fold_in(key, i), the uplink codec from its own stream.
 """
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -34,24 +39,26 @@ from fedjax_lama.errors import ConfigError
 
 PyTree = Any
 
-STREAMING = "streaming"
-WHOLE_COHORT = "whole_cohort"
-REDUCTIONS = (STREAMING, WHOLE_COHORT)
+# What a stage's server part reads.
+SUMS = "sums"      # running (sum_i a_i v_i, sum_i a_i) pairs: streams over chunks and shards
+STACK = "stack"    # the cohort's stack of per-client values (gathered across chunks)
+CONSUMES = (SUMS, STACK)
+_WHAT = {SUMS: "the running sums", STACK: "the cohort's stack"}
 
-# Which per-client weights a streaming reducer sums with.
+# Which per-client weights the sums are taken with.
 ROUND_WEIGHTS = "round"          # p_i of the run (examples or uniform; Aggregates.weighting)
 PARTICIPANTS = "participants"    # 1 per real client (sums over the participants)
 WEIGHTINGS = (ROUND_WEIGHTS, PARTICIPANTS)
 
 
 class Sums(NamedTuple):
-  """What a streaming stage's server receives: sum_i a_i v_i and sum_i a_i."""
+  """What a SUMS stage's server receives: sum_i a_i v_i and sum_i a_i."""
   total: PyTree
   weight: jax.Array
 
 
 class Stack(NamedTuple):
-  """What a whole-cohort stage's server receives: the cohort's per-client values."""
+  """What a STACK stage's server receives: the cohort's per-client values."""
   values: PyTree       # leaves [C, ...], padded clients included
   weights: jax.Array   # [C]: the round's weights p_i, 0 for padded clients
   mask: jax.Array      # [C]: 1 for real clients, 0 for padded ones
@@ -73,26 +80,42 @@ class Stage(NamedTuple):
   """One aggregation stage (see the module docstring)."""
   name: str
   init: Callable[[PyTree], PyTree] = _no_state
-  client: Optional[ClientFn] = None
-  reduction: Optional[str] = None      # STREAMING | WHOLE_COHORT; None: a transform
-  server: Optional[ServerFn] = None
-  weights: str = ROUND_WEIGHTS         # streaming reducers: which a_i (WEIGHTINGS)
+  client: Optional[ClientFn] = None    # each client's upload, inside the vmapped computation
+  server: Optional[ServerFn] = None    # once per round, on what `consumes` names
+  consumes: Optional[str] = None       # SUMS | STACK: what `server` reads (None: no server)
+  reduces: bool = False                # `server` returns the aggregate: last in a chain
+  weights: str = ROUND_WEIGHTS         # SUMS: which a_i (WEIGHTINGS)
+  # The server part runs in every round, one that drew no client included (user-level DP
+  # releases its noise every round, as its accountant counts them).
+  every_round: bool = False
+  # The uplink codec (compression.Compressor) applied to every vector upload before anything
+  # else reads it; a chain carries its first member's.
+  codec: Any = None
 
   @property
-  def reduces(self) -> bool:
-    return self.reduction is not None
+  def reads(self) -> tuple:
+    """What the stage consumes, in the order it reads them: "uploads" (its client part),
+    then its server's SUMS or STACK."""
+    return (("uploads",) if self.client is not None else ()) + (
+        (self.consumes,) if self.server is not None else ())
+
+  @property
+  def acts(self) -> bool:
+    """Whether the stage has a client or a server part (an uplink stage alone has neither:
+    the engine applies its codec)."""
+    return self.client is not None or self.server is not None
 
 
 def _check(stage: Stage) -> Stage:
-  if stage.reduction not in REDUCTIONS + (None,):
-    raise ConfigError(f"stage {stage.name!r}: reduction={stage.reduction!r}; accepted: "
-                      f"{', '.join(REDUCTIONS)} or None (a transform)")
+  if stage.server is not None and stage.consumes not in CONSUMES:
+    raise ConfigError(f"stage {stage.name!r}: consumes={stage.consumes!r}; accepted: "
+                      f"{', '.join(map(repr, CONSUMES))} (what its server part reads)")
+  if stage.server is None and (stage.consumes is not None or stage.reduces):
+    raise ConfigError(f"stage {stage.name!r} declares consumes={stage.consumes!r}, "
+                      f"reduces={stage.reduces} but has no server function")
   if stage.weights not in WEIGHTINGS:
     raise ConfigError(f"stage {stage.name!r}: weights={stage.weights!r}; accepted: "
                       f"{', '.join(WEIGHTINGS)}")
-  if stage.reduces and stage.server is None:
-    raise ConfigError(f"stage {stage.name!r} reduces ({stage.reduction}) but has no server "
-                      "function")
   return stage
 
 
@@ -102,22 +125,55 @@ def make(name: str, **fields) -> Stage:
 
 
 # ---- composition ---------------------------------------------------------------------------
-def chain(*stages: Stage) -> Stage:
-  """Transforms applied in order, then (optionally) one reducer, as one stage.
+def check_order(*stages: Stage) -> None:
+  """Refuses (ConfigError naming both members) an order of stages that cannot run: client
+  parts all run before the reduction, and each server part reads what the one before it
+  hands on."""
+  for i, s in enumerate(stages[1:], 1):
+    if s.codec is not None:
+      raise ConfigError(f"chain: {s.name!r} is the uplink codec of every upload but comes "
+                        f"after {stages[i - 1].name!r}; accepted: the uplink codec first")
+  before = None  # the last member with a server part
+  for s in stages:
+    if before is not None and before.reduces and s.acts:
+      raise ConfigError(f"chain: stage {before.name!r} reduces ({_WHAT[before.consumes]} to "
+                        f"the aggregate) but is not last: {s.name!r} comes after it; "
+                        "accepted: transforms first, at most one reducer, last")
+    if s.client is not None and before is not None:
+      raise ConfigError(f"chain: {s.name!r} works on each client's upload but comes after "
+                        f"{before.name!r}, whose server part has already taken "
+                        f"{_WHAT[before.consumes]}; accepted: the stages on each client's "
+                        "upload first")
+    if s.server is None:
+      continue
+    if before is not None and s.consumes != before.consumes:
+      raise ConfigError(f"chain: {s.name!r} reads {_WHAT[s.consumes]} but {before.name!r} "
+                        f"hands on {_WHAT[before.consumes]}; accepted: a stage that reads "
+                        f"{_WHAT[before.consumes]} after it")
+    if (before is not None and s.consumes == SUMS and s.weights != before.weights):
+      raise ConfigError(f"chain: {s.name!r} sums with weights={s.weights!r} but "
+                        f"{before.name!r} with weights={before.weights!r}; accepted: one "
+                        "weighting per chain")
+    before = s
 
-  Client parts run in order on each client's value; server parts run in order on the
-  reduced value (transforms map Sums->Sums or Stack->Stack, the reducer makes the
-  aggregate). The state is the tuple of the members' states.
+
+def chain(*stages: Stage) -> Stage:
+  """The stages in order as one stage (`check_order` refuses an order that cannot run).
+
+  Client parts run in order on each client's value; server parts run in order on the reduced
+  value. The state is the tuple of the members' states. A first member that is an uplink
+  codec (`uplink`) is carried as the chain's `codec` and is not a member: the chain of
+  `uplink(c), b` is `b` with codec c (its state and keys are b's).
   """
   if not stages:
     raise ConfigError("chain() needs at least one stage")
-  for s in stages[:-1]:
-    if s.reduces:
-      raise ConfigError(f"chain: stage {s.name!r} reduces ({s.reduction}) but is not last; "
-                        "accepted: transforms first, at most one reducer, last")
+  check_order(*stages)
+  codec = stages[0].codec
+  if codec is not None and len(stages) > 1:
+    return chain(*stages[1:])._replace(codec=codec)
   if len(stages) == 1:
     return stages[0]
-  last = stages[-1]
+  servers = [s for s in stages if s.server is not None]
 
   def init(params):
     return tuple(s.init(params) for s in stages)
@@ -131,7 +187,7 @@ def chain(*stages: Stage) -> Stage:
       return value
 
   server = None
-  if any(s.server is not None for s in stages):
+  if servers:
     def server(reduced, state, key):
       new_states, scalars = [], {}
       for i, (s, st) in enumerate(zip(stages, state)):
@@ -142,14 +198,11 @@ def chain(*stages: Stage) -> Stage:
       return reduced, tuple(new_states), scalars
 
   name = "(" + ", ".join(s.name for s in stages) + ")"
-  return make(name, init=init, client=client, reduction=last.reduction, server=server,
-              weights=last.weights)
-
-
-def around(outer: Stage, inner: Stage) -> Stage:
-  """`outer` wrapped around `inner` (TFF's factory wrapping): a reducing `outer` replaces
-  `inner` altogether; a transform runs before it, `chain(outer, inner)`."""
-  return outer if outer.reduces else chain(outer, inner)
+  return make(name, init=init, client=client, server=server,
+              consumes=servers[0].consumes if servers else None,
+              reduces=any(s.reduces for s in stages),
+              weights=servers[0].weights if servers else ROUND_WEIGHTS,
+              every_round=any(s.every_round for s in stages))
 
 
 # ---- the reducers every algorithm declares (engine/algorithm.py: MEAN, SUM) ---------------
@@ -163,7 +216,7 @@ def mean() -> Stage:
     del key
     denom = _safe(sums.weight)
     return jax.tree.map(lambda s: s / denom, sums.total), state, {}
-  return make("mean", reduction=STREAMING, server=server)
+  return make("mean", server=server, consumes=SUMS, reduces=True)
 
 
 def total() -> Stage:
@@ -171,66 +224,14 @@ def total() -> Stage:
   def server(sums: Sums, state, key):
     del key
     return sums.total, state, {}
-  return make("sum", reduction=STREAMING, server=server, weights=PARTICIPANTS)
+  return make("sum", server=server, consumes=SUMS, reduces=True, weights=PARTICIPANTS)
 
 
-# ---- transforms ----------------------------------------------------------------------------
+# ---- the uplink codec ------------------------------------------------------------------------
 def uplink(compressor) -> Stage:
-  """The uplink compressor as a client transform: what the server decodes,
-  decode(encode(key, v)) (fedjax_lama.compression; FedPAQ's QSGD)."""
-  return make(f"uplink[{compressor.name}]",
-              client=lambda value, state, key: compressor.roundtrip(key, value))
-
-
-def global_norm(tree: PyTree) -> jax.Array:
-  """||v||_2 over every leaf of one client's value (accumulated in float32 at least)."""
-  leaves = jax.tree_util.tree_leaves(tree)
-  acc = jnp.result_type(float)
-  return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.promote_types(x.dtype, acc))))
-                      for x in leaves))
-
-
-def clip_norm(max_norm: float) -> Stage:
-  """Each client's value scaled to L2 norm at most `max_norm` over the whole value,
-  v * min(1, C / ||v||) (the per-client clip of user-level DP-FedAvg, McMahan et al.,
-  ICLR 2018, Algorithm 1; norm bounding against model replacement, Sun et al. 2019)."""
-  if not max_norm > 0:
-    raise ConfigError(f"clip_norm: max_norm={max_norm!r}; accepted: a positive number")
-
-  def client(value, state, key):
-    del state, key
-    norm = global_norm(value)
-    scale = jnp.minimum(1.0, max_norm / jnp.where(norm > 0, norm, 1.0))
-    return jax.tree.map(lambda x: (x * scale).astype(x.dtype), value)
-
-  return make(f"clip_norm[{max_norm:g}]", client=client)
-
-
-# ---- whole-cohort reducers -------------------------------------------------------------------
-def masked_median(values: jax.Array, mask: jax.Array) -> jax.Array:
-  """The coordinate-wise median over axis 0 of the rows with mask > 0 (the mean of the two
-  middle values for an even count; 0 when no row is real). Padded rows are sorted past the
-  real ones, so their contents (even NaN) never enter."""
-  real = (mask > 0).reshape((-1,) + (1,) * (values.ndim - 1))
-  count = jnp.sum(mask > 0)
-  # Padded rows to +inf (sorted last); real NaN stays NaN (sorted after +inf by jnp.sort).
-  ordered = jnp.sort(jnp.where(real, values, jnp.inf), axis=0)
-  lo = jnp.maximum((count - 1) // 2, 0)
-  hi = jnp.maximum(count // 2, 0)
-  pick = lambda i: jax.lax.dynamic_index_in_dim(ordered, i, axis=0, keepdims=False)
-  med = 0.5 * (pick(lo) + pick(hi))
-  return jnp.where(count > 0, med, jnp.zeros_like(med)).astype(values.dtype)
-
-
-def coordinate_median() -> Stage:
-  """The coordinate-wise median of the participants' values, unweighted (Yin et al.,
-  ICML 2018, "Byzantine-Robust Distributed Learning", Option I)."""
-  def server(stack: Stack, state, key):
-    del key
-    return jax.tree.map(lambda v: masked_median(v, stack.mask), stack.values), state, {}
-  return make("coordinate_median", reduction=WHOLE_COHORT, server=server)
-
-
-# The run-level stages by name (RunOptions.aggregator; the run helper fills it from the
-# config): name -> builder of keyword hyper-parameters.
-STAGES = {"clip_norm": clip_norm, "coordinate_median": coordinate_median}
+  """The uplink compressor as the codec of every vector upload: the engine replaces each
+  client's upload by what the server decodes, compressor.roundtrip(key, v) =
+  decode(encode(key, v)) (fedjax_lama.compression; FedPAQ's QSGD), with keys per (round,
+  client id, upload) from rng.STREAM_UPLINK, before any other stage or aggregate reads it.
+  First in a chain; all-scalar uploads (FedNova's ||a_i||_1) are sent as they are."""
+  return make(f"uplink[{compressor.name}]", codec=compressor)

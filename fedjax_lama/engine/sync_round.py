@@ -4,7 +4,8 @@
     server = server_update(server, sums added over the chunks[, agg_state])          # once
 
 `train_chunk` runs the clients (engine/clients.py's ClientPhase), applies the run's
-aggregation stage to their uploads and reduces them into the algorithm's aggregates
+aggregation chain to their uploads (the uplink codec, then the chain's client part) and
+reduces them into the algorithm's aggregates
 (engine/aggregation.py) as (weighted sum, weight) pairs, so chunked, sharded and single-call
 runs reduce the same quantities, plus the cohort's stack for a whole-cohort stage;
 `server_update` finishes the aggregates once and runs the algorithm's server update. The
@@ -16,7 +17,7 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
-from fedjax_lama import compression, rng
+from fedjax_lama import rng
 from fedjax_lama.engine import aggregation, local, reduce, stages
 from fedjax_lama.engine.aggregation import ChunkSums
 from fedjax_lama.engine.algorithm import Algorithm, ServerState
@@ -29,7 +30,7 @@ from fedjax_lama.engine.plan import PlatformPlan
 def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, learning_rate: Callable, *,
                    seed: int, weighting: str, local_steps: int, population: int, unroll=1,
                    augment: Optional[Callable] = None, poison: Optional[Callable] = None,
-                   compressor: Optional[compression.Compressor] = None, jit: bool = True,
+                   jit: bool = True,
                    client_devices: Optional[int] = None, plan: Optional[PlatformPlan] = None,
                    aggregator: Optional[stages.Stage] = None, name: str = "this algorithm"):
   """Returns (train_chunk, server_update), both jitted, for a synchronous round.
@@ -41,16 +42,16 @@ def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, learning_rate: C
   client_devices: the size of the mesh the client axis is split over (default every device).
   plan: the run's platform plan (client map, scan groups, compiler options; None: the
   default backend's).
-  aggregator: the run's aggregation stage around the model upload's aggregate (None: the
-  algorithm's declaration alone); its state, `aggregation.RoundAggregation.init`, is passed
+  aggregator: the run's aggregation chain (run/spec.py `run_chain`: its uplink codec on every
+  upload, the rest around the model upload's aggregate; None: the algorithm's declaration
+  alone); its state, `aggregation.RoundAggregation.init`, is passed
   as `agg_state` to both functions. server_update(server, sums) gives the new server state;
   server_update(server, sums, agg_state, round_idx) gives (server, agg_state, scalars); the
   round index keys the stages' server-side draws. poison: a data attack on the clients'
   batches inside the local step (local.make_client_train).
   """
-  phase = ClientPhase(loss_fn, algorithm, learning_rate, seed=seed, unroll=unroll,
-                      augment=augment, poison=poison, compressor=compressor,
-                      state_axes=fresh_state_axes(algorithm), client_devices=client_devices,
+  phase = ClientPhase(loss_fn, algorithm, learning_rate, unroll=unroll,
+                      augment=augment, poison=poison, state_axes=fresh_state_axes(algorithm), client_devices=client_devices,
                       plan=plan)
   agg = aggregation.RoundAggregation(algorithm, aggregator, seed=seed, weighting=weighting,
                                      name=name)
@@ -69,7 +70,8 @@ def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, learning_rate: C
       # only the sums of their uploads, never every client's final model.
       group, group_weights = extras
       info = phase.info(stats, group, step_offset)
-      uploads, rows = phase.finish(final, ctx, info, group.client_ids, round_idx)
+      uploads, rows = phase.finish(final, ctx, info)
+      uploads = agg.decode(uploads, group.client_ids, round_idx)
       uploads = agg.on_clients(uploads, group.client_ids, round_idx, agg_state)
       sums = agg.reduce(uploads, info, final.model_state, group_weights, group.client_mask,
                         agg_state, round_idx)

@@ -16,8 +16,7 @@ import warnings
 from typing import Optional, Tuple, Union
 
 from fedjax_lama.errors import HparamError, require, require_one_of
-
-CLIPPINGS = ("flat", "per_layer")
+from fedjax_lama.privacy.clipping import CLIPPINGS
 # How the overall clip C is shared among the layers under per-layer clipping (McMahan et al.,
 # ICLR 2018, Sec. "Per-layer clipping"): C_l^2 = C^2 / L ("equal") or C_l^2 = C^2 d_l / d
 # ("size", d_l the layer's parameter count); an explicit tuple gives the shares C_l^2 / C^2.
@@ -118,7 +117,8 @@ class DpOptions:
     clip_norm: C > 0, the clip of the whole update (the initial clip when adaptive).
     sampling: how cohorts are drawn (SamplingOptions).
     delta: the delta of the reported (epsilon, delta), in (0, 1).
-    clipping: "flat" (one L2 clip over the whole model) or "per_layer".
+    clipping: a rule of privacy/clipping.py CLIPPINGS: "flat" (one L2 clip over the whole
+      model), "per_layer" or "automatic".
     layer_split: under per-layer clipping, how C is shared among layers: "equal", "size", or
       a tuple of shares C_l^2 / C^2 (one per leaf, summing to 1).
     adaptive: AdaptiveClipOptions, or None for a fixed clip.
@@ -155,8 +155,9 @@ class DpOptions:
               self.adaptive, "an AdaptiveClipOptions or None")
       # The indicator "left unclipped" is defined on the whole-model norm; per-layer clips
       # would need one quantile per layer, which the paper does not analyse.
-      require(self.clipping == "flat", "privacy.clipping", self.clipping,
-              "'flat' when privacy.adaptive is set")
+      require(CLIPPINGS[self.clipping].adaptive, "privacy.clipping", self.clipping,
+              " or ".join(repr(n) for n, r in CLIPPINGS.items() if r.adaptive)
+              + " when privacy.adaptive is set")
       update_noise_multiplier(self.noise_multiplier, self.adaptive.count_stddev)
 
   @property

@@ -1,55 +1,21 @@
-"""User-level DP as the run's aggregation stage, read from config.privacy.
+"""User-level DP read from config.privacy, and what the run checks and reports about it.
 
 `options_from_config` reads config.privacy once (build_spec) into DpOptions, refusing the
-runs the accountant cannot describe; `dp_stage` turns them into the engine's stage
-(engine/stages.py) that the run sets as RunOptions.aggregator:
-
-    client(delta_i)  -> {"update": clip(delta_i), "unclipped": 1[||delta_i|| <= C]}
-    reduction        streaming, weights=PARTICIPANTS: sum over the real clients, over any
-                     number of chunks and shards
-    server(sum)      (sum_i clip(delta_i) + N(0, sigma^2 C^2)) / (q N), noised once per round
-                     (DP-FedAvg, McMahan et al., ICLR 2018); under adaptive clipping the clip
-                     moves toward the target quantile (Andrew et al., NeurIPS 2021)
-
-The stage's state is the current clip (DpState), kept in the program state under
-state["aggregation"] and checkpointed with it, so a resumed run continues the clip's path
-exactly. Its keys come from rng.STREAM_AGGREGATE (per round), so the noise of round r is the
-same whether the run was interrupted or not.
+runs the accountant cannot describe; `mechanisms.user_level_dp(options)` is the stage the
+run's chain holds (run/spec.py `run_chain`). The checks below refuse, before any training,
+what the noise would not cover; `summary` and `epsilon_after` report the guarantee.
 """
 from typing import Optional
 
 import jax
 
 from fedjax_lama import federation
-from fedjax_lama.engine import stages
 from fedjax_lama.engine.algorithm import MODEL_UPLOAD
 from fedjax_lama.errors import ConfigError, HparamError
-from fedjax_lama.privacy import mechanisms
 from fedjax_lama.privacy.dp_options import (AdaptiveClipOptions, DpOptions, SamplingOptions)
 
-STAGE_NAME = "user_level_dp"
 # TF Privacy's default noise on the count of unclipped clients: the expected cohort / 20.
 COUNT_STDDEV_PER_CLIENT = 1 / 20
-
-
-def dp_stage(options: DpOptions) -> stages.Stage:
-  """DP-FedAvg's aggregation of the model upload as an engine Stage (see the module doc)."""
-  dp = mechanisms.user_level_dp(options)
-
-  def init(params):
-    del params  # the state is the clip alone
-    return dp.init()
-
-  def client(value, state, key):
-    return dp.client(value, state, key)
-
-  def server(sums: stages.Sums, state, key):
-    # sums.weight is the number of participants; the estimator divides by the expected
-    # cohort instead (a fixed denominator bounds one client's effect by C / (q N)).
-    return dp.server(sums.total, state, key)
-
-  return stages.make(STAGE_NAME, init=init, client=client, reduction=stages.STREAMING,
-                     server=server, weights=stages.PARTICIPANTS)
 
 
 def _field(name: str) -> str:

@@ -1,10 +1,12 @@
-"""Clipping, Gaussian noise and adaptive clipping: pure jnp functions over pytrees.
+"""Gaussian noise, adaptive clipping and user-level DP as an aggregation stage: pure jnp
+functions over pytrees.
 
 The mechanisms of central user-level DP, written so that they run inside one jitted,
-vmapped round: the per-client part (`user_level_dp(...).client`) maps one client's upload to
-its clipped upload, the uploads are summed with uniform weights (padded clients weigh zero),
-possibly in several chunks, and the server part (`user_level_dp(...).server`) noises the sum
-once and divides it by the expected cohort size. Keys are always arguments; nothing here draws hidden randomness.
+vmapped round: the stage's client part (`user_level_dp(...).client`) maps one client's
+upload to its clipped upload (a rule of privacy/clipping.py), the uploads are summed with
+uniform weights (padded clients weigh zero), possibly in several chunks, and its server part
+noises the sum once and divides it by the expected cohort size. Keys are always arguments;
+nothing here draws hidden randomness.
 
 References:
   McMahan, Ramage, Talwar, Zhang, "Learning Differentially Private Recurrent Language
@@ -14,13 +16,13 @@ References:
   Clipping", NeurIPS 2021 (Algorithm 1: C <- C exp(-eta (b - gamma)), b the noised fraction
   of clients whose update norm was at most C).
 """
-from typing import Any, NamedTuple, Sequence, Union
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from fedjax_lama.errors import HparamError
+from fedjax_lama.engine import stages
+from fedjax_lama.privacy import clipping
 from fedjax_lama.privacy.dp_options import DpOptions
 
 PyTree = Any
@@ -28,62 +30,6 @@ PyTree = Any
 # Keys of the server's release: one for the update noise, one for the count noise.
 _UPDATE_NOISE = 0
 _COUNT_NOISE = 1
-
-
-def global_norm(tree: PyTree) -> jax.Array:
-  """L2 norm of the whole pytree, accumulated in float32."""
-  leaves = jax.tree.leaves(tree)
-  return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves))
-
-
-def _scale_to(norm: jax.Array, clip: jax.Array) -> jax.Array:
-  """min(1, clip / norm), 1 for a zero norm (never 0/0)."""
-  return jnp.minimum(1.0, clip / jnp.maximum(norm, jnp.finfo(jnp.float32).tiny))
-
-
-def clip_flat(update: PyTree, clip_norm) -> tuple:
-  """Scales the whole update so that its L2 norm is at most `clip_norm`.
-
-  Returns:
-    (clipped update, the update's norm before clipping).
-  """
-  norm = global_norm(update)
-  scale = _scale_to(norm, clip_norm)
-  return jax.tree.map(lambda x: (x * scale).astype(x.dtype), update), norm
-
-
-def layer_clip_norms(update: PyTree, clip_norm, split: Union[str, Sequence[float]]) -> PyTree:
-  """The clip of every leaf under per-layer clipping, with sum_l C_l^2 = C^2.
-
-  So the whole clipped update still has norm at most C and the noise calibrated to C covers it
-  (McMahan et al., ICLR 2018, per-layer clipping). `split`: "equal" (C_l^2 = C^2 / L), "size"
-  (C_l^2 = C^2 d_l / d) or explicit shares C_l^2 / C^2 in leaf order.
-  """
-  leaves, treedef = jax.tree.flatten(update)
-  if split == "equal":
-    shares = np.full(len(leaves), 1.0 / len(leaves))
-  elif split == "size":
-    sizes = np.array([np.size(x) for x in leaves], np.float64)
-    shares = sizes / sizes.sum()
-  else:
-    shares = np.asarray(split, np.float64)
-    if shares.shape != (len(leaves),):
-      raise HparamError("privacy.layer_split", tuple(split),
-                        f"one share per leaf of the update ({len(leaves)} leaves)")
-  clip = jnp.asarray(clip_norm, jnp.float32)
-  return jax.tree.unflatten(treedef, [clip * jnp.sqrt(jnp.float32(s)) for s in shares])
-
-
-def clip_per_layer(update: PyTree, layer_clips: PyTree) -> tuple:
-  """Clips each leaf to its own clip (a pytree of scalars shaped like `update`'s leaves).
-
-  Returns:
-    (clipped update, the pytree of per-leaf norms before clipping).
-  """
-  norms = jax.tree.map(global_norm, update)
-  clipped = jax.tree.map(lambda x, n, c: (x * _scale_to(n, c)).astype(x.dtype), update, norms,
-                         layer_clips)
-  return clipped, norms
 
 
 def add_gaussian_noise(tree: PyTree, stddev, key: jax.Array) -> PyTree:
@@ -127,43 +73,44 @@ class DpState(NamedTuple):
   clip_norm: jax.Array  # float32 scalar
 
 
-class DpStage(NamedTuple):
-  """A streaming aggregation stage.
-
-  init() -> state; client(upload, state, key) -> upload, run per client inside the vmapped
-  round; the engine sums the clients' outputs with uniform weights (mask), possibly over
-  several chunks; server(sum, state, key) -> (value, state, scalars).
-  """
-  init: Any
-  client: Any
-  server: Any
+STAGE_NAME = "user_level_dp"
 
 
-def user_level_dp(options: DpOptions) -> DpStage:
-  """DP-FedAvg's aggregation (McMahan et al., ICLR 2018), with adaptive clipping if asked.
+def user_level_dp(options: DpOptions) -> stages.Stage:
+  """DP-FedAvg's aggregation of the model update (McMahan et al., ICLR 2018) as a stage, with
+  adaptive clipping if asked (Andrew et al., NeurIPS 2021):
 
-  The client's output is {"update": clipped update, "unclipped": 1[norm <= C]}; the server
-  receives its uniform-weight sum over the cohort and returns the noised mean update. The
-  client's key is unused (clipping is deterministic) and kept for the stage's signature.
+      client(delta_i)  -> {"update": clip(delta_i), "unclipped": 1[||delta_i|| <= C]}, the
+                          clip of config.privacy.clipping (privacy/clipping.py CLIPPINGS)
+      consumes         the running sums with weights=PARTICIPANTS: the sum over the real
+                       clients, over any number of chunks and shards
+      server(sum)      (sum_i clip(delta_i) + N(0, sigma^2 C^2)) / (q N), noised once per
+                       round, every round (`every_round`: the accountant counts a round that
+                       drew nobody too); under adaptive clipping C moves toward the target
+                       quantile
+
+  The state is the current clip (DpState), kept in the program state under
+  state["aggregation"] and checkpointed with it, so a resumed run continues the clip's path
+  exactly. The client's key is unused (clipping is deterministic).
   """
   expected_cohort = options.sampling.expected_cohort
   sigma_update = options.update_noise_multiplier
   adaptive = options.adaptive
+  rule = clipping.CLIPPINGS[options.clipping]
 
-  def init() -> DpState:
+  def init(params) -> DpState:
+    del params  # the state is the clip alone
     return DpState(clip_norm=jnp.asarray(options.clip_norm, jnp.float32))
 
   def client(upload: PyTree, state: DpState, key: jax.Array) -> dict:
     del key
-    if options.clipping == "flat":
-      clipped, norm = clip_flat(upload, state.clip_norm)
-    else:
-      layer_clips = layer_clip_norms(upload, state.clip_norm, options.layer_split)
-      clipped, _ = clip_per_layer(upload, layer_clips)
-      norm = global_norm(upload)
+    clipped, norm = rule.clip(upload, state.clip_norm, options)
     return {"update": clipped, "unclipped": (norm <= state.clip_norm).astype(jnp.float32)}
 
-  def server(summed: dict, state: DpState, key: jax.Array) -> tuple:
+  def server(sums: stages.Sums, state: DpState, key: jax.Array) -> tuple:
+    # sums.weight is the number of participants; the estimator divides by the expected
+    # cohort instead (a fixed denominator bounds one client's effect by C / (q N)).
+    summed = sums.total
     value = noised_mean(summed["update"], jax.random.fold_in(key, _UPDATE_NOISE),
                         sigma_update, state.clip_norm, expected_cohort)
     scalars = {"dp/clip_norm": state.clip_norm}
@@ -176,4 +123,6 @@ def user_level_dp(options: DpOptions) -> DpStage:
     scalars["dp/unclipped_fraction"] = fraction
     return value, DpState(clip_norm=next_clip), scalars
 
-  return DpStage(init, client, server)
+  return stages.make(STAGE_NAME, init=init, client=client, server=server,
+                     consumes=stages.SUMS, reduces=True, weights=stages.PARTICIPANTS,
+                     every_round=True)

@@ -17,13 +17,15 @@ import jax
 import numpy as np
 import optax
 
+from fedjax_lama import compression
 from fedjax_lama import data as fdata
 from fedjax_lama import federation
 from fedjax_lama.algorithms.common import ONE_STEP_KINDS
-from fedjax_lama.engine import client_store
+from fedjax_lama.engine import aggregation, client_store, evaluate, local
 from fedjax_lama.engine import plan as plan_lib
 from fedjax_lama.engine import stages
 from fedjax_lama.engine import cohort as cohort_lib
+from fedjax_lama.engine import traffic as traffic_lib
 from fedjax_lama.engine.algorithm import report_model
 
 
@@ -106,9 +108,10 @@ class RunOptions:
   local_optimizer_state: str = "reset"
   # The name the run's algorithm is reported under, for messages (registry.run_facts).
   algorithm_name: str = "the algorithm"
-  # The run's aggregation stage around the model upload's aggregate, for every synchronous
-  # algorithm and under the FedLAMA schedule (engine/stages.py: a clip, a coordinate median,
-  # a chain of them); None: each algorithm's declared aggregation alone.
+  # The run's aggregation chain (run/spec.py `run_chain`, engine/stages.py): the uplink codec
+  # of every upload, then DP's clip and noise or an upload attack and a defence around the
+  # model upload's aggregate, for every synchronous algorithm and under the FedLAMA schedule;
+  # None: each algorithm's declared aggregation alone.
   aggregator: Optional[stages.Stage] = None
   # A data attack on the clients' batches inside the jitted local step (the backdoor's trigger
   # on the malicious clients' examples, robust_stage.with_poison): poison(x, y, indices,
@@ -189,15 +192,45 @@ class Reporter:
 
 
 class ProgramBase:
-  """What every round program shares: the per-client store of its algorithm's rows, and
-  empty host state by default. Subclasses set opts, algorithm, fed and mesh."""
+  """What every round program shares, built by one constructor: the run's options,
+  algorithm, federation and mesh; the model's loss and evaluation; the algorithm's report
+  (`Reporter`), traffic and per-client row template; the aggregation of its uploads with the
+  run's chain (`RoundAggregation`, which refuses an algorithm the chain cannot wrap before any
+  training) and the chain's uplink codec with the bits one client sends; the per-client store
+  of its rows; and empty host state by default.
+
+  `vectorizable`: whether several runs of the program may train as one vectorized program
+  (programs/vectorized.py, run/many.py).
+  """
   store: Optional[client_store.ClientStore] = None
+  vectorizable = False
+
+  def __init__(self, opts: RunOptions, algorithm, model, params, model_state, fed, mesh):
+    self.opts, self.algorithm, self.fed, self.mesh = opts, algorithm, fed, mesh
+    self.params, self.model_state = params, model_state
+    self.has_state = bool(jax.tree.leaves(model_state))
+    self.plan = platform_plan(opts)
+    self.eval_every = opts.eval_every
+    self.reporter = Reporter(algorithm.server.report)
+    # Also fine-tunes personal models before evaluation.
+    self.loss_fn = local.make_loss_fn(model, self.has_state, opts.label_smoothing)
+    self.eval_fn = evaluate.make_eval_fn(model, self.has_state)
+    self.row_template = algorithm.row_init(params) if algorithm.row_init is not None else {}
+    self.traffic = traffic_lib.traffic(algorithm, algorithm.server.init(params, model_state),
+                                       self.row_template)
+    self.aggregation = aggregation.RoundAggregation(algorithm, opts.aggregator, seed=opts.seed,
+                                                    weighting=opts.weighting,
+                                                    name=opts.algorithm_name)
+    self.aggregation.resolve(self.traffic.upload_shapes)
+    codec = self.aggregation.codec
+    self.compressor = codec if codec is not None else compression.identity()
+    self.bits_up_per_client = traffic_lib.uplink_bits(self.traffic, self.compressor)
 
   def _new_store(self, row_template):
     """A store whose rows all start as the template; its rows for the initial state ({},
     and no store, for a template without leaves: a personalization method with nothing
     personal on this model)."""
-    if not jax.tree_util.tree_leaves(row_template):
+    if not jax.tree.leaves(row_template):
       self.store = None
       return {}
     self.store = client_store.ClientStore.create(
@@ -206,7 +239,7 @@ class ProgramBase:
 
   def _adopt_rows(self, rows) -> Optional[client_store.ClientStore]:
     """The store behind `rows`: ours, or a new one for rows restored from a checkpoint."""
-    if self.algorithm.row_init is None or not jax.tree_util.tree_leaves(rows):
+    if self.algorithm.row_init is None or not jax.tree.leaves(rows):
       return None
     if self.store is None or rows is not self.store.rows:
       self.store = None  # drop the old rows before adopting the new ones

@@ -11,29 +11,27 @@ sum, weight) pairs, so chunked and unchunked rounds reduce the same quantities
 (server replicated, per-client arrays split over clients), so every round after the
 first reuses the first round's executables.
 
-With a whole-cohort aggregation stage (RunOptions.aggregator, a coordinate median) each
-chunk also returns its clients' values of the model upload's aggregate, and the chunks'
-stacks are concatenated: the round holds C x d floats (C clients of the round, d the
-model's size) until the server update; streaming stages (a clip, the mean) keep the
-(sum, weight) pairs only.
+With a chain that consumes the cohort's stack (RunOptions.aggregator: a coordinate median,
+Krum, an upload attack) each chunk also returns its clients' values of the model upload's
+aggregate, and the chunks' stacks are concatenated: the round holds C x d floats (C clients
+of the round, d the model's size) until the server update; chains that consume running sums
+(a clip, DP's noise, the mean) keep the (sum, weight) pairs only.
 
 Per-client persistent state (algorithm.row_init) lives in a `client_store.ClientStore`,
 on device or, with RunOptions.client_state_on_host, in host memory. `run_round`
 consumes its `state`: the store is updated in place.
 """
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_lama import compression
-from fedjax_lama.engine import (aggregation, client_store, clients as clients_lib, evaluate, local,
-                                sharding, sync_round, traffic as traffic_lib)
+from fedjax_lama.engine import (aggregation, clients as clients_lib, local, sharding,
+                                sync_round)
 from fedjax_lama.engine.algorithm import Algorithm
-from fedjax_lama.privacy.dp_stage import STAGE_NAME as DP_STAGE
-from fedjax_lama.programs.round_program import (ProgramBase, Reporter, RoundOutput, RunOptions,
-                                                pack, platform_plan, steps_per_round)
+from fedjax_lama.programs.round_program import (ProgramBase, RoundOutput, RunOptions, pack,
+                                                steps_per_round)
 
 
 class _RoundTotals(NamedTuple):
@@ -56,52 +54,40 @@ def _add_chunk(totals: _RoundTotals, sums: aggregation.ChunkSums,
 
 class SyncProgram(ProgramBase):
   """Rounds of one synchronous algorithm (see the module docstring)."""
+  vectorizable = True
 
   def __init__(self, opts: RunOptions, algorithm: Algorithm, model, params, model_state, fed,
-               mesh, compressor: Optional[compression.Compressor] = None):
-    self.opts, self.algorithm, self.fed, self.mesh = opts, algorithm, fed, mesh
+               mesh):
     if opts.local_optimizer_state != "reset":
       raise ValueError(f"local_optimizer_state={opts.local_optimizer_state!r} is not "
                        "accepted by synchronous rounds (every client starts afresh); accepted: "
                        "'reset' ('carry' runs under the FedLAMA schedule)")
-    self.compressor = compressor if compressor is not None else compression.identity()
-    self.reporter = Reporter(algorithm.server.report)
-    has_state = bool(jax.tree_util.tree_leaves(model_state))
+    super().__init__(opts, algorithm, model, params, model_state, fed, mesh)
     self.num_steps = steps_per_round(opts, fed)
-    self.plan = platform_plan(opts)
     self.num_rounds = opts.rounds
-    self.eval_every = opts.eval_every
-    loss_fn = local.make_loss_fn(model, has_state, opts.label_smoothing)
-    self.loss_fn = loss_fn  # also fine-tunes personal models before evaluation
     learning_rate = opts.learning_rate.build(opts.rounds * self.num_steps, self.num_steps)
     train_chunk, server_update = sync_round.make_round_fns(
-        loss_fn, algorithm, learning_rate, seed=opts.seed, weighting=opts.weighting,
+        self.loss_fn, algorithm, learning_rate, seed=opts.seed, weighting=opts.weighting,
         local_steps=self.num_steps, population=fed.num_clients, unroll=opts.unroll,
-        compressor=self.compressor, augment=opts.augment, poison=opts.poison,
-        client_devices=mesh.size, jit=False,
+        augment=opts.augment, poison=opts.poison, client_devices=mesh.size, jit=False,
         plan=self.plan, aggregator=opts.aggregator, name=opts.algorithm_name)
     replicated = sharding.replicated_sharding(mesh)
     clients = sharding.clients_sharding(mesh)
+    # The sums are replicated; a stack stays split over the clients' devices, where its rows
+    # were computed (`_server_update`).
+    sums_sharding = aggregation.ChunkSums(replicated, replicated, replicated, replicated,
+                                          clients)
     self.train_chunk = local.jit_training(train_chunk, plan=self.plan,
-                                          out_shardings=(replicated, clients, clients))
-    self.server_update = jax.jit(server_update, out_shardings=replicated)
-    self._first_chunk = jax.jit(_first_chunk, out_shardings=replicated)
-    self._add_chunk = jax.jit(_add_chunk, out_shardings=replicated)
-    self.eval_fn = evaluate.make_eval_fn(model, has_state)
-    self.params, self.model_state = params, model_state
+                                          out_shardings=(sums_sharding, clients, clients))
+    # Its outputs follow its inputs: replicated in, replicated out (`_server_update`).
+    self.server_update = jax.jit(server_update)
+    totals_sharding = _RoundTotals(sums_sharding, replicated, replicated)
+    self._first_chunk = jax.jit(_first_chunk, out_shardings=totals_sharding)
+    self._add_chunk = jax.jit(_add_chunk, out_shardings=totals_sharding)
     self.data_x = sharding.replicate(np.asarray(fed.dataset.train_x), mesh)
     self.data_y = sharding.replicate(np.asarray(fed.dataset.train_y, np.int32), mesh)
     cap = opts.clients_per_chunk or opts.sampler.max_cohort
     self.chunk_size = sharding.padded_size(cap, mesh)
-    server = algorithm.server.init(params, model_state)
-    row = algorithm.row_init(params) if algorithm.row_init is not None else {}
-    self.traffic = traffic_lib.traffic(algorithm, server, row)
-    self.bits_up_per_client = traffic_lib.uplink_bits(self.traffic, self.compressor)
-    self.aggregation = aggregation.RoundAggregation(algorithm, opts.aggregator, seed=opts.seed,
-                                                    weighting=opts.weighting,
-                                                    name=opts.algorithm_name)
-    # Refuses, before any training, an algorithm the run's stage cannot wrap.
-    self.aggregation.resolve(self.traffic.upload_shapes)
 
   def init_state(self):
     server = self.algorithm.server.init(self.params, self.model_state)
@@ -123,9 +109,10 @@ class SyncProgram(ProgramBase):
     store = self._adopt_rows(state["rows"])
     agg_state = state.get("aggregation", {})
     totals = None
-    # Under user-level DP an empty Poisson draw still releases its noise (the accountant
-    # counts every round): one chunk of padding runs; otherwise the server stays as it was.
-    release_empty = self.opts.aggregator is not None and self.opts.aggregator.name == DP_STAGE
+    # A stage that releases every round (user-level DP's noise: the accountant counts every
+    # round) runs on one chunk of padding when the draw is empty; otherwise the server stays
+    # as it was.
+    release_empty = self.aggregation.every_round
     for start in range(0, max(len(ids), int(release_empty)), self.chunk_size):
       group = ids[start:start + self.chunk_size]
       packed = pack(self.opts, self.fed, group, round_idx, self.chunk_size, self.num_steps)
@@ -141,8 +128,8 @@ class SyncProgram(ProgramBase):
                 self._add_chunk(totals, sums, stats))
     loss, count, scalars = 0.0, 0.0, {}
     if totals is not None:  # a Bernoulli draw can be empty: the server stays as it was
-      server, agg_state, scalars = self.server_update(server, totals.sums, agg_state,
-                                                      round_idx)
+      server, agg_state, scalars = self._server_update(server, totals.sums, agg_state,
+                                                       round_idx)
       loss, count = (float(v) for v in jax.device_get((totals.loss_sum, totals.count)))
     n = len(ids)
     extra = {"clients": n, **self.reporter.scalars(server)}
@@ -156,6 +143,19 @@ class SyncProgram(ProgramBase):
     if "aggregation" in state:
       new_state["aggregation"] = agg_state
     return new_state, out
+
+  def _server_update(self, server, sums, agg_state, round_idx):
+    """The round's server update. With the cohort's stack (a stage that reads it: a robust
+    rule, an attack) it runs on the mesh's first device, after one copy of the stack's rows
+    there, and its result is replicated back: replicated, every device would hold the whole
+    stack and run the stage on all of it, the same work once per device (on two CPU devices
+    sharing the cores, twice the stage's time; docs/performance.md, "Robust aggregation's
+    cost"). One device computes the replicated program's numbers exactly."""
+    if not sums.stacks or self.mesh.size == 1:
+      return self.server_update(server, sums, agg_state, round_idx)
+    first = self.mesh.devices.flat[0]
+    out = self.server_update(*jax.device_put((server, sums, agg_state), first), round_idx)
+    return sharding.replicate(out, self.mesh)
 
   def eval_params(self, state):
     server = state["server"]

@@ -13,18 +13,16 @@ The learning rate enters as a traced scale of the run's learning rate built with
 seed as a traced key root.
 """
 import dataclasses
-from typing import Optional, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_lama import compression
-from fedjax_lama.engine import (aggregation, cohort as cohort_lib, evaluate, local, sync_round,
-                                traffic as traffic_lib)
+from fedjax_lama.engine import aggregation, cohort as cohort_lib, local, sync_round
 from fedjax_lama.engine.algorithm import Algorithm
-from fedjax_lama.programs.round_program import (Reporter, RoundOutput, RunOptions, pack,
-                                                platform_plan, steps_per_round)
+from fedjax_lama.programs.round_program import (ProgramBase, RoundOutput, RunOptions, pack,
+                                                steps_per_round)
 
 
 def _stack(trees):
@@ -50,16 +48,17 @@ def _stack_padded(arrays) -> np.ndarray:
                    for a in arrays])
 
 
-class VectorizedSyncProgram:
+class VectorizedSyncProgram(ProgramBase):
   """R synchronous runs trained together (see the module docstring).
 
   opts_list[r] are the runs' options: equal but for seed and learning_rate.lr (checked); feds,
   params and model_states are per run. Each run takes the whole static cohort as one chunk.
+  What the runs share (the algorithm's traffic, the chain's codec, the model's loss) is built
+  by the one program constructor from run 0.
   """
 
   def __init__(self, opts_list: Sequence[RunOptions], algorithm: Algorithm, model,
-               params_list, model_state_list, feds, mesh,
-               compressor: Optional[compression.Compressor] = None):
+               params_list, model_state_list, feds, mesh):
     self.num_runs = len(opts_list)
     base = opts_list[0]
     for i, o in enumerate(opts_list):
@@ -74,17 +73,14 @@ class VectorizedSyncProgram:
         raise ValueError(f"run {i} differs from run 0 in "
                          f"{differ or 'the learning rate decay or sampling'}; vectorized runs "
                          "may differ only in seed and local learning rate")
-    self.opts_list, self.algorithm, self.feds, self.mesh = list(opts_list), algorithm, feds, mesh
-    self.compressor = compressor if compressor is not None else compression.identity()
-    self.reporter = Reporter(algorithm.server.report)
-    self.num_rounds, self.eval_every = base.rounds, base.eval_every
+    super().__init__(base, algorithm, model, params_list[0], model_state_list[0], feds[0],
+                     mesh)
+    self.opts_list, self.feds = list(opts_list), feds
+    self.num_rounds = base.rounds
     self.num_steps = max(steps_per_round(o, f) for o, f in zip(opts_list, feds))
     self.chunk_size = max(o.sampler.max_cohort for o in opts_list)
-    has_state = bool(jax.tree_util.tree_leaves(model_state_list[0]))
-    loss_fn = local.make_loss_fn(model, has_state, base.label_smoothing)
     learning_rate = dataclasses.replace(base.learning_rate, lr=1.0).build(
         base.rounds * self.num_steps, self.num_steps)
-    self.eval_fn = evaluate.make_eval_fn(model, has_state)
     self.params_list, self.model_state_list = list(params_list), list(model_state_list)
     num_clients = feds[0].num_clients
     # Training arrays: shared when every run has the same (no seed-dependent validation split).
@@ -94,16 +90,14 @@ class VectorizedSyncProgram:
     self.data_x = jnp.asarray(xs[0]) if self.data_shared else jnp.stack(xs)
     self.data_y = jnp.asarray(ys[0]) if self.data_shared else jnp.stack(ys)
     data_axis = None if self.data_shared else 0
-    self.plan = plan = platform_plan(base)
+    plan, loss_fn = self.plan, self.loss_fn
     weighting, steps, augment, unroll = base.weighting, self.num_steps, base.augment, base.unroll
-
     aggregator = base.aggregator
 
     def one_run(server, store, agg_state, data_x, data_y, cohort, round_idx, seed, lr):
       train_chunk, server_update = sync_round.make_round_fns(
           loss_fn, algorithm, lambda step: learning_rate(step) * lr, seed=seed, weighting=weighting,
-          local_steps=steps, population=num_clients, unroll=unroll, augment=augment,
-          compressor=self.compressor, jit=False,
+          local_steps=steps, population=num_clients, unroll=unroll, augment=augment, jit=False,
           client_devices=self.mesh.size, plan=plan, aggregator=aggregator,
           name=base.algorithm_name)
       rows = cohort_lib.gather_rows(store, cohort.client_ids) if store else {}
@@ -121,15 +115,11 @@ class VectorizedSyncProgram:
         plan=plan, donate_argnums=(0, 1, 2))
     self.seeds = jnp.asarray([o.seed for o in opts_list], jnp.int32)
     self.lrs = jnp.asarray([o.learning_rate.lr for o in opts_list], jnp.float32)
-    server = algorithm.server.init(params_list[0], model_state_list[0])
-    row = algorithm.row_init(params_list[0]) if algorithm.row_init is not None else {}
-    self.traffic = traffic_lib.traffic(algorithm, server, row)
-    self.bits_up_per_client = traffic_lib.uplink_bits(self.traffic, self.compressor)
+    # Each run's stage state starts from its own seed (an attack's malicious clients).
     self.aggregations = [aggregation.RoundAggregation(algorithm, o.aggregator, seed=o.seed,
                                                       weighting=o.weighting,
                                                       name=o.algorithm_name)
                          for o in opts_list]
-    self.aggregations[0].resolve(self.traffic.upload_shapes)
 
   def init_state(self):
     servers = [self.algorithm.server.init(p, s)

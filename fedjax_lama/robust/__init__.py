@@ -1,5 +1,8 @@
-"""Byzantine-robust aggregation rules (defences.py) and the attacks they are tested against
-(attacks.py), as pure, jittable functions over a cohort's stacked uploads."""
+"""Byzantine-robust aggregation rules (defences.py, meamed.py) and the attacks they are tested
+against (attacks.py), as pure, jittable functions over a cohort's stacked uploads, each built
+as an aggregation stage and registered by its config name (defences.DEFENCES,
+attacks.ATTACKS)."""
+from fedjax_lama.robust.attacks import ATTACKS
 from fedjax_lama.robust.attacks import backdoor_examples
 from fedjax_lama.robust.attacks import checkerboard
 from fedjax_lama.robust.attacks import flip_labels
@@ -12,6 +15,8 @@ from fedjax_lama.robust.attacks import model_replacement
 from fedjax_lama.robust.attacks import pixel_trigger
 from fedjax_lama.robust.attacks import sign_flip
 from fedjax_lama.robust.attacks import substitute
+from fedjax_lama.robust.attacks import upload_attack
+from fedjax_lama.robust.defences import Bound
 from fedjax_lama.robust.defences import build
 from fedjax_lama.robust.defences import bulyan
 from fedjax_lama.robust.defences import centered_clipping
@@ -28,4 +33,5 @@ from fedjax_lama.robust.defences import multi_krum
 from fedjax_lama.robust.defences import norm_bound
 from fedjax_lama.robust.defences import norm_bounded_mean
 from fedjax_lama.robust.defences import pairwise_sq_distances
+from fedjax_lama.robust.defences import stack_rule
 from fedjax_lama.robust.defences import trimmed_mean

@@ -1,4 +1,6 @@
-"""Byzantine attacks on a cohort's uploads and on a client's data, as pure functions.
+"""Byzantine attacks on a cohort's uploads and on a client's data, as pure functions; the
+upload attacks also as a stage (`upload_attack`), and every attack registered by its
+config name in ATTACKS.
 
 Upload attacks take one client's upload (sign flipping, Gaussian noise, model replacement) or
 the honest uploads of the same round (the omniscient attacks: "a little is enough",
@@ -11,7 +13,7 @@ Which clients are malicious is fixed for the whole run by `malicious_clients(see
 """
 import math
 import statistics
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +21,7 @@ import numpy as np
 
 from fedjax_lama import rng
 from fedjax_lama.engine import reduce as reduce_lib
+from fedjax_lama.engine import stages
 from fedjax_lama.errors import require
 
 PyTree = Any
@@ -91,11 +94,11 @@ def gaussian_noise(key: jax.Array, update_like: PyTree, std: float,
   (NeurIPS 2017). Deterministic given `key` (fold in the client id for distinct clients); one
   key per leaf, split from `key`. Not omniscient.
   """
-  leaves, treedef = jax.tree_util.tree_flatten(update_like)
+  leaves, treedef = jax.tree.flatten(update_like)
   keys = jax.random.split(key, max(len(leaves), 1))
   noise = [mean + std * jax.random.normal(k, jnp.shape(x), jnp.result_type(x))
            for k, x in zip(keys, leaves)]
-  return jax.tree_util.tree_unflatten(treedef, noise)
+  return jax.tree.unflatten(treedef, noise)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,3 +244,87 @@ def model_replacement(delta: PyTree, num_clients: int, server_lr: float = 1.0,
           "an int >= 1")
   gamma = num_clients / (server_lr * num_attackers)
   return jax.tree.map(lambda x: gamma * x, delta)
+
+
+# ---------------------------------------------------------------------------------------------
+# The attacks as config.robust.attack names them, and the upload attacks as a stage.
+
+class Attack(NamedTuple):
+  """An attack as config.robust.attack names it (one entry of ATTACKS).
+
+  Attributes:
+    options: the config.robust fields it reads (besides malicious_fraction / malicious_count).
+    uploads: it replaces the malicious clients' uploads: a stage on the cohort's stack before
+      the defence (`upload_attack`).
+    data: it rewrites the malicious clients' training data (label flipping's relabelled copy,
+      the backdoor's trigger inside the local step).
+  """
+  options: tuple = ()
+  uploads: bool = False
+  data: bool = False
+
+
+ATTACKS = {
+    "sign_flip": Attack(("scale",), uploads=True),
+    "gaussian": Attack(("std",), uploads=True),
+    "alie": Attack(("z",), uploads=True),
+    "ipm": Attack(("epsilon",), uploads=True),
+    "label_flip": Attack(data=True),
+    "backdoor": Attack(("target_label", "poison_fraction", "boost", "trigger_size"),
+                       uploads=True, data=True),
+}
+
+
+def upload_attack(kind: str, malicious: np.ndarray, options: dict,
+                  z: Optional[float] = None) -> stages.Stage:
+  """The model-poisoning attack `kind` as a stage on the cohort's stack: the malicious rows
+  replaced by what the attackers send (scalar "malicious": how many were in the round).
+
+  `malicious`: [num_clients] bool, the run's attackers (`malicious_clients`), held as the
+  stage's state, never changed, not as a constant of its program: runs that differ only in
+  seed, each with its own attackers, then share one program (run/many.py vectorizes them).
+  `options`: the attack's (ATTACKS[kind].options; the backdoor's also "server_lr"). `z`: the
+  "a little is enough" z.
+
+  The backdoor sends its own (poisoned) update boosted by gamma: options["boost"], or with
+  boost 0 model replacement's gamma = n / (eta m) (Bagdasaryan et al., AISTATS 2020, Sec. 3.2:
+  the attacker submits gamma (X - G) so that G + eta / n * sum of the n updates is about X),
+  n the round's real clients, m the attackers among them (colluding, they share the
+  replacement) and eta options["server_lr"]. Scalar "boost": the gamma of the round.
+  """
+  table = np.asarray(malicious)
+  num_clients = table.shape[0]
+
+  def init(params):
+    del params
+    return {"malicious": jnp.asarray(table)}
+
+  def server(stack, state, key):
+    if stack.client_ids is None:
+      raise ValueError("an attack stage needs the stack's client ids (Stack.client_ids)")
+    real = stack.mask > 0
+    bad = state["malicious"][jnp.clip(stack.client_ids, 0, num_clients - 1)] & real
+    honest = real & ~bad
+    values = stack.values
+    if kind == "sign_flip":
+      sent = sign_flip(values, options["scale"])
+    elif kind == "gaussian":
+      row = jax.tree.map(lambda x: x[0], values)
+      keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(stack.client_ids)
+      sent = jax.vmap(lambda k: gaussian_noise(k, row, options["std"]))(keys)
+    elif kind == "alie":
+      sent = little_is_enough(values, honest, z)
+    elif kind == "backdoor":
+      gamma = (jnp.asarray(options["boost"], jnp.float32) if options["boost"] > 0 else
+               jnp.sum(real).astype(jnp.float32)
+               / (options["server_lr"] * jnp.maximum(jnp.sum(bad), 1).astype(jnp.float32)))
+      sent = jax.tree.map(lambda x: (gamma * x).astype(x.dtype), values)
+    else:  # ipm
+      sent = inner_product_manipulation(values, honest, options["epsilon"])
+    attacked = stack._replace(values=substitute(values, bad, sent))
+    scalars = {"malicious": jnp.sum(bad).astype(jnp.float32)}
+    if kind == "backdoor":
+      scalars["boost"] = gamma
+    return attacked, state, scalars
+
+  return stages.make(f"attack[{kind}]", init=init, server=server, consumes=stages.STACK)

@@ -1,4 +1,4 @@
-"""Byzantine-robust aggregation rules over a cohort's stacked uploads.
+"""Byzantine-robust aggregation rules over a cohort's stacked uploads, each built as a stage.
 
 Every rule is a pure, jittable function of
 
@@ -18,13 +18,13 @@ whose upload is not finite is kept out of Krum's distances (its distances read +
 coordinate-wise sort its NaN counts as larger than every value.
 
 The number of Byzantine clients f and every hyper-parameter are static Python numbers.
-`check_preconditions(defence, n, f)` refuses, on the host, an (n, f) outside a rule's bound;
-inside jit the same bound is reported as info["valid"] for the round's actual n.
 
-`build(name, **hparams)` bundles a rule as `Defence(init, aggregate, client, reduce)`:
-`aggregate(stack, mask, weights, state) -> (aggregate, state, info)`, the shape of a
-whole-cohort aggregation stage; norm bounding also has a per-client `client` function and
-streams (`reduce == "streaming"`), every other rule needs the cohort's stack.
+Each rule is registered once in DEFENCES under its config.robust.defence name, as a
+`Defence`: the builder of its stage (an engine/stages.py reducer reading the cohort's stack,
+or for norm bounding the per-client clip before the streaming mean), the config.robust
+fields it reads, and its bound on (n, f). `check_preconditions(name, n, f)` refuses, on the
+host, an (n, f) outside that bound; inside jit the same bound is reported as info["valid"]
+for the round's actual n. docs/stages.md walks through adding one (MeaMed, robust/meamed.py).
 """
 import math
 from typing import Any, Callable, NamedTuple, Optional
@@ -32,74 +32,51 @@ from typing import Any, Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from fedjax_lama import tree
 from fedjax_lama.engine import reduce as reduce_lib
+from fedjax_lama.engine import stages
 from fedjax_lama.errors import HparamError
 from fedjax_lama.errors import require
+from fedjax_lama.robust import meamed
 
 PyTree = Any
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
 # ---------------------------------------------------------------------------------------------
-# Preconditions.
+# Bounds on (n, f).
 
-# defence -> (the bound as a formula, the predicate on (n, f), the paper that proves it).
-BOUNDS = {
-    "krum": ("n > 2f + 2", lambda n, f: n > 2 * f + 2, "Blanchard et al., NeurIPS 2017"),
-    "multi_krum": ("n > 2f + 2", lambda n, f: n > 2 * f + 2, "Blanchard et al., NeurIPS 2017"),
-    "bulyan": ("n >= 4f + 3", lambda n, f: n >= 4 * f + 3, "El Mhamdi et al., ICML 2018"),
-    "median": ("n > 2f", lambda n, f: n > 2 * f, "Yin et al., ICML 2018"),
-    "trimmed_mean": ("floor(beta n) >= f and beta < 1/2", None, "Yin et al., ICML 2018"),
-    "geometric_median": ("n > 2f", lambda n, f: n > 2 * f, "Pillutla et al., IEEE TSP 2022"),
-    "centered_clipping": ("n > 2f", lambda n, f: n > 2 * f, "Karimireddy et al., ICML 2021"),
-    "norm_bound": ("n >= 1", lambda n, f: n >= 1, "Sun et al., 2019"),
-}
-DEFENCES = tuple(BOUNDS)
+class Bound(NamedTuple):
+  """A rule's precondition on n real clients with f Byzantine ones."""
+  formula: str                   # as the refusal prints it, "n > 2f + 2"
+  holds: Callable[..., Any]      # holds(n, f, **options) -> bool (n may be traced; options
+                                 # are the rule's, each bound reads those it needs)
+  paper: str
 
 
-def _is_count(x) -> bool:
-  return isinstance(x, int) and not isinstance(x, bool)
+KRUM_BOUND = Bound("n > 2f + 2", lambda n, f, **_: n > 2 * f + 2,
+                   "Blanchard et al., NeurIPS 2017")
+BULYAN_BOUND = Bound("n >= 4f + 3", lambda n, f, **_: n >= 4 * f + 3,
+                     "El Mhamdi et al., ICML 2018")
+MAJORITY = "n > 2f"
 
 
-def check_preconditions(defence: str, n: int, f: int, *, beta: Optional[float] = None) -> None:
-  """Refuses (one line, naming the bound) a cohort of `n` real clients with `f` Byzantine ones.
-
-  Args:
-    defence: one of DEFENCES.
-    n: real clients in the cohort (the smallest cohort of the run, when it varies).
-    f: Byzantine clients the rule must tolerate.
-    beta: the trimmed mean's fraction cut from each side (trimmed_mean only).
-
-  Raises:
-    HparamError: naming `num_byzantine` (or `beta`) and the bound it breaks.
-  """
-  if defence not in BOUNDS:
-    raise HparamError("defence", defence, ", ".join(DEFENCES))
-  require(_is_count(n) and n >= 1, "num_clients", n, "an int >= 1 (real clients per round)")
-  require(_is_count(f) and f >= 0, "num_byzantine", f, "an int >= 0")
-  formula, holds, paper = BOUNDS[defence]
-  if defence == "trimmed_mean":
-    require(beta is not None and 0 <= beta < 0.5, "beta", beta,
-            "a fraction in [0, 1/2) cut from each side (trimmed_mean)")
-    holds = lambda n, f: math.floor(beta * n) >= f
-    formula = f"floor(beta n) >= f (beta = {beta}, n = {n}: floor(beta n) = {math.floor(beta * n)})"
-  if not holds(n, f):
-    largest = max([g for g in range(n + 1) if holds(n, g)], default=None)
-    allows = (f"n = {n} allows f <= {largest}" if largest is not None
-              else f"n = {n} allows no f")
-    raise HparamError("num_byzantine", f, f"{defence} needs {formula} ({paper}); {allows}")
+def _majority(paper: str) -> Bound:
+  """An honest majority, n > 2f (the breakdown point 1/2)."""
+  return Bound(MAJORITY, lambda n, f, **_: n > 2 * f, paper)
 
 
-def _valid(defence: str, n: jax.Array, f: int) -> jax.Array:
-  """The bound of `check_preconditions` on a traced n (trimmed_mean checks its own)."""
-  return BOUNDS[defence][1](n, f)
+def _trimmed_mean_holds(n, f, beta=None, **_) -> bool:
+  require(isinstance(beta, (int, float)) and 0 <= beta < 0.5, "beta", beta,
+          "a fraction in [0, 1/2) cut from each side (trimmed_mean)")
+  return math.floor(beta * n) >= f
 
 
 # ---------------------------------------------------------------------------------------------
 # Shared pieces.
 
 def _leaves(stack: PyTree) -> list:
-  return jax.tree_util.tree_leaves(stack)
+  return jax.tree.leaves(stack)
 
 
 def _rows(mask: jax.Array, x: jax.Array) -> jax.Array:
@@ -127,8 +104,8 @@ def _finite_rows(stack: PyTree) -> jax.Array:
 
 
 def _row_sq_norms(stack: PyTree) -> jax.Array:
-  """[C] squared L2 norm of each client's whole upload (every leaf)."""
-  return sum(jnp.sum(jnp.square(x.reshape(x.shape[0], -1)), axis=1) for x in _leaves(stack))
+  """[C] squared L2 norm of each client's whole upload (`tree.global_sq_norm` per row)."""
+  return jax.vmap(tree.global_sq_norm)(stack)
 
 
 def _masked_mean(stack: PyTree, weights: jax.Array) -> PyTree:
@@ -162,11 +139,6 @@ def _select_rows(stack: PyTree, one_hot: jax.Array) -> PyTree:
   """The row where `one_hot` is True, exactly (no arithmetic on its values)."""
   return jax.tree.map(
       lambda x: jnp.sum(jnp.where(_rows(one_hot, x), x, jnp.zeros((), x.dtype)), axis=0), stack)
-
-
-def _order_statistic(sorted_x: jax.Array, index: jax.Array) -> jax.Array:
-  """sorted_x[index] along the client axis, with a traced index."""
-  return jax.lax.dynamic_index_in_dim(sorted_x, index, axis=0, keepdims=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,7 +194,7 @@ def krum(stack: PyTree, mask: jax.Array, f: int) -> tuple[PyTree, dict]:
   pick = _argmin_active(scores, active)
   selected = (jnp.arange(active.shape[0]) == pick) & active
   info = {"selected": selected, "scores": scores,
-          "valid": _valid("krum", _count(mask), f)}
+          "valid": KRUM_BOUND.holds(_count(mask), f)}
   return _select_rows(stack, selected), info
 
 
@@ -249,22 +221,9 @@ def multi_krum(stack: PyTree, mask: jax.Array, weights: jax.Array, f: int,
   scores = krum_scores(pairwise_sq_distances(stack, mask), active, f)
   selected = (_ranks(scores) < m) & active
   kept_weights = jnp.where(selected, weights, 0)
-  valid = _valid("multi_krum", n, f) & (m >= 1) & (m <= n)
+  valid = KRUM_BOUND.holds(n, f) & (m >= 1) & (m <= n)
   info = {"selected": selected, "scores": scores, "valid": valid}
   return _masked_mean(stack, kept_weights), info
-
-
-def _nearest_to_reference_mean(x: jax.Array, kept: jax.Array, reference: jax.Array,
-                               count: jax.Array) -> jax.Array:
-  """Per coordinate, the mean of the `count` kept values nearest `reference` (ties: the lower
-  client index)."""
-  kept = _rows(kept, x)
-  gap = jnp.where(kept, jnp.abs(x - reference), jnp.inf)
-  values = jnp.where(kept, x, jnp.zeros((), x.dtype))
-  _, nearest_first = jax.lax.sort((gap, values), dimension=0, is_stable=True, num_keys=1)
-  position = jnp.arange(x.shape[0]).reshape((-1,) + (1,) * (x.ndim - 1))
-  total = jnp.sum(jnp.where(position < count, nearest_first, jnp.zeros((), x.dtype)), axis=0)
-  return total / jnp.maximum(count, 1).astype(x.dtype)
 
 
 def bulyan(stack: PyTree, mask: jax.Array, f: int) -> tuple[PyTree, dict]:
@@ -296,20 +255,15 @@ def bulyan(stack: PyTree, mask: jax.Array, f: int) -> tuple[PyTree, dict]:
   # theta <= C - 2f: the loop's static length; iterations past the round's theta pick nothing.
   _, selected = jax.lax.fori_loop(0, max(num_clients - 2 * f, 0), pick_one,
                                   (active, jnp.zeros_like(active)))
-  median = coordinate_median(stack, selected)[0]
+  median = reduce_lib.coordinate_median(stack, selected)
   aggregate = jax.tree.map(
-      lambda x, m: _nearest_to_reference_mean(x, selected, m, beta), stack, median)
-  valid = _valid("bulyan", n, f)
+      lambda x, m: reduce_lib.nearest_mean(x, selected, m, beta), stack, median)
+  valid = BULYAN_BOUND.holds(n, f)
   return aggregate, {"selected": selected, "valid": valid}
 
 
 # ---------------------------------------------------------------------------------------------
 # Coordinate-wise statistics.
-
-def _sorted_real(x: jax.Array, real: jax.Array) -> jax.Array:
-  """x sorted along the client axis with padded slots as +inf (they sort last)."""
-  return jnp.sort(jnp.where(_rows(real, x), x, jnp.array(jnp.inf, x.dtype)), axis=0)
-
 
 def coordinate_median(stack: PyTree, mask: jax.Array) -> tuple[PyTree, dict]:
   """The coordinate-wise median of the real clients' uploads.
@@ -322,16 +276,7 @@ def coordinate_median(stack: PyTree, mask: jax.Array) -> tuple[PyTree, dict]:
   Returns:
     (the median, {"valid": bool}: n >= 1; the bound on f is `check_preconditions`'s).
   """
-  real = _real(mask)
-  n = _count(mask)
-
-  def median(x):
-    ordered = _sorted_real(x, real)
-    low = _order_statistic(ordered, jnp.maximum(n - 1, 0) // 2)
-    high = _order_statistic(ordered, n // 2)
-    return jnp.where(n > 0, (low + high) / 2, jnp.zeros((), x.dtype))
-
-  return jax.tree.map(median, stack), {"valid": n > 0}
+  return reduce_lib.coordinate_median(stack, mask), {"valid": _count(mask) > 0}
 
 
 def trimmed_mean(stack: PyTree, mask: jax.Array, beta: float,
@@ -354,7 +299,7 @@ def trimmed_mean(stack: PyTree, mask: jax.Array, beta: float,
   kept = jnp.maximum(n - 2 * cut, 1)
 
   def trimmed(x):
-    ordered = _sorted_real(x, real)
+    ordered = reduce_lib.sorted_real(x, real)
     position = jnp.arange(x.shape[0]).reshape((-1,) + (1,) * (x.ndim - 1))
     inside = (position >= cut) & (position < n - cut)
     total = jnp.sum(jnp.where(inside, ordered, jnp.zeros((), x.dtype)), axis=0)
@@ -444,7 +389,7 @@ def centered_clipping(stack: PyTree, mask: jax.Array, weights: jax.Array,
     v, _ = carry
     gaps = jax.tree.map(lambda x, c: x - c, momenta, v)
     norms = jnp.sqrt(_row_sq_norms(gaps))
-    scale = 1 / jnp.maximum(1, norms / radius)
+    scale = tree.clip_scale(norms, radius)  # min(1, tau / ||m_i - v||)
     step = reduce_lib.weighted_sum(gaps, p * scale)
     v = jax.tree.map(lambda c, s: c + s / total, v, step)
     return v, jnp.sum(real & (norms > radius)) / jnp.maximum(_count(mask), 1)
@@ -462,13 +407,12 @@ def norm_bound(update: PyTree, bound: float) -> PyTree:
   """One client's update scaled to L2 norm at most `bound` (over the whole pytree).
 
   Sun, Kairouz, Suresh, McMahan, "Can You Really Backdoor Federated Learning?", arXiv
-  1911.07963 (2019), norm thresholding of updates: Delta / max(1, ||Delta|| / M). Per client,
-  so it runs inside the vmapped client computation and the mean streams. Preconditions:
-  bound M > 0; no bound on the number of Byzantine clients (it limits each one's influence).
+  1911.07963 (2019), norm thresholding of updates: Delta min(1, M / ||Delta||)
+  (`tree.clip_by_global_norm`). Per client, so it runs inside the vmapped client computation
+  and the mean streams. Preconditions: bound M > 0; no bound on the number of Byzantine
+  clients (it limits each one's influence).
   """
-  norm = jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in _leaves(update)))
-  scale = 1 / jnp.maximum(1, norm / bound)
-  return jax.tree.map(lambda x: x * scale.astype(x.dtype), update)
+  return tree.clip_by_global_norm(update, bound)[0]
 
 
 def norm_bounded_mean(stack: PyTree, mask: jax.Array, weights: jax.Array,
@@ -490,95 +434,206 @@ def norm_bounded_mean(stack: PyTree, mask: jax.Array, weights: jax.Array,
 
 
 # ---------------------------------------------------------------------------------------------
-# The bundle an aggregation stage plugs in.
+# The rules as stages, and the registry.
 
-class Defence(NamedTuple):
-  """A rule as an aggregation stage.
-
-  Attributes:
-    name: the rule's name (one of DEFENCES).
-    init: upload_like -> state (() for stateless rules).
-    aggregate: (stack, mask, weights, state) -> (aggregate, state, info).
-    client: one client's upload -> upload, applied inside the vmapped client computation
-      (norm bounding), or None.
-    reduce: "streaming" (only `client` matters; the mean is the engine's) or "whole_cohort"
-      (the engine gathers the stack).
-  """
-  name: str
-  init: Callable[[PyTree], PyTree]
-  aggregate: Callable[..., tuple[PyTree, PyTree, dict]]
-  client: Optional[Callable[[PyTree], PyTree]]
-  reduce: str
+def kept_ids(info: dict, stack: stages.Stack) -> dict:
+  """A rule's scalars for the round's record: its 0-d info and, for a rule that selects
+  clients, their ids (-1 elsewhere) as "kept"."""
+  out = {k: v for k, v in info.items() if jnp.ndim(v) == 0}
+  if "selected" in info and stack.client_ids is not None:
+    kept = jnp.asarray(info["selected"]) & (stack.mask > 0)
+    out["kept"] = jnp.where(kept, stack.client_ids, -1).astype(jnp.int32)
+  return out
 
 
-def build(name: str, f: int = 0, **hparams) -> Defence:
-  """The rule `name` tolerating `f` Byzantine clients, with its hyper-parameters checked.
+def _no_state(upload_like: PyTree) -> tuple:
+  del upload_like
+  return ()
 
-  Hyper-parameters: multi_krum `num_selected` (None: n - f); trimmed_mean `beta`;
-  geometric_median `iterations` (4), `nu` (1e-6); centered_clipping `radius`, `iterations`
-  (1), `momentum` (0); norm_bound `bound`.
-  """
-  if name not in BOUNDS:
-    raise HparamError("defence", name, ", ".join(DEFENCES))
+
+def stack_rule(name: str, rule: Callable[[stages.Stack, PyTree], tuple],
+               init: Callable[[PyTree], PyTree] = _no_state) -> stages.Stage:
+  """A rule on the cohort's stack as a reducing stage: rule(stack, state) -> (aggregate,
+  state, info); the info's scalars (and "selected" as client ids) reach the round's record."""
+  def server(stack: stages.Stack, state, key):
+    del key
+    value, state, info = rule(stack, state)
+    return value, state, kept_ids(info, stack)
+  return stages.make(name, init=init, server=server, consumes=stages.STACK, reduces=True)
+
+
+def _with_state(result: tuple, state) -> tuple:
+  value, info = result
+  return value, state, info
+
+
+def _check_f(f) -> int:
   require(_is_count(f) and f >= 0, "num_byzantine", f, "an int >= 0")
-  accepted = {"krum": (), "multi_krum": ("num_selected",), "bulyan": (), "median": (),
-              "trimmed_mean": ("beta",), "geometric_median": ("iterations", "nu"),
-              "centered_clipping": ("radius", "iterations", "momentum"),
-              "norm_bound": ("bound",)}[name]
-  for key in hparams:
-    require(key in accepted, f"{name}.{key}", hparams[key],
-            ", ".join(accepted) or f"no hyper-parameters for {name}")
-  no_state = lambda upload_like: ()
+  return f
 
-  def whole(rule):
-    def aggregate(stack, mask, weights, state):
-      value, info = rule(stack, mask, weights)
-      return value, state, info
-    return Defence(name, no_state, aggregate, None, "whole_cohort")
 
-  if name == "krum":
-    return whole(lambda s, m, w: krum(s, m, f))
-  if name == "multi_krum":
-    m_sel = hparams.get("num_selected")
-    require(m_sel is None or (_is_count(m_sel) and m_sel >= 1), "multi_krum.num_selected",
-            m_sel, "None (n - f) or an int >= 1")
-    return whole(lambda s, m, w: multi_krum(s, m, w, f, m_sel))
-  if name == "bulyan":
-    return whole(lambda s, m, w: bulyan(s, m, f))
-  if name == "median":
-    return whole(lambda s, m, w: coordinate_median(s, m))
-  if name == "trimmed_mean":
-    beta = hparams.get("beta")
-    require(isinstance(beta, (int, float)) and 0 <= beta < 0.5, "trimmed_mean.beta", beta,
-            "a fraction in [0, 1/2) cut from each side")
-    return whole(lambda s, m, w: trimmed_mean(s, m, beta, f))
-  if name == "geometric_median":
-    iterations, nu = hparams.get("iterations", 4), hparams.get("nu", 1e-6)
-    require(_is_count(iterations) and iterations >= 1, "geometric_median.iterations",
-            iterations, "an int >= 1")
-    require(isinstance(nu, (int, float)) and nu > 0, "geometric_median.nu", nu, "a number > 0")
-    return whole(lambda s, m, w: geometric_median(s, m, w, iterations=iterations, nu=nu))
-  if name == "centered_clipping":
-    radius = hparams.get("radius")
-    iterations, momentum = hparams.get("iterations", 1), hparams.get("momentum", 0.0)
-    require(isinstance(radius, (int, float)) and radius > 0, "centered_clipping.radius",
-            radius, "a number > 0")
-    require(_is_count(iterations) and iterations >= 1, "centered_clipping.iterations",
-            iterations, "an int >= 1")
-    require(isinstance(momentum, (int, float)) and 0 <= momentum < 1,
-            "centered_clipping.momentum", momentum, "a number in [0, 1)")
+def _is_count(x) -> bool:
+  return isinstance(x, int) and not isinstance(x, bool)
 
-    def aggregate(stack, mask, weights, state):
-      return centered_clipping(stack, mask, weights, state, radius=radius,
-                               iterations=iterations, momentum=momentum)
 
-    return Defence(name, centered_clipping_init, aggregate, None, "whole_cohort")
-  bound = hparams.get("bound")
+def krum_stage(f: int) -> stages.Stage:
+  f = _check_f(f)
+  return stack_rule("krum", lambda s, st: _with_state(krum(s.values, s.mask, f), st))
+
+
+def multi_krum_stage(f: int, num_selected: int = 0) -> stages.Stage:
+  """num_selected: m, 0 (or None) for n - f."""
+  f = _check_f(f)
+  require(num_selected is None or (_is_count(num_selected) and num_selected >= 0),
+          "multi_krum.num_selected", num_selected, "0 (n - f) or an int >= 1")
+  m = num_selected or None
+  return stack_rule("multi_krum", lambda s, st: _with_state(
+      multi_krum(s.values, s.mask, s.weights, f, m), st))
+
+
+def bulyan_stage(f: int) -> stages.Stage:
+  f = _check_f(f)
+  return stack_rule("bulyan", lambda s, st: _with_state(bulyan(s.values, s.mask, f), st))
+
+
+def median_stage(f: int) -> stages.Stage:
+  del f  # the median does not read f; its bound does
+  return stack_rule("median", lambda s, st: _with_state(coordinate_median(s.values, s.mask), st))
+
+
+def trimmed_mean_stage(f: int, beta: Optional[float] = None) -> stages.Stage:
+  f = _check_f(f)
+  require(isinstance(beta, (int, float)) and 0 <= beta < 0.5, "trimmed_mean.beta", beta,
+          "a fraction in [0, 1/2) cut from each side")
+  return stack_rule("trimmed_mean", lambda s, st: _with_state(
+      trimmed_mean(s.values, s.mask, beta, f), st))
+
+
+def geometric_median_stage(f: int, iterations: int = 0, nu: float = 1e-6) -> stages.Stage:
+  """iterations: 0 for the default 4."""
+  del f  # its bound reads f
+  require(_is_count(iterations) and iterations >= 0, "geometric_median.iterations",
+          iterations, "an int >= 1, or 0 for the rule's default (4)")
+  require(isinstance(nu, (int, float)) and nu > 0, "geometric_median.nu", nu, "a number > 0")
+  iterations = iterations or 4
+  return stack_rule("geometric_median", lambda s, st: _with_state(
+      geometric_median(s.values, s.mask, s.weights, iterations=iterations, nu=nu), st))
+
+
+def centered_clipping_stage(f: int, radius: Optional[float] = None, iterations: int = 0,
+                            momentum: float = 0.0) -> stages.Stage:
+  """iterations: 0 for the default 1. The state is the last aggregate (the centre)."""
+  del f  # its bound reads f
+  require(isinstance(radius, (int, float)) and radius > 0, "centered_clipping.radius",
+          radius, "a number > 0")
+  require(_is_count(iterations) and iterations >= 0, "centered_clipping.iterations",
+          iterations, "an int >= 1, or 0 for the rule's default (1)")
+  require(isinstance(momentum, (int, float)) and 0 <= momentum < 1,
+          "centered_clipping.momentum", momentum, "a number in [0, 1)")
+  iterations = iterations or 1
+  return stack_rule("centered_clipping", lambda s, st: centered_clipping(
+      s.values, s.mask, s.weights, st, radius=radius, iterations=iterations,
+      momentum=momentum), init=centered_clipping_init)
+
+
+def _check_bound(bound) -> float:
   require(isinstance(bound, (int, float)) and bound > 0, "norm_bound.bound", bound,
           "a number > 0")
+  return bound
 
-  def bounded_mean(stack, mask, weights, state):
-    value, info = norm_bounded_mean(stack, mask, weights, bound)
-    return value, state, info
 
-  return Defence(name, no_state, bounded_mean, lambda u: norm_bound(u, bound), "streaming")
+def norm_bounding_stage(bound: Optional[float] = None) -> stages.Stage:
+  """Each client's update clipped inside the vmapped client computation, then the engine's
+  streaming mean: the cohort's stack is never gathered."""
+  bound = _check_bound(bound)
+  clip = stages.make("norm_bound[client]", client=lambda value, state, key: norm_bound(value,
+                                                                                       bound))
+  return stages.chain(clip, stages.mean())
+
+
+def norm_bounding_on_stack(bound: Optional[float] = None) -> stages.Stage:
+  """Norm bounding on the cohort's stack (after an upload attack, which replaces rows of the
+  stack: a clip inside the client computation would bound the honest uploads instead)."""
+  bound = _check_bound(bound)
+  return stack_rule("norm_bound", lambda s, st: _with_state(
+      norm_bounded_mean(s.values, s.mask, s.weights, bound), st))
+
+
+class Defence(NamedTuple):
+  """A rule as config.robust.defence names it (one entry of DEFENCES).
+
+  Attributes:
+    build: build(f, **options) -> its stage (build(**options) when `bound` is None).
+    options: the config.robust fields it reads besides f, passed to `build` by name.
+    bound: its precondition on (n, f); None for a rule that reads no f (norm bounding).
+    on_stack: build(**options) of its form that reads the cohort's stack, for a rule whose
+      stage works on each client's upload (it runs after an upload attack); None: `build`'s
+      stage already reads the stack.
+  """
+  build: Callable[..., stages.Stage]
+  options: tuple = ()
+  bound: Optional[Bound] = None
+  on_stack: Optional[Callable[..., stages.Stage]] = None
+
+
+# config.robust.defence -> its rule.
+DEFENCES = {
+    "krum": Defence(krum_stage, bound=KRUM_BOUND),
+    "multi_krum": Defence(multi_krum_stage, ("num_selected",), KRUM_BOUND),
+    "bulyan": Defence(bulyan_stage, bound=BULYAN_BOUND),
+    "median": Defence(median_stage, bound=_majority("Yin et al., ICML 2018")),
+    "trimmed_mean": Defence(trimmed_mean_stage, ("beta",), Bound(
+        "floor(beta n) >= f and beta < 1/2", _trimmed_mean_holds, "Yin et al., ICML 2018")),
+    "geometric_median": Defence(geometric_median_stage, ("iterations", "nu"),
+                                _majority("Pillutla et al., IEEE TSP 2022")),
+    "centered_clipping": Defence(centered_clipping_stage, ("radius", "iterations", "momentum"),
+                                 _majority("Karimireddy et al., ICML 2021")),
+    "norm_bounding": Defence(norm_bounding_stage, ("bound",),
+                             on_stack=norm_bounding_on_stack),
+    "meamed": Defence(meamed.stage, bound=_majority("Xie, Koyejo, Gupta, arXiv 2018")),
+}
+
+
+def build(name: str, f: Optional[int] = None, *, on_stack: bool = False,
+          **options) -> stages.Stage:
+  """The stage of DEFENCES[name] tolerating `f` Byzantine clients, its options checked
+  (HparamError naming `<name>.<option>`, `num_byzantine` or `defence`). `on_stack`: the form
+  that reads the cohort's stack (after an upload attack)."""
+  if name not in DEFENCES:
+    raise HparamError("defence", name, ", ".join(DEFENCES))
+  rule = DEFENCES[name]
+  for key in options:
+    require(key in rule.options, f"{name}.{key}", options[key],
+            ", ".join(rule.options) or f"no options for {name}")
+  builder = rule.on_stack if on_stack and rule.on_stack is not None else rule.build
+  if rule.bound is None:
+    return builder(**options)
+  return builder(_check_f(0 if f is None else f), **options)
+
+
+def check_preconditions(name: str, n: int, f: int, **options) -> None:
+  """Refuses (one line, naming the bound) a cohort of `n` real clients with `f` Byzantine ones.
+
+  Args:
+    name: one of DEFENCES.
+    n: real clients in the cohort (the smallest cohort of the run, when it varies).
+    f: Byzantine clients the rule must tolerate.
+    options: the rule's options its bound reads (trimmed_mean's beta).
+
+  Raises:
+    HparamError: naming `num_byzantine` (or the option) and the bound it breaks.
+  """
+  if name not in DEFENCES:
+    raise HparamError("defence", name, ", ".join(DEFENCES))
+  require(_is_count(n) and n >= 1, "num_clients", n, "an int >= 1 (real clients per round)")
+  require(_is_count(f) and f >= 0, "num_byzantine", f, "an int >= 0")
+  bound = DEFENCES[name].bound
+  if bound is None:
+    return
+  holds = lambda n, f: bound.holds(n, f, **options)
+  if not holds(n, f):
+    largest = max([g for g in range(n + 1) if holds(n, g)], default=None)
+    allows = (f"n = {n} allows f <= {largest}" if largest is not None
+              else f"n = {n} allows no f")
+    raise HparamError("num_byzantine", f,
+                      f"{name} needs {bound.formula} ({bound.paper}); {allows}")

@@ -1,36 +1,40 @@
-"""config.robust read once into the run's aggregation stage: an attack, then a defence.
+"""config.robust read once into the run's stages: an upload attack, then a defence.
 
     spec = read(config, mode)                      in build_spec; None when both are "none"
-    opts = with_stage(spec, opts, num_clients)     RunOptions.aggregator = chain(attack, defence)
+    run_stages(spec, num_clients)                  [attack, defence] for the run's one chain
+                                                   (run/spec.py `run_chain`)
     fed = poisoned(spec, fed)                      label flipping: the malicious clients'
                                                    training labels, relabelled once
     opts = with_poison(spec, opts, fed)            the backdoor: RunOptions.poison stamps the
                                                    trigger inside the jitted local step
 
-The defence is the reducer of the model upload's aggregate (engine/aggregation.py): a rule that
-needs the cohort's stack (Krum, Multi-Krum, Bulyan, the coordinate median, the trimmed mean, the
-geometric median, centered clipping) is a whole-cohort stage; norm bounding streams (each
-client's update clipped, then the engine's weighted mean) unless an attack precedes it.
+The defence (robust/defences.py DEFENCES) is the reducer of the model upload's aggregate
+(engine/aggregation.py): a rule that needs the cohort's stack (Krum, Multi-Krum, Bulyan, the
+coordinate median, the trimmed mean, the geometric median, centered clipping, MeaMed) reads
+the stack; norm bounding clips each client's upload before the streaming mean, unless an
+upload attack precedes it (then its form on the stack).
 
-The model-poisoning attack is a whole-cohort transform before the defence: the malicious rows
-of the cohort's stack are replaced by what the attackers send. The attacker is omniscient: the
-"a little is enough" and inner-product-manipulation uploads are computed from the honest
-uploads of the same round. Which clients are malicious is fixed for the run from config.seed
-(`attacks.malicious_clients`); they are sampled like everyone else, and the stage finds them
-by the stack's client ids.
+The model-poisoning attack (robust/attacks.py `upload_attack`) is a stage on the stack before
+the defence: the malicious rows of the cohort's stack are replaced by what the attackers send.
+The attacker is omniscient: the "a little is enough" and inner-product-manipulation uploads
+are computed from the honest uploads of the same round. Which clients are malicious is fixed
+for the run from config.seed (`attacks.malicious_clients`); they are sampled like everyone
+else, and the stage finds them by the stack's client ids.
 
 The backdoor (Bagdasaryan, Veit, Hua, Estrin, Shmatikov, "How To Backdoor Federated Learning",
 AISTATS 2020) is both: a data attack, where a fixed share of each malicious client's examples
 gets a pixel-pattern trigger and the target label inside the jitted local step (no host work
 per round, the same rows every round), and an upload attack, where the malicious rows of the
-stack are boosted (model replacement) before the defence. Its success is measured by the
+stack are boosted (model replacement) before the defence. Its data part stays a hook of the
+local step (RunOptions.poison, beside the augmentation) and is not a stage: it rewrites each
+step's batch inside the local scan, before any upload exists, where the chain of stages (which
+runs between the uploads and the server update) has no place. Its success is measured by the
 run's records (`Backdoor.test_set`: the test examples of other classes, triggered).
 """
 import dataclasses
 import math
 from typing import Callable, Optional
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -42,18 +46,13 @@ from fedjax_lama.engine.algorithm import MODEL_UPLOAD
 from fedjax_lama.errors import ConfigError, HparamError
 from fedjax_lama.robust import attacks, defences
 
-# config.robust.defence -> the rule's name in robust.defences.
-DEFENCES = {"none": None, "krum": "krum", "multi_krum": "multi_krum", "bulyan": "bulyan",
-            "median": "median", "trimmed_mean": "trimmed_mean",
-            "geometric_median": "geometric_median", "centered_clipping": "centered_clipping",
-            "norm_bounding": "norm_bound"}
-# Attacks on the uploads (a stage), and on the malicious clients' data (DATA_ATTACKS).
-UPLOAD_ATTACKS = ("sign_flip", "gaussian", "alie", "ipm")
-DATA_ATTACKS = ("label_flip", "backdoor")
-ATTACKS = ("none",) + UPLOAD_ATTACKS + DATA_ATTACKS
-_DEFAULT_ITERATIONS = {"geometric_median": 4, "centered_clipping": 1}
+# config.robust.defence and config.robust.attack: "none" or a registered rule or attack.
+DEFENCES = ("none",) + tuple(defences.DEFENCES)
+ATTACKS = ("none",) + tuple(attacks.ATTACKS)
 # Attacks with a stage before the defence (the backdoor's boost of its poisoned updates).
-STAGE_ATTACKS = UPLOAD_ATTACKS + ("backdoor",)
+STAGE_ATTACKS = tuple(name for name, a in attacks.ATTACKS.items() if a.uploads)
+# What every attack reads besides its own options.
+ATTACK_FIELDS = ("malicious_fraction", "malicious_count")
 # Models whose inputs are not images (run/parts.py's table): no trigger can be stamped.
 _NON_IMAGE_MODELS = ("logreg", "lstm_lm")
 # Stream of the host-side draw of each malicious client's poisoned examples.
@@ -116,9 +115,9 @@ class Backdoor:
 @dataclasses.dataclass(frozen=True)
 class RobustSpec:
   """config.robust, checked."""
-  defence: str                 # a key of DEFENCES
-  f: int
-  hparams: dict                # the rule's hyper-parameters (robust.defences.build)
+  defence: str                 # one of DEFENCES
+  f: Optional[int]             # None where the defence reads no f
+  hparams: dict                # the rule's options (defences.DEFENCES[defence].options)
   attack: str                  # one of ATTACKS
   malicious_fraction: Optional[float]
   malicious_count: Optional[int]
@@ -189,24 +188,19 @@ def read(config, mode: str) -> Optional[RobustSpec]:
         "config.privacy.enabled=True are not accepted yet (the noise of DP-FedAvg is "
         "calibrated to a clipped mean, not to a robust aggregate or an attacked cohort); "
         "accepted: config.privacy or config.robust, not both")
-  if not (_is_count(r.f) and r.f >= 0):
-    _fail("f", r.f, "an int >= 0 (Byzantine clients per cohort)")
-  hparams = {}
-  name = DEFENCES[r.defence]
-  if name == "multi_krum" and r.num_selected:
-    hparams["num_selected"] = r.num_selected
-  elif name == "trimmed_mean":
-    hparams["beta"] = r.beta
-  elif name in _DEFAULT_ITERATIONS:
-    if not (_is_count(r.iterations) and r.iterations >= 0):
-      _fail("iterations", r.iterations, "an int >= 1, or 0 for the rule's default")
-    hparams["iterations"] = r.iterations or _DEFAULT_ITERATIONS[name]
-    if name == "geometric_median":
-      hparams["nu"] = r.nu
-    else:
-      hparams.update(radius=r.radius, momentum=r.momentum)
-  elif name == "norm_bound":
-    hparams["bound"] = r.bound
+  rule = defences.DEFENCES.get(r.defence)
+  f = r.get("f")
+  if rule is None or rule.bound is None:
+    f = None  # read by no rule of this run (config.check_overrides refuses it when set)
+  elif f is None:
+    raise ConfigError(
+        f"config.robust.f is not set; accepted with config.robust.defence={r.defence!r}: an "
+        f"int >= 0, the Byzantine clients per cohort the rule must tolerate ({r.defence} "
+        f"needs {rule.bound.formula}, {rule.bound.paper}; "
+        f"{_largest_f(r.defence, rule, config)})")
+  elif not (_is_count(f) and f >= 0):
+    _fail("f", f, "an int >= 0 (Byzantine clients per cohort)")
+  hparams = {name: r[name] for name in (rule.options if rule is not None else ())}
   fraction = count = None
   if r.attack != "none":
     fraction_set, count_set = r.malicious_fraction != 0, r.malicious_count != 0
@@ -236,10 +230,35 @@ def read(config, mode: str) -> Optional[RobustSpec]:
   backdoor = _read_backdoor(config) if r.attack == "backdoor" else None
   if backdoor is not None:  # eta of the replacement boost n / eta (None: the default, 1)
     options["server_lr"] = 1.0 if config.server_lr is None else float(config.server_lr)
-  spec = RobustSpec(r.defence, r.f, hparams, r.attack, fraction, count, options, config.seed,
+  spec = RobustSpec(r.defence, f, hparams, r.attack, fraction, count, options, config.seed,
                     config.client_sampling, float(config.active_ratio), backdoor)
-  build_stage(spec, config.num_clients)  # every refusal before any data is loaded
+  run_stages(spec, config.num_clients)  # every refusal before any data is loaded
   return spec
+
+
+def _largest_f(defence: str, rule: defences.Defence, config) -> str:
+  """What the run's smallest cohort allows of f, for the refusal of an unset f."""
+  spec = RobustSpec(defence, 0, {}, "none", None, None, {}, config.seed,
+                    config.client_sampling, float(config.active_ratio))
+  n, how = spec.smallest_cohort(config.num_clients)
+  options = {name: config.robust[name] for name in rule.options}
+  try:
+    allowed = [g for g in range(n + 1) if rule.bound.holds(n, g, **options)]
+  except HparamError:  # an option the bound reads is itself refused later, naming it
+    allowed = []
+  return (f"{how}, which allows f <= {max(allowed)}" if allowed else how)
+
+
+def fields_read(defence: str, attack: str) -> tuple:
+  """The config.robust fields a run with this defence and attack reads (besides the two
+  names): the defence's f and options, the attack's options and its count of attackers."""
+  fields = []
+  rule = defences.DEFENCES.get(defence)
+  if rule is not None:
+    fields += (["f"] if rule.bound is not None else []) + list(rule.options)
+  if attack in attacks.ATTACKS:
+    fields += list(ATTACK_FIELDS) + list(attacks.ATTACKS[attack].options)
+  return tuple(fields)
 
 
 def _read_backdoor(config) -> Backdoor:
@@ -262,52 +281,28 @@ def _read_backdoor(config) -> Backdoor:
   return Backdoor(target, float(fraction), size)
 
 
-# ---- the stage ---------------------------------------------------------------------------------
-def _defence(spec: RobustSpec, num_clients: int) -> Optional[defences.Defence]:
-  name = DEFENCES[spec.defence]
-  if name is None:
+# ---- the stages ---------------------------------------------------------------------------------
+def _defence(spec: RobustSpec, num_clients: int, on_stack: bool) -> Optional[stages.Stage]:
+  rule = defences.DEFENCES.get(spec.defence)
+  if rule is None:
     return None
   try:
-    rule = defences.build(name, spec.f, **spec.hparams)
+    stage = defences.build(spec.defence, spec.f, on_stack=on_stack, **spec.hparams)
   except HparamError as e:
     raise ConfigError(f"config.robust.{_config_field(e.field)}={e.value!r} is not accepted "
                       f"with config.robust.defence={spec.defence!r}; accepted: {e.accepted}"
                       ) from e
+  if rule.bound is None:
+    return stage
   n, how = spec.smallest_cohort(num_clients)
   try:
-    defences.check_preconditions(name, n, spec.f, beta=spec.hparams.get("beta"))
+    defences.check_preconditions(spec.defence, n, spec.f, **spec.hparams)
   except HparamError as e:
     raise ConfigError(
         f"config.robust.f={spec.f} is not accepted with config.robust.defence="
         f"{spec.defence!r}: {how}, and {e.accepted}; accepted: a smaller config.robust.f or "
         "larger cohorts") from e
-  return rule
-
-
-def _kept_ids(info: dict, stack: stages.Stack) -> dict:
-  """The rule's scalars (0-d info) and, for a rule that selects clients, their ids (-1
-  elsewhere) as "kept"."""
-  out = {k: v for k, v in info.items() if jnp.ndim(v) == 0}
-  if "selected" in info and stack.client_ids is not None:
-    kept = jnp.asarray(info["selected"]) & (stack.mask > 0)
-    out["kept"] = jnp.where(kept, stack.client_ids, -1).astype(jnp.int32)
-  return out
-
-
-def defence_stage(rule: defences.Defence, streaming: bool) -> stages.Stage:
-  """The rule as the run's reducer: norm bounding (`streaming`) as a client clip before the
-  engine's mean, every other rule on the cohort's stack."""
-  if streaming:
-    clip = stages.make(f"{rule.name}[client]",
-                       client=lambda value, state, key: rule.client(value))
-    return stages.chain(clip, stages.mean())
-
-  def server(stack: stages.Stack, state, key):
-    del key
-    value, state, info = rule.aggregate(stack.values, stack.mask, stack.weights, state)
-    return value, state, _kept_ids(info, stack)
-
-  return stages.make(rule.name, init=rule.init, reduction=stages.WHOLE_COHORT, server=server)
+  return stage
 
 
 def whole_cohort_mean() -> stages.Stage:
@@ -315,7 +310,7 @@ def whole_cohort_mean() -> stages.Stage:
   def server(stack: stages.Stack, state, key):
     del key
     return reduce_lib.weighted_mean(stack.values, stack.weights), state, {}
-  return stages.make("mean[stack]", reduction=stages.WHOLE_COHORT, server=server)
+  return stages.make("mean[stack]", server=server, consumes=stages.STACK, reduces=True)
 
 
 def _alie_z(spec: RobustSpec, num_clients: int) -> float:
@@ -335,71 +330,32 @@ def _alie_z(spec: RobustSpec, num_clients: int) -> float:
 
 
 def attack_stage(spec: RobustSpec, num_clients: int) -> stages.Stage:
-  """The model-poisoning attack as a whole-cohort transform: the malicious rows of the stack
-  replaced by what the attackers send (scalar: how many were in the round's cohort).
+  """The run's upload attack (attacks.upload_attack) with its attackers among
+  `num_clients` clients."""
+  z = _alie_z(spec, num_clients) if spec.attack == "alie" else None
+  return attacks.upload_attack(spec.attack, spec.malicious(num_clients), spec.attack_options,
+                               z)
 
-  The backdoor sends its own (poisoned) update boosted by gamma: config.robust.boost, or with
-  boost 0 model replacement's gamma = n / (eta m) (Bagdasaryan et al., AISTATS 2020, Sec. 3.2: the
-  attacker submits gamma (X - G) so that G + eta / n * sum of the n updates is about X), n the
-  round's real clients, m the attackers among them (colluding, they share the replacement) and
-  eta config.server_lr (1 when unset, FedAvg's default; set the boost for a server optimizer
-  whose default differs). Scalar "boost": the gamma of the round.
 
-  The run's malicious clients are the stage's state ({"malicious": [num_clients] bool}, never
-  changed), not a constant of its program: runs that differ only in seed, each with its own
-  attackers, then share one program (run/many.py vectorizes them).
-  """
-  table = np.asarray(spec.malicious(num_clients))
-  kind, options = spec.attack, spec.attack_options
-  z = _alie_z(spec, num_clients) if kind == "alie" else None
-
-  def init(params):
-    del params
-    return {"malicious": jnp.asarray(table)}
-
-  def server(stack: stages.Stack, state, key):
-    if stack.client_ids is None:
-      raise ValueError("an attack stage needs the stack's client ids (Stack.client_ids)")
-    real = stack.mask > 0
-    bad = state["malicious"][jnp.clip(stack.client_ids, 0, num_clients - 1)] & real
-    honest = real & ~bad
-    values = stack.values
-    if kind == "sign_flip":
-      sent = attacks.sign_flip(values, options["scale"])
-    elif kind == "gaussian":
-      row = jax.tree.map(lambda x: x[0], values)
-      keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(stack.client_ids)
-      sent = jax.vmap(lambda k: attacks.gaussian_noise(k, row, options["std"]))(keys)
-    elif kind == "alie":
-      sent = attacks.little_is_enough(values, honest, z)
-    elif kind == "backdoor":
-      gamma = (jnp.asarray(options["boost"], jnp.float32) if options["boost"] > 0 else
-               jnp.sum(real).astype(jnp.float32)
-               / (options["server_lr"] * jnp.maximum(jnp.sum(bad), 1).astype(jnp.float32)))
-      sent = jax.tree.map(lambda x: (gamma * x).astype(x.dtype), values)
-    else:  # ipm
-      sent = attacks.inner_product_manipulation(values, honest, options["epsilon"])
-    attacked = stack._replace(values=attacks.substitute(values, bad, sent))
-    scalars = {"malicious": jnp.sum(bad).astype(jnp.float32)}
-    if kind == "backdoor":
-      scalars["boost"] = gamma
-    return attacked, state, scalars
-
-  return stages.make(f"attack[{kind}]", init=init, server=server)
+def run_stages(spec: Optional[RobustSpec], num_clients: int) -> list:
+  """The run's robust stages on a federation of `num_clients` clients, in chain order: the
+  upload attack, then the defence; after an attack every reducer reads the stack (a clip of
+  each client's upload would bound the honest uploads the attackers' replace), so the mean
+  is the stack's when there is no defence. [] without config.robust."""
+  if spec is None:
+    return []
+  after_attack = spec.attack in STAGE_ATTACKS
+  rule = _defence(spec, num_clients, on_stack=after_attack)
+  if not after_attack:
+    return [] if rule is None else [rule]
+  return [attack_stage(spec, num_clients), whole_cohort_mean() if rule is None else rule]
 
 
 def build_stage(spec: Optional[RobustSpec], num_clients: int) -> Optional[stages.Stage]:
-  """The run's aggregation stage of `spec` on a federation of `num_clients` clients (None:
-  the algorithm's declared aggregation alone)."""
-  if spec is None:
-    return None
-  rule = _defence(spec, num_clients)
-  if spec.attack not in STAGE_ATTACKS:
-    return None if rule is None else defence_stage(rule, rule.reduce == stages.STREAMING)
-  # After an attack every reducer reads the stack (a streaming clip would run on the honest
-  # uploads before the attackers' replace them).
-  reducer = whole_cohort_mean() if rule is None else defence_stage(rule, False)
-  return stages.chain(attack_stage(spec, num_clients), reducer)
+  """The run's robust stages as one chain (None: the algorithm's declared aggregation
+  alone)."""
+  members = run_stages(spec, num_clients)
+  return stages.chain(*members) if members else None
 
 
 def check_algorithm(spec: Optional[RobustSpec], algorithm, algorithm_name: str) -> None:
@@ -414,12 +370,6 @@ def check_algorithm(spec: Optional[RobustSpec], algorithm, algorithm_name: str) 
         f"config.algorithm={algorithm_name!r} (it declares its own aggregate of the model "
         f"upload {MODEL_UPLOAD!r}); accepted: 'none', or an algorithm that averages the "
         "uploaded displacement as it is")
-
-
-def with_stage(spec: Optional[RobustSpec], opts, num_clients: int):
-  """RunOptions with the run's aggregation stage (unchanged without config.robust)."""
-  stage = build_stage(spec, num_clients)
-  return opts if stage is None else dataclasses.replace(opts, aggregator=stage)
 
 
 def poisoned(spec: Optional[RobustSpec], fed):

@@ -84,14 +84,14 @@ def train_many(configs, workdirs) -> list:
                                       prepared[0].fed)
   mesh = parts_lib.client_mesh(opts0.batch_size, prepared[0], parts_lib.chunk_cap(opts0))
   programs = [parts_lib.program(s, p, mesh) for s, p in zip(specs, prepared)]
-  if any(type(p).__name__ != "SyncProgram" or p.chunk_size < p.opts.sampler.max_cohort
+  if any(not p.vectorizable or p.chunk_size < p.opts.sampler.max_cohort
          for p in programs):  # chunked or scheduled rounds: one after another
     return _one_after_another(configs, workdirs)
   vec = VectorizedSyncProgram([p.opts for p in programs], programs[0].algorithm,
                               prepared[0].model, [p.params for p in prepared],
                               [p.model_state for p in prepared],
                               [p.fed for p in programs],  # what the clients train on
-                              mesh, programs[0].compressor)
+                              mesh)
   for s, w in zip(specs, workdirs):
     workdir_lib.check_workdir(w, s.records, s.mode)
   runs = [records_lib.Run(s.records, w, _RunView(vec, i), p.fed, p.params)

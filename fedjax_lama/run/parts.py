@@ -18,11 +18,12 @@ from fedjax_lama import federation, models, progress, rng
 from fedjax_lama.data import augment
 from fedjax_lama.engine import local, sharding, traffic as traffic_lib
 from fedjax_lama.errors import ConfigError
-from fedjax_lama.fedlama.schedule import FedLamaProgram
-from fedjax_lama.privacy import dp_options, dp_stage as privacy_stage
+from fedjax_lama.privacy import dp_stage as privacy_stage
+from fedjax_lama.programs.fedlama import FedLamaProgram
 from fedjax_lama.programs.round_program import RunOptions
 from fedjax_lama.programs.sync import SyncProgram
 from fedjax_lama.robust import robust_stage
+from fedjax_lama.run import spec as spec_lib
 
 # What each model consumes (fedjax_lama.data.INPUT_KINDS); the others take images only.
 _MODEL_INPUTS = {
@@ -219,13 +220,12 @@ def program(spec, parts: Parts, mesh=None):
   (default: the devices `client_mesh` picks for one training call)."""
   fed = robust_stage.poisoned(spec.robust, parts.fed)  # what the clients train on
   opts = federated_options(spec.options, spec.data.augmentation, fed)
-  opts = robust_stage.with_stage(spec.robust, opts, fed.num_clients)
+  opts = dataclasses.replace(opts, aggregator=spec_lib.run_chain(spec, fed.num_clients))
   opts = robust_stage.with_poison(spec.robust, opts, fed)  # the backdoor's trigger
   if mesh is None:
     mesh = client_mesh(opts.batch_size, parts, chunk_cap(opts))
   algorithm = spec.algorithm.build(fed.num_clients, float(np.mean(fed.client_sizes)))
   robust_stage.check_algorithm(spec.robust, algorithm, spec.records.algorithm)
-  compressor = spec.algorithm.compressor
   if spec.records.privacy is not None:  # what the noise covers, before any training
     privacy_stage.check_federation(spec.records.privacy, fed.num_clients)
     privacy_stage.check_layer_split(spec.records.privacy, parts.params)
@@ -242,6 +242,5 @@ def program(spec, parts: Parts, mesh=None):
   fedlama = spec.algorithm.selection.fedlama
   if fedlama is not None:
     return FedLamaProgram(opts, fedlama, algorithm, parts.model, parts.params, parts.model_state,
-                          fed, mesh, compressor)
-  return SyncProgram(opts, algorithm, parts.model, parts.params, parts.model_state, fed, mesh,
-                     compressor)
+                          fed, mesh)
+  return SyncProgram(opts, algorithm, parts.model, parts.params, parts.model_state, fed, mesh)

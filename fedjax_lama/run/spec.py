@@ -15,11 +15,14 @@ from typing import Any, Callable, Optional
 
 import ml_collections
 
+from fedjax_lama import compression
 from fedjax_lama import config as config_lib
 from fedjax_lama import federation, registry
 from fedjax_lama.engine import plan as plan_lib
+from fedjax_lama.engine import stages
 from fedjax_lama.fedlama import options as fedlama_options
 from fedjax_lama.privacy import dp_stage as privacy_stage
+from fedjax_lama.privacy import mechanisms
 from fedjax_lama.programs.round_program import LearningRate, RunOptions
 from fedjax_lama.robust import robust_stage
 from fedjax_lama.simulation import run_options as clock_lib
@@ -108,8 +111,8 @@ class RunSpec:
   clock: Optional[clock_lib.ClockOptions]   # the simulation's (clock)
   records: RecordOptions
   plan: plan_lib.PlatformPlan
-  # config.robust (None: neither a defence nor an attack); its stage is built on the
-  # federation (parts.program: robust_stage.with_stage, robust_stage.poisoned).
+  # config.robust (None: neither a defence nor an attack); its stages join the run's chain
+  # on the federation (`run_chain`; its data attacks: parts.program).
   robust: Optional[robust_stage.RobustSpec] = None
 
 
@@ -148,7 +151,7 @@ def build_spec(config: ml_collections.ConfigDict) -> RunSpec:
       algorithm=None if clock else AlgorithmSpec(
           config.algorithm, selection, functools.partial(registry.build_algorithm, config),
           registry.uplink_compressor(config)),
-      options=None if clock else run_options(config, plan, privacy),
+      options=None if clock else run_options(config, plan),
       clock=dataclasses.replace(clock_options, platform=plan) if clock else None,
       robust=robust)
 
@@ -194,10 +197,25 @@ def model_spec(config) -> ModelSpec:
   return ModelSpec(config.model, options, config.seed, config.dataset)
 
 
-def run_options(config, plan: plan_lib.PlatformPlan, privacy=None) -> RunOptions:
+def run_chain(spec: RunSpec, num_clients: int) -> Optional[stages.Stage]:
+  """The run's one aggregation chain (engine/stages.py), built once from the spec on a
+  federation of `num_clients` clients: the uplink codec of every upload (config.compressor,
+  the algorithm's own under "auto"), then user-level DP's clip and noise (config.privacy) or
+  the upload attack and the defence (config.robust) around the model upload's aggregate.
+  None: each algorithm's declared aggregation alone."""
+  members = []
+  if not compression.is_identity(spec.algorithm.compressor):
+    members.append(stages.uplink(spec.algorithm.compressor))
+  if spec.records.privacy is not None:
+    members.append(mechanisms.user_level_dp(spec.records.privacy))
+  members += robust_stage.run_stages(spec.robust, num_clients)
+  return stages.chain(*members) if members else None
+
+
+def run_options(config, plan: plan_lib.PlatformPlan) -> RunOptions:
   """The typed options every round program takes (programs/round_program.py). The sampler's
-  clients and the augmentation are the federation's (`parts.federated_options`); `privacy`
-  (DpOptions) makes user-level DP the run's aggregation stage."""
+  clients and the augmentation are the federation's (`parts.federated_options`), and so is
+  the aggregation chain (`run_chain`)."""
   on_host = config.engine.get("client_state_on_host", False)
   if not isinstance(on_host, bool):
     raise config_lib.ConfigError(f"config.engine.client_state_on_host={on_host!r} is not "
@@ -213,8 +231,7 @@ def run_options(config, plan: plan_lib.PlatformPlan, privacy=None) -> RunOptions
                                  config.num_clients, config.seed),
       label_smoothing=config.label_smoothing, unroll=config.engine.unroll,
       clients_per_chunk=config.engine.clients_per_chunk, client_state_on_host=on_host,
-      augment=None, platform=plan, **registry.run_facts(config),
-      aggregator=None if privacy is None else privacy_stage.dp_stage(privacy))
+      augment=None, platform=plan, **registry.run_facts(config))
 
 
 def record_options(config) -> RecordOptions:

@@ -16,7 +16,7 @@ Typical use:
 Modules (imports are one-way, top to bottom):
   interfaces  Trainer / Evaluator / Codec / ModelAlgebra protocols, TrainJob, TrainResult
   pytree      trees_equal, NumpyAlgebra (weighted sums of numpy pytrees)
-  codecs      RawCodec, PolylineCodec (adapter to fedjax_lama.compression.polyline)
+  message_codecs  RawCodec, PolylineCodec (adapter to fedjax_lama.compression.polyline)
   streams     named random streams (simulation/streams.py)
   config      SystemConfig, ComputeModel, NetworkModel and the method configs
   latency     job latency models (download, compute, straggler delay, upload)
@@ -35,7 +35,7 @@ The JAX side, imported on its own (this package's __init__ does not load it):
   clock_run      the run contract on the clock (metrics, summary, plots, checkpoints,
                  exact resume); training.train_and_evaluate dispatches to it
 """
-from fedjax_lama.simulation.codecs import PolylineCodec, RawCodec
+from fedjax_lama.simulation.message_codecs import PolylineCodec, RawCodec
 from fedjax_lama.simulation.system_config import (ASOFedConfig, ComputeModel, FedAsyncConfig,
                                            FedATConfig, FedAvgConfig, FedBuffConfig, FedProxConfig,
                                            NetworkModel, SystemConfig, TiFLConfig)

@@ -36,7 +36,7 @@ import numpy as np
 from fedjax_lama import checkpointing, divergence, metrics, plots, progress
 from fedjax_lama.engine import sharding
 from fedjax_lama.simulation import engine_adapter
-from fedjax_lama.simulation.codecs import PolylineCodec
+from fedjax_lama.simulation.message_codecs import PolylineCodec
 from fedjax_lama.simulation.events import MODEL, UP
 from fedjax_lama.simulation.loop import Simulator, tick_times
 from fedjax_lama.simulation.methods import METHODS

@@ -20,7 +20,7 @@ implements them on the same engine and algorithm interface as the synchronous me
 - `JaxAlgebra`: jitted float32 weighted sums (FedAT's Eq. 5); one tree with weight exactly 1.0
   comes back unchanged, so FedAT with one tier stays bitwise FedAvg (one tier: FedAT is FedAvg).
 
-The message codec is `codecs.PolylineCodec` (Chai et al., SC'21, Sec. 4.3) or `codecs.RawCodec`.
+The message codec is `message_codecs.PolylineCodec` (Chai et al., SC'21, Sec. 4.3) or `message_codecs.RawCodec`.
 """
 import functools
 import math
@@ -116,7 +116,7 @@ class EngineTrainer:
     loss_fn = local.make_loss_fn(model, False, label_smoothing)
     # One phase per call mesh: the scan map's group width follows the devices of the call.
     self._phase = functools.cache(lambda devices: clients_lib.ClientPhase(
-        loss_fn, self.algorithm, lambda step: lr, seed=seed, unroll=unroll, augment=augment,
+        loss_fn, self.algorithm, lambda step: lr, unroll=unroll, augment=augment,
         shared_per_client=True, client_devices=devices, plan=self.plan))
     # The tables every call reads: row_table, sizes_table, data_x, data_y.
     self._tables = sharding.replicate(

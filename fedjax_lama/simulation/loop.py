@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
 
 from fedjax_lama.simulation import robustness_metrics as metrics_lib
-from fedjax_lama.simulation.codecs import RawCodec
+from fedjax_lama.simulation.message_codecs import RawCodec
 from fedjax_lama.simulation.system_config import SystemConfig
 from fedjax_lama.simulation.events import (DIRECTIONS, DOWN, MESSAGE_KINDS, MODEL, UP, EventClass,
                                            EventQueue, JobEvent)

@@ -10,7 +10,7 @@ from typing import Optional, Sequence
 import jax
 import numpy as np
 
-from fedjax_lama.simulation.codecs import raw_num_bytes, shape_metadata_bytes
+from fedjax_lama.simulation.message_codecs import raw_num_bytes, shape_metadata_bytes
 from fedjax_lama.simulation.interfaces import PyTree, TrainJob, TrainResult
 from fedjax_lama.simulation.latency import job_steps
 from fedjax_lama.simulation.loop import Simulator

@@ -41,7 +41,7 @@ class RawCodec:
     if precision is not None:
       raise ValueError(
           f"RawCodec cannot encode at compression_precision={precision!r}: inject a codec "
-          "(e.g. simulation.codecs.PolylineCodec) or set compression_precision=None")
+          "(e.g. simulation.message_codecs.PolylineCodec) or set compression_precision=None")
     return tree, raw_num_bytes(tree)
 
 

@@ -1,4 +1,6 @@
-"""FedLAMA: layer-wise adaptive aggregation intervals, as a schedule over any algorithm.
+"""FedLAMA's round program: layer-wise adaptive aggregation intervals, as a schedule over any
+algorithm (its pieces, the interval selection, the layer discrepancy and the layer units, are
+in fedjax_lama/fedlama/).
 
 S. Lee, T. Zhang, S. Avestimehr, "Layer-wise Adaptive Model Aggregation for
 Scalable Federated Learning", AAAI 2023 (Algorithm 2); arXiv v1 (Algorithm 1).
@@ -38,15 +40,15 @@ import numpy as np
 
 from fedjax_lama import compression, plots, rng
 from fedjax_lama.engine import (aggregation, clients as clients_lib, cohort as cohort_lib,
-                                evaluate, leafwise, local, reduce, sharding,
+                                leafwise, local, reduce, sharding,
                                 traffic as traffic_lib)
 from fedjax_lama.engine.algorithm import (MODEL_UPLOAD, Algorithm, ClientContext, LocalState,
                                           ServerState)
 from fedjax_lama.errors import ConfigError
 from fedjax_lama.fedlama import layer_sync, layer_units as layers, selection as sel
 from fedjax_lama.fedlama.options import FedLamaOptions
-from fedjax_lama.programs.round_program import (ProgramBase, Reporter, RoundOutput, RunOptions,
-                                                pack, platform_plan, with_steps)
+from fedjax_lama.programs.round_program import (ProgramBase, RoundOutput, RunOptions, pack,
+                                                with_steps)
 from fedjax_lama.tree import broadcast_clients, tree_size
 
 
@@ -66,7 +68,7 @@ def check_composable(algorithm: Algorithm, server: ServerState, row, traffic,
                      algorithm_name: str = "the algorithm") -> None:
   """Refuses algorithms whose state or messages are not per leaf (ConfigError)."""
   params = server.params
-  params_def = jax.tree_util.tree_structure(params)
+  params_def = jax.tree.structure(params)
   problems = []
   # An algorithm with personal layers (Algorithm.exchanged) keeps them in its rows, which
   # never synchronise: they are written whole at every sub-round.
@@ -78,11 +80,11 @@ def check_composable(algorithm: Algorithm, server: ServerState, row, traffic,
     if parts:
       problems.append(f"its {what} has entries that are not per layer ({', '.join(parts[:3])})")
   for name, shape in traffic.upload_shapes.items():
-    if jax.tree_util.tree_structure(shape) != params_def:
+    if jax.tree.structure(shape) != params_def:
       problems.append(f"its upload {name!r} is not shaped like the model")
   shared = algorithm.shared(server)
   for name in shared:
-    if jax.tree_util.tree_structure(shared[name]) != params_def:
+    if jax.tree.structure(shared[name]) != params_def:
       problems.append(f"its download {name!r} is not shaped like the model")
   if problems:
     raise ConfigError(f"config.schedule='fedlama' cannot run config.algorithm="
@@ -93,8 +95,8 @@ class FedLamaProgram(ProgramBase):
   """Windows of phi sub-rounds with layer-wise synchronisation (see the module docstring)."""
 
   def __init__(self, opts: RunOptions, fl: FedLamaOptions, algorithm: Algorithm, model, params,
-               model_state, fed, mesh, compressor=None):
-    self.opts, self.fl, self.algorithm, self.fed, self.mesh = opts, fl, algorithm, fed, mesh
+               model_state, fed, mesh):
+    self.fl = fl
     if opts.sampler.kind != "fixed":
       raise ConfigError(
           f"config.client_sampling={opts.sampler.kind!r} is not accepted with the fedlama "
@@ -103,6 +105,7 @@ class FedLamaProgram(ProgramBase):
       raise ConfigError(
           f"config.local_epochs={opts.local_epochs} is not accepted with the fedlama schedule "
           "(intervals are counted in local steps: config.fedlama.base_interval); accepted: 0")
+    super().__init__(opts, algorithm, model, params, model_state, fed, mesh)
     self.phi, self.rule = int(fl.phi), fl.interval_rule
     self.unit = sel.interval_unit(fl.base_interval, self.phi, self.rule)
     self.window_steps = sel.window_length(fl.base_interval, self.phi, self.rule)
@@ -112,7 +115,6 @@ class FedLamaProgram(ProgramBase):
           f"config.fedlama.total_steps={total} is not accepted; accepted: a multiple of the "
           f"window length phi*unit={self.window_steps}")
     self.num_rounds = total // self.window_steps
-    self.eval_every = opts.eval_every
     self.spec = layers.layer_spec(params, fl.layer_granularity)
     kernels_only = fl.kernels_only if fl.kernels_only is not None else self.rule == "code"
     self.kernel_mask = jnp.asarray(self.spec.is_kernel) if kernels_only else None
@@ -129,12 +131,7 @@ class FedLamaProgram(ProgramBase):
     if algorithm.local.rule is not None and algorithm.local.rule.pull:
       raise ConfigError(f"config.schedule='fedlama' cannot run config.algorithm="
                         f"{opts.algorithm_name!r} with a proximal pull in its effective step")
-    self.has_state = bool(jax.tree_util.tree_leaves(model_state))
-    self.compressor = compressor if compressor is not None else compression.identity()
-    self.reporter = Reporter(algorithm.server.report)
     server = algorithm.server.init(params, model_state)
-    self.row_template = algorithm.row_init(params) if algorithm.row_init is not None else {}
-    self.traffic = traffic_lib.traffic(algorithm, server, self.row_template)
     check_composable(algorithm, server, self.row_template, self.traffic, opts.algorithm_name)
     # Personal layers (Algorithm.exchanged) never synchronise: FedLAMA schedules the layers
     # whose every leaf is shared, and the rows hold the personal ones whole.
@@ -147,33 +144,22 @@ class FedLamaProgram(ProgramBase):
     self.synced_layer = np.zeros(self.spec.num_layers, bool)
     np.logical_or.at(self.synced_layer, self.spec.leaf_to_layer, self.shared_leaf)
     self.whole_rows = algorithm.exchanged is not None
-    # The run's aggregation stage, per synchronised layer set (RoundAggregation.on_clients).
-    self.aggregation = aggregation.RoundAggregation(algorithm, opts.aggregator, seed=opts.seed,
-                                                    weighting=opts.weighting,
-                                                    name=opts.algorithm_name)
-    self.aggregation.resolve(self.traffic.upload_shapes)
     if (self.row_template or algorithm.start is not None) and fl.client_sampling != "window":
       raise ConfigError(
           f"config.fedlama.client_sampling={fl.client_sampling!r} is not accepted with "
           f"config.algorithm={opts.algorithm_name!r}, which keeps per-client state; accepted: "
           "'window' (one cohort per window)")
-    self.params_def = jax.tree_util.tree_structure(params)
+    self.params_def = jax.tree.structure(params)
     self.num_slots = opts.sampler.cohort_size
     self.slots_padded = sharding.padded_size(self.num_slots, mesh)
-    self.params, self.model_state = params, model_state
     self.data_x = sharding.replicate(jnp.asarray(fed.dataset.train_x), mesh)
     self.data_y = sharding.replicate(jnp.asarray(fed.dataset.train_y, jnp.int32), mesh)
-    self.eval_fn = evaluate.make_eval_fn(model, self.has_state)
-    loss_fn = local.make_loss_fn(model, self.has_state, opts.label_smoothing)
-    self.loss_fn = loss_fn  # also fine-tunes personal models before evaluation
     # A sub-round is one round of the base algorithm: "exponential" decays per sub-round.
     self.learning_rate = opts.learning_rate.build(total, self.unit)
-    self.plan = platform_plan(opts)
-    self.phase = clients_lib.ClientPhase(loss_fn, algorithm, self.learning_rate, seed=opts.seed,
-                                       unroll=opts.unroll, augment=opts.augment,
-                                       poison=opts.poison,
-                                       compressor=self.compressor, client_devices=mesh.size,
-                                       plan=self.plan)
+    self.phase = clients_lib.ClientPhase(self.loss_fn, algorithm, self.learning_rate,
+                                         unroll=opts.unroll, augment=opts.augment,
+                                         poison=opts.poison, client_devices=mesh.size,
+                                         plan=self.plan)
     # Bits of each leaf of one client's uploads (block "leaf": additive over leaves, 5.12).
     self.leaf_bits = sum(compression.leaf_bits(self.compressor, self.traffic.upload_shapes[n])
                          for n in self.traffic.vector_uploads)
@@ -227,7 +213,7 @@ class FedLamaProgram(ProgramBase):
   def _per_leaf(self, per_layer: jax.Array) -> object:
     """[..., L] per layer -> params-shaped pytree of [...] per leaf."""
     leaves = [per_layer[..., int(layer)] for layer in self.spec.leaf_to_layer]
-    return jax.tree_util.tree_unflatten(self.params_def, leaves)
+    return jax.tree.unflatten(self.params_def, leaves)
 
   def _window(self, state: FedLamaState, rows, agg_state, data_x, data_y,
               cohorts: cohort_lib.Cohort, window):
@@ -273,14 +259,16 @@ class FedLamaProgram(ProgramBase):
         step_size = self._per_leaf(jnp.full_like(since_size, jnp.nan))
       info = self.phase.info(st, c, step0)._replace(
           steps=self._per_leaf(since_steps), effective_step=step_size)
-      uploads, new_rows = self.phase.finish(slots, ctx, info, c.client_ids, sub_round)
+      uploads, new_rows = self.phase.finish(slots, ctx, info)
+      agg = self.aggregation
+      uploads = agg.decode(uploads, c.client_ids, sub_round)
       weights = reduce.client_weights(c.client_mask, c.num_examples, self.opts.weighting)
       sync = jnp.mod(r + 1, mult) == 0
       sync_leaf = self._per_leaf(sync)
       if not self.shared_leaf.all():  # personal leaves never synchronise
-        sync_leaf = jax.tree_util.tree_unflatten(self.params_def, [
+        sync_leaf = jax.tree.unflatten(self.params_def, [
             jnp.logical_and(m, bool(s)) for m, s in
-            zip(jax.tree_util.tree_leaves(sync_leaf), self.shared_leaf)])
+            zip(jax.tree.leaves(sync_leaf), self.shared_leaf)])
       if MODEL_UPLOAD in uploads:
         moved = uploads[MODEL_UPLOAD]
       else:
@@ -289,8 +277,7 @@ class FedLamaProgram(ProgramBase):
       d = layer_sync.layer_discrepancy(moved, weights, sync, intervals, d,
                                        self.spec.leaf_to_layer)
       # The run's stage sees the leaves synchronised now (the others as zeros; their
-      # aggregates are discarded below); the discrepancy above measured the raw uploads.
-      agg = self.aggregation
+      # aggregates are discarded below); the discrepancy above measured the decoded uploads.
       uploads = agg.on_clients(uploads, c.client_ids, sub_round, agg_state,
                                leaf_mask=sync_leaf if agg.stage is not None else None)
       sums = agg.reduce(uploads, info, slots.model_state, weights, c.client_mask, agg_state,
