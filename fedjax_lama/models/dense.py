@@ -154,6 +154,12 @@ class LSTMLM(nn.Module):
   layer k's weights are the module "OptimizedLSTMCell_k" (FedLAMA's and the personalization
   methods' layer names: Embed_0, OptimizedLSTMCell_k, BatchNorm_0, Dense_0). The embedding leaf is named "embedding", not "kernel" (as Keras's
   "embeddings" is not a kernel either).
+
+  `tanh_outputs` puts a tanh on each LSTM layer's outputs (the next layer's input and, after
+  the last layer, the output layer's), not on the recurrent state: FedJAX's Shakespeare
+  model (`fedjax.models.shakespeare.create_lstm_model`, a haiku DeepRNN of [LSTM, tanh] per
+  layer). Its weights map onto this module's exactly (third_party/fedjax_peer.py), so with
+  `tanh_outputs=True` over FedJAX's 90 ids this module computes FedJAX's model.
   """
   num_classes: int = 10_000
   vocab_size: int = 10_000
@@ -162,6 +168,7 @@ class LSTMLM(nn.Module):
   dropout: float = 0.1
   num_layers: int = 1
   batch_norm: bool = True
+  tanh_outputs: bool = False
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -170,6 +177,8 @@ class LSTMLM(nn.Module):
                  embedding_init=_keras_embedding_init)(x)
     for _ in range(self.num_layers):
       x = nn.RNN(nn.OptimizedLSTMCell(self.hidden_size))(x)
+      if self.tanh_outputs:
+        x = jnp.tanh(x)
     x = nn.Dropout(self.dropout)(x, deterministic=not train)
     if self.batch_norm:
       x = nn.BatchNorm(use_running_average=not train, momentum=0.99,
