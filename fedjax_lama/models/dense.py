@@ -169,6 +169,9 @@ class LSTMLM(nn.Module):
   num_layers: int = 1
   batch_norm: bool = True
   tanh_outputs: bool = False
+  # lax.scan's unroll over positions: the same function at any value. Not a zoo option: the
+  # benchmark's FLOP count sets it (XLA's cost analysis counts a loop's body once).
+  unroll: int = 1
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -176,7 +179,10 @@ class LSTMLM(nn.Module):
     x = nn.Embed(self.vocab_size, self.embed_size,
                  embedding_init=_keras_embedding_init)(x)
     for _ in range(self.num_layers):
-      x = nn.RNN(nn.OptimizedLSTMCell(self.hidden_size))(x)
+      # The carry in the input's dtype (param_dtype sets it; the parameters are created in
+      # the embedding's dtype, float32): float64 runs (the peer tests) keep one dtype.
+      x = nn.RNN(nn.OptimizedLSTMCell(self.hidden_size, param_dtype=x.dtype),
+                 unroll=self.unroll)(x)
       if self.tanh_outputs:
         x = jnp.tanh(x)
     x = nn.Dropout(self.dropout)(x, deterministic=not train)
