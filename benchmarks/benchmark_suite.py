@@ -35,6 +35,9 @@ at its size `small`, of about the same parameters; benchmark.TEXT_MODELS) at
 --batch change it): tokens/s, FLOPs per token, MFU, engine/loop, and for the LSTM the
 recurrence's matmul rates and, with --peers, FedJAX's `fed_avg` on its Shakespeare model and
 the PyTorch loop (third_party/torch_lstm.py; run the suite under a python that has torch).
+--transformer_clients=64,256 adds the transformer at those cohorts (each one chunk: one call
+trains every client); on a GPU:
+  python -m benchmarks.benchmark_suite --text --transformer_clients=64,256 --matmul_size=8192
 
 Memory (--memory): per-client persistent state of `--memory_clients` clients of
 `--memory_row` parameters' shape (ResNet20's 272,762 float32 each, 1.09 GB for
@@ -82,6 +85,8 @@ flags.DEFINE_string("table_out", "benchmarks/results/models_cpu.md",
                     "Where --models_table writes its markdown.")
 flags.DEFINE_bool("text", False, "Both text models at benchmark_grid.TEXT_SIZE, with --peers "
                   "on the LSTM.")
+flags.DEFINE_list("transformer_clients", [], "--text: also the transformer at these cohort "
+                  "sizes (one chunk of clients per call), e.g. 64,256 on a GPU.")
 flags.DEFINE_bool("memory", False, "Measure client-state memory instead of throughput.")
 flags.DEFINE_integer("memory_clients", 1000, "Clients holding a row of state.")
 flags.DEFINE_string("memory_row", "resnet20", "Model whose parameters' shape is one row.")
@@ -191,6 +196,12 @@ def text_rows() -> list[dict]:
                       peers_path=FLAGS.peers_path, matmul_size=FLAGS.matmul_size,
                       central_impls=("engine",), min_sample_s=FLAGS.min_sample_s,
                       torch_threads=FLAGS.torch_threads, window=FLAGS.window)
+    print(benchmark.summary_line(r), file=sys.stderr, flush=True)
+    rows.append(r)
+  for c in FLAGS.transformer_clients:
+    r = benchmark.run("transformer_lm", int(c), steps, batch, FLAGS.repeats, FLAGS.conv_impl,
+                      FLAGS.unroll, central_impls=("engine",), matmul_size=FLAGS.matmul_size,
+                      min_sample_s=FLAGS.min_sample_s, window=FLAGS.window)
     print(benchmark.summary_line(r), file=sys.stderr, flush=True)
     rows.append(r)
   return rows

@@ -131,7 +131,9 @@ def text_table(rows: list[dict]) -> str:
                 f"matmuls as one batched product at "
                 f"{r['recurrence_batched_flops_per_s'] / 1e9:.1f} GFLOP/s "
                 f"({r['recurrence_batched_vs_peak']:.3f})."]
-  by_name = {r["model"]: r for r in rows}
+  by_name = {}
+  for r in rows:  # the first row of each model: the same cohort
+    by_name.setdefault(r["model"], r)
   if {"lstm_lm", "transformer_lm"} <= set(by_name):
     lstm, tr = by_name["lstm_lm"], by_name["transformer_lm"]
     lines += ["", f"Per token, the LSTM took {tr['engine_tokens_per_s'] / lstm['engine_tokens_per_s']:.2f}x "
