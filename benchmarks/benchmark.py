@@ -75,6 +75,7 @@ from benchmarks.conv import plans as conv_plans
 from benchmarks.round_timing import host_cpu
 from fedjax_lama import algorithms, models
 from fedjax_lama.cli import cpu_devices
+from fedjax_lama.data import leaf_text
 from fedjax_lama.engine import cohort as cohort_lib, local, sharding, sync_round
 from fedjax_lama.engine import plan as plan_lib
 from fedjax_lama.models import transformer
@@ -120,14 +121,14 @@ INPUT_SHAPES = {"leaf_cnn": (28, 28, 1), "mnist_mlp": (28, 28, 1), "mnist_cnn": 
 NUM_CLASSES = {"leaf_cnn": 62, "wrn28_10": 100}
 LR = 0.01
 PEERS = ("fedjax", "torch")
-# Text models: options of the benchmark's model, windows of TEXT_WINDOW tokens over
-# TEXT_VOCAB ids (LEAF's Shakespeare table and its other-character id).
+# Text models: windows of TEXT_WINDOW tokens over TEXT_VOCAB ids (LEAF's Shakespeare table
+# and its other-character id), and the options of the benchmark's models.
+TEXT_WINDOW, TEXT_VOCAB = 80, len(leaf_text.SHAKESPEARE_VOCAB)
 TEXT_MODELS = {
-    "lstm_lm": {"vocab_size": 81, "embed_size": 8, "hidden_size": 256, "num_layers": 2,
-                "dropout": 0.0, "batch_norm": False},
-    "transformer_lm": {"vocab_size": 81, **transformer.SIZES["small"]},
+    "lstm_lm": {"vocab_size": TEXT_VOCAB, "embed_size": 8, "hidden_size": 256,
+                "num_layers": 2, "dropout": 0.0, "batch_norm": False},
+    "transformer_lm": {"vocab_size": TEXT_VOCAB, **transformer.SIZES["small"]},
 }
-TEXT_WINDOW, TEXT_VOCAB = 80, 81
 # lstm_lm as FedJAX's Shakespeare model (fedjax.models.shakespeare.create_lstm_model): its
 # 90 ids and a tanh after each LSTM layer.
 FEDJAX_SHAKESPEARE = {"vocab_size": 90, "tanh_outputs": True}
@@ -402,7 +403,7 @@ def run(model_name="fedat_cnn", clients=32, steps=10, batch=32, repeats=3, conv_
     fmodel = fedjax_peer.shakespeare_model(fedjax, lstm["embed_size"], lstm["hidden_size"],
                                            lstm["num_layers"])
     haiku_params = fmodel.init(jax.random.PRNGKey(0))
-    token_ids = fedjax_peer.leaf_to_fedjax_ids(fedjax)
+    token_ids = fedjax_peer.leaf_to_fedjax_ids(fedjax, leaf_text.SHAKESPEARE_CHARS)
   w = workload(model_name, clients, steps, batch, engine_impl, options, token_ids, window)
   if shakespeare:
     w = w._replace(params=fedjax_peer.flax_from_haiku(haiku_params, lstm["num_layers"]))

@@ -113,16 +113,15 @@ def shakespeare_model(fedjax, embed_size: int = 8, hidden_size: int = 256,
                                        lstm_num_layers=num_layers)
 
 
-def leaf_to_fedjax_ids(fedjax) -> np.ndarray:
-  """int32 [81]: the FedJAX id (`fedjax.datasets.shakespeare.TABLE`: 86 characters at ids 3
-  to 88, OOV 89) of each id of LEAF's table (`leaf_text.SHAKESPEARE_CHARS`, 80 characters
-  and 80 for any other). LEAF's '>' and '}', absent from FedJAX's table, and LEAF's other
-  id go to FedJAX's OOV; FedJAX's '@ $ _ # / * %' and carriage return never occur."""
+def leaf_to_fedjax_ids(fedjax, chars: str) -> np.ndarray:
+  """int32 [len(chars) + 1]: the FedJAX id (`fedjax.datasets.shakespeare.TABLE`: 86
+  characters at ids 3 to 88, OOV 89) of each id of a table of `chars` followed by one id for
+  any other character (LEAF's: `leaf_text.SHAKESPEARE_CHARS`, 80 characters, and 80). LEAF's
+  '>' and '}', absent from FedJAX's table, and the other-character id go to FedJAX's OOV;
+  FedJAX's '@ $ _ # / * %' and carriage return never occur."""
   del fedjax
   from fedjax.datasets import shakespeare as data  # pylint: disable=g-import-not-at-top
-  from fedjax_lama.data import leaf_text  # pylint: disable=g-import-not-at-top
-  return np.array([data.TABLE[ord(c)] for c in leaf_text.SHAKESPEARE_CHARS] + [data.OOV],
-                  np.int32)
+  return np.array([data.TABLE[ord(c)] for c in chars] + [data.OOV], np.int32)
 
 
 HAIKU_GATES = "igfo"  # hk.LSTM splits its one dense layer's 4h outputs as i, g, f, o

@@ -147,7 +147,7 @@ def fedjax_round(fmodel, haiku_params, batches):
 
 @pytest.fixture(scope="module")
 def setup():
-  to_fedjax = fedjax_peer.leaf_to_fedjax_ids(fedjax)
+  to_fedjax = fedjax_peer.leaf_to_fedjax_ids(fedjax, leaf_text.SHAKESPEARE_CHARS)
   leaf = leaf_batches()
   mapped = [[(to_fedjax[x], to_fedjax[y]) for x, y in client] for client in leaf]
   fmodel = fedjax_peer.shakespeare_model(fedjax)
