@@ -13,6 +13,9 @@ TABLE_MODELS = ("fedat_cnn", "cifar_cnn", "pfl_cnn", "leaf_cnn", "mnist_cnn", "m
                 "cifar_lenet", "fedspeed_lenet", "resnet20", "resnet9", "resnet18_gn",
                 "wrn28_10", "mlp")
 TABLE_SIZE = (8, 5, 32)
+# --text: both text models (benchmark.TEXT_MODELS) at clients x steps x batch.
+TEXT_MODELS = ("lstm_lm", "transformer_lm")
+TEXT_SIZE = (4, 5, 10)
 # benchmark.run options that replace the table's for a row: WRN-28-10's warm-up and timed
 # round take 8 min each for the engine and the loop on a 2-core CPU.
 TABLE_ROW_OPTIONS = {"wrn28_10": {"repeats": 1, "central_impls": (),

@@ -8,6 +8,7 @@ COMMANDS (from the repository root):
   python -m benchmarks.benchmark_suite --models=resnet20 --clients_grid=32 --steps_grid=5,20 \
       --conv_impl=lax
   python -m benchmarks.benchmark_suite --memory           # peak RSS, 1,000 clients' rows
+  python -m benchmarks.benchmark_suite --text [--peers=fedjax,torch --peers_path=DIR]
 
 Throughput (docs/performance.md): for every (model, clients, steps) of
 the grid, `benchmarks.benchmark.run` times, side by side in one process and interleaved,
@@ -27,6 +28,16 @@ client map timed beside it, and the machine's load average around each row. WRN-
 parameters) runs one timed round of the engine and the loop and no other plan
 (`benchmark_grid.TABLE_ROW_OPTIONS`): that row alone takes about 16 min on a 2-core CPU, the
 table about 30. The grids and their runner are in benchmarks/benchmark_grid.py.
+
+--text: both text models (`lstm_lm` as the FedAvg paper's character LSTM, `transformer_lm`
+at its size `small`, of about the same parameters; benchmark.TEXT_MODELS) at
+`benchmark_grid.TEXT_SIZE` (4 clients x 5 steps x batch 10; --clients_grid, --steps_grid and
+--batch change it): tokens/s, FLOPs per token, MFU, engine/loop, and for the LSTM the
+recurrence's matmul rates and, with --peers, FedJAX's `fed_avg` on its Shakespeare model and
+the PyTorch loop (third_party/torch_lstm.py; run the suite under a python that has torch).
+--transformer_clients=64,256 adds the transformer at those cohorts (each one chunk: one call
+trains every client); on a GPU:
+  python -m benchmarks.benchmark_suite --text --transformer_clients=64,256 --matmul_size=8192
 
 Memory (--memory): per-client persistent state of `--memory_clients` clients of
 `--memory_row` parameters' shape (ResNet20's 272,762 float32 each, 1.09 GB for
@@ -53,8 +64,9 @@ import numpy as np
 
 from benchmarks import benchmark
 from fedjax_lama.cli import cpu_devices
-from benchmarks.benchmark_grid import TABLE_MODELS, TABLE_ROW_OPTIONS, TABLE_SIZE, throughput
-from benchmarks.benchmark_tables import markdown, models_table
+from benchmarks.benchmark_grid import (TABLE_MODELS, TABLE_ROW_OPTIONS, TABLE_SIZE,
+                                       TEXT_MODELS, TEXT_SIZE, throughput)
+from benchmarks.benchmark_tables import markdown, models_table, text_table
 from fedjax_lama import models
 from fedjax_lama.data import sample_clients
 from fedjax_lama.engine import client_store, sharding
@@ -71,6 +83,10 @@ flags.DEFINE_bool("models_table", False, "Every image model of the zoo (TABLE_MO
                   "8 x 5 x 32; writes --table_out.")
 flags.DEFINE_string("table_out", "benchmarks/results/models_cpu.md",
                     "Where --models_table writes its markdown.")
+flags.DEFINE_bool("text", False, "Both text models at benchmark_grid.TEXT_SIZE, with --peers "
+                  "on the LSTM.")
+flags.DEFINE_list("transformer_clients", [], "--text: also the transformer at these cohort "
+                  "sizes (one chunk of clients per call), e.g. 64,256 on a GPU.")
 flags.DEFINE_bool("memory", False, "Measure client-state memory instead of throughput.")
 flags.DEFINE_integer("memory_clients", 1000, "Clients holding a row of state.")
 flags.DEFINE_string("memory_row", "resnet20", "Model whose parameters' shape is one row.")
@@ -166,6 +182,31 @@ def memory_markdown(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
+def text_rows() -> list[dict]:
+  """--text: benchmark.run of each text model at TEXT_SIZE (or the grid flags when given),
+  the peers on the LSTM."""
+  clients, steps, batch = TEXT_SIZE
+  clients = int(FLAGS.clients_grid[0]) if FLAGS["clients_grid"].present else clients
+  steps = int(FLAGS.steps_grid[0]) if FLAGS["steps_grid"].present else steps
+  batch = FLAGS.batch if FLAGS["batch"].present else batch
+  rows = []
+  for name in FLAGS.models if FLAGS["models"].present else TEXT_MODELS:
+    r = benchmark.run(name, clients, steps, batch, FLAGS.repeats, FLAGS.conv_impl, FLAGS.unroll,
+                      peers=tuple(FLAGS.peers) if name == "lstm_lm" else (),
+                      peers_path=FLAGS.peers_path, matmul_size=FLAGS.matmul_size,
+                      central_impls=("engine",), min_sample_s=FLAGS.min_sample_s,
+                      torch_threads=FLAGS.torch_threads, window=FLAGS.window)
+    print(benchmark.summary_line(r), file=sys.stderr, flush=True)
+    rows.append(r)
+  for c in FLAGS.transformer_clients:
+    r = benchmark.run("transformer_lm", int(c), steps, batch, FLAGS.repeats, FLAGS.conv_impl,
+                      FLAGS.unroll, central_impls=("engine",), matmul_size=FLAGS.matmul_size,
+                      min_sample_s=FLAGS.min_sample_s, window=FLAGS.window)
+    print(benchmark.summary_line(r), file=sys.stderr, flush=True)
+    rows.append(r)
+  return rows
+
+
 def main(argv):
   del argv
   if FLAGS.memory_worker:
@@ -177,6 +218,10 @@ def main(argv):
                   FLAGS.memory_rounds)
     print(memory_markdown(rows))
     result = {"memory": rows}
+  elif FLAGS.text:
+    cpu_devices.split_cpu()
+    result = {"throughput": text_rows()}
+    print(text_table(result["throughput"]))
   elif FLAGS.models_table:
     cpu_devices.split_cpu()  # as benchmarks.benchmark
     names = FLAGS.models if FLAGS["models"].present else list(TABLE_MODELS)

@@ -104,3 +104,40 @@ def models_table(rows: list[dict], command: str) -> str:
           "central or other client map column of '-': not timed for that row)."]
         if fewer else []),
       ""])
+
+
+def text_table(rows: list[dict]) -> str:
+  """The text models' rows (`benchmark_suite --text`): tokens/s, FLOPs per token and MFU of
+  the engine, its ratios to the loop and to the peers, and how the LSTM's time per FLOP
+  compares with the transformer's."""
+  ratio = lambda r, peer: (f"**{r[f'engine_vs_{peer}']:.2f}** ({r[f'{peer}_max_param_diff']:.0e})"
+                           if f"engine_vs_{peer}" in r else "-")
+  lines = ["| model | clients x steps x batch | engine tokens/s | MFLOP/token | engine GFLOP/s "
+           "| matmul GFLOP/s | MFU | engine/loop | engine/FedJAX (max param diff) "
+           "| engine/PyTorch (max param diff) | load avg (1 min) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(
+        f"| {r['model']} | {r['clients']} x {r['steps']} x {r['batch']} | "
+        f"{r['engine_tokens_per_s']:,.0f} | {r['flops_per_token'] / 1e6:.2f} | "
+        f"{r['engine_flops_per_s'] / 1e9:.1f} | {r['peak_flops_per_s'] / 1e9:.1f} | "
+        f"**{r['mfu']:.3f}** | {r['ratio']:.2f} | {ratio(r, 'fedjax')} | {ratio(r, 'torch')} | "
+        f"{r['load_avg_before'][0] if r['load_avg_before'] else '?'} |")
+  for r in rows:
+    if "recurrence_chained_flops_per_s" in r:
+      lines += ["", f"{r['model']}: its step's matmul chained over {r['tokens_per_sample']} "
+                f"positions ran at {r['recurrence_chained_flops_per_s'] / 1e9:.1f} GFLOP/s "
+                f"({r['recurrence_chained_vs_peak']:.3f} of the matmul peak), the same "
+                f"matmuls as one batched product at "
+                f"{r['recurrence_batched_flops_per_s'] / 1e9:.1f} GFLOP/s "
+                f"({r['recurrence_batched_vs_peak']:.3f})."]
+  by_name = {}
+  for r in rows:  # the first row of each model: the same cohort
+    by_name.setdefault(r["model"], r)
+  if {"lstm_lm", "transformer_lm"} <= set(by_name):
+    lstm, tr = by_name["lstm_lm"], by_name["transformer_lm"]
+    lines += ["", f"Per token, the LSTM took {tr['engine_tokens_per_s'] / lstm['engine_tokens_per_s']:.2f}x "
+              f"the transformer's time for {lstm['flops_per_token'] / tr['flops_per_token']:.2f}x "
+              f"its FLOPs: {tr['engine_flops_per_s'] / lstm['engine_flops_per_s']:.2f}x the "
+              "time per FLOP."]
+  return "\n".join(lines)

@@ -90,6 +90,42 @@ def test_lstm_lm_layers_option_and_the_default_model_unchanged():
       models.get("lstm_lm", 12, **bad)
 
 
+def _numpy_lstm_lm(params, tokens, num_layers, tanh_outputs):
+  """The LSTM LM written out in numpy: i, f, g, o gates from the input kernels (no bias)
+  plus the recurrent kernels and one bias per gate; c = f c + i g, h = o tanh(c)."""
+  sigmoid = lambda z: 1 / (1 + np.exp(-z))
+  x = np.asarray(params["Embed_0"]["embedding"], np.float64)[tokens]
+  for k in range(num_layers):
+    p = jax.tree.map(lambda a: np.asarray(a, np.float64), params[f"OptimizedLSTMCell_{k}"])
+    batch, hidden = x.shape[0], p["hi"]["kernel"].shape[0]
+    h, c, outputs = np.zeros((batch, hidden)), np.zeros((batch, hidden)), []
+    for t in range(x.shape[1]):
+      gate = {g: x[:, t] @ p["i" + g]["kernel"] + h @ p["h" + g]["kernel"] + p["h" + g]["bias"]
+              for g in "ifgo"}
+      c = sigmoid(gate["f"]) * c + sigmoid(gate["i"]) * np.tanh(gate["g"])
+      h = sigmoid(gate["o"]) * np.tanh(c)
+      outputs.append(np.tanh(h) if tanh_outputs else h)
+    x = np.stack(outputs, 1)
+  return x @ np.asarray(params["Dense_0"]["kernel"]) + np.asarray(params["Dense_0"]["bias"])
+
+
+@pytest.mark.parametrize("tanh_outputs", [False, True])
+def test_lstm_lm_against_numpy(tanh_outputs):
+  """Two layers, with and without a tanh on each layer's outputs (FedJAX's Shakespeare
+  model has one): the logits equal the numpy LSTM's, and the option changes them."""
+  model = models.get("lstm_lm", 11, vocab_size=11, embed_size=3, hidden_size=5, num_layers=2,
+                     dropout=0.0, batch_norm=False, tanh_outputs=tanh_outputs)
+  tokens = np.random.default_rng(1).integers(0, 11, (2, 6)).astype(np.int32)
+  params = _random_variables(model, tokens)["params"]
+  logits = np.asarray(model.apply({"params": params}, jnp.asarray(tokens)))
+  np.testing.assert_allclose(logits, _numpy_lstm_lm(params, tokens, 2, tanh_outputs),
+                             atol=2e-5)
+  other = _numpy_lstm_lm(params, tokens, 2, not tanh_outputs)
+  assert np.max(np.abs(logits - other)) > 1e-2
+  with pytest.raises(ValueError, match="tanh_outputs"):
+    models.get("lstm_lm", 11, tanh_outputs="yes")
+
+
 def _transformer_count(vocab, width, depth, mlp_ratio, max_len, classes, tied):
   """By layer: embeddings; per block two LayerNorms (scale, bias), four attention
   projections and two MLP projections (kernel, bias); a final LayerNorm; the head."""

@@ -6,6 +6,7 @@ FedJAX is installed apart, without its dependencies, so that this project's jax 
 is (requirements-peers.txt: `pip install --no-deps --target DIR -r requirements-peers.txt`,
 then `--peers_path=DIR`).
 """
+import functools
 import sys
 
 import jax
@@ -30,6 +31,36 @@ def import_fedjax(path: str = ""):
   return fedjax
 
 
+@functools.lru_cache(maxsize=None)
+def _fed_avg_algorithm(fedjax, fmodel, batch: int, lr: float):
+  """FedJAX's fed_avg for `fmodel`, built once per model, batch and rate, so that runs on
+  the same shapes reuse its compiled steps."""
+  return fedjax.algorithms.fed_avg.federated_averaging(
+      grad_fn=fedjax.model_grad(fmodel), client_optimizer=fedjax.optimizers.sgd(lr),
+      server_optimizer=fedjax.optimizers.sgd(1.0),
+      client_batch_hparams=fedjax.ShuffleRepeatBatchHParams(
+          batch_size=batch, num_epochs=1, skip_shuffle=True, drop_remainder=True))
+
+
+def _fed_avg(fedjax, fmodel, params, clients_xy, batch: int, lr: float):
+  """FedJAX's fed_avg on `fmodel` (a `fedjax.Model`) over the clients' (x, y) arrays, each
+  trained in order in batches of `batch` (`skip_shuffle`, one epoch): run() -> new server
+  params. Client SGD(lr), server SGD(1.0) on the mean delta weighted by each client's
+  number of examples: FedAvg (McMahan et al., 2017, Algorithm 1)."""
+  algorithm = _fed_avg_algorithm(fedjax, fmodel, batch, lr)
+  datasets = [fedjax.ClientDataset({"x": np.asarray(x), "y": np.asarray(y)})
+              for x, y in clients_xy]
+  rngs = jax.random.split(jax.random.PRNGKey(0), len(datasets))
+  cohort = [(str(c).encode(), d, rngs[c]) for c, d in enumerate(datasets)]
+  server = algorithm.init(params)
+
+  def run():
+    state, _ = algorithm.apply(server, cohort)
+    return state.params
+
+  return run
+
+
 def fed_avg_round(fedjax, model, params, model_state, x, y, indices, lr: float):
   """FedJAX's fed_avg on our model, data and shapes: returns run() -> new server params.
 
@@ -42,7 +73,6 @@ def fed_avg_round(fedjax, model, params, model_state, x, y, indices, lr: float):
   """
   if jax.tree_util.tree_leaves(model_state):
     raise ValueError("the FedJAX peer runs models without BatchNorm statistics only")
-  clients, _, batch = indices.shape
 
   def apply_for_train(p, b, rng=None):
     rngs = {"dropout": rng} if rng is not None else {}
@@ -56,24 +86,92 @@ def fed_avg_round(fedjax, model, params, model_state, x, y, indices, lr: float):
 
   fmodel = fedjax.Model(init=lambda rng: params, apply_for_train=apply_for_train,
                         apply_for_eval=apply_for_eval, train_loss=train_loss, eval_metrics={})
-  algorithm = fedjax.algorithms.fed_avg.federated_averaging(
-      grad_fn=fedjax.model_grad(fmodel), client_optimizer=fedjax.optimizers.sgd(lr),
-      server_optimizer=fedjax.optimizers.sgd(1.0),
-      client_batch_hparams=fedjax.ShuffleRepeatBatchHParams(
-          batch_size=batch, num_epochs=1, skip_shuffle=True, drop_remainder=True))
   host_x, host_y = np.asarray(x), np.asarray(y)
-  datasets = [fedjax.ClientDataset({"x": host_x[indices[c].reshape(-1)],
-                                    "y": host_y[indices[c].reshape(-1)]})
-              for c in range(clients)]
-  rngs = jax.random.split(jax.random.PRNGKey(0), clients)
-  cohort = [(str(c).encode(), datasets[c], rngs[c]) for c in range(clients)]
-  server = algorithm.init(params)
+  clients_xy = [(host_x[indices[c].reshape(-1)], host_y[indices[c].reshape(-1)])
+                for c in range(indices.shape[0])]
+  return _fed_avg(fedjax, fmodel, params, clients_xy, indices.shape[2], lr)
 
-  def run():
-    state, _ = algorithm.apply(server, cohort)
-    return state.params
 
-  return run
+# ---- FedJAX's Shakespeare task ----------------------------------------------------------
+
+def shakespeare_model(fedjax, embed_size: int = 8, hidden_size: int = 256,
+                      num_layers: int = 2):
+  """FedJAX's Shakespeare model, `fedjax.models.shakespeare.create_lstm_model()`, by default
+  with its defaults: the FedAvg paper's character LSTM in haiku over FedJAX's 90 ids (86 characters,
+  PAD 0, its model's BOS/EOS 87/88, OOV 89): embedding 8, two `hk.LSTM(256)` each followed
+  by a tanh (`hk.DeepRNN`), a time-major static unroll, a dense output over all 90 ids.
+  Training scores every id: the mask of its four special logits is applied only inside its
+  `accuracy_in_vocab` metric. Its train loss is the sum of the per-token cross-entropies of
+  non-PAD targets over the window length; `fedjax.model_grad` averages it over the batch.
+  """
+  del fedjax  # imported by the caller (import_fedjax), which this needs first
+  from fedjax.models import shakespeare  # pylint: disable=g-import-not-at-top
+  # The shim it needs on current JAX: it builds its logits mask from jnp.NINF, which JAX
+  # removed; the module's `jnp` becomes jax.numpy with NINF = -inf.
+  shakespeare.jnp = _OldJaxNumpy()
+  return shakespeare.create_lstm_model(embed_size=embed_size, lstm_hidden_size=hidden_size,
+                                       lstm_num_layers=num_layers)
+
+
+def leaf_to_fedjax_ids(fedjax, chars: str) -> np.ndarray:
+  """int32 [len(chars) + 1]: the FedJAX id (`fedjax.datasets.shakespeare.TABLE`: 86
+  characters at ids 3 to 88, OOV 89) of each id of a table of `chars` followed by one id for
+  any other character (LEAF's: `leaf_text.SHAKESPEARE_CHARS`, 80 characters, and 80). LEAF's
+  '>' and '}', absent from FedJAX's table, and the other-character id go to FedJAX's OOV;
+  FedJAX's '@ $ _ # / * %' and carriage return never occur."""
+  del fedjax
+  from fedjax.datasets import shakespeare as data  # pylint: disable=g-import-not-at-top
+  return np.array([data.TABLE[ord(c)] for c in chars] + [data.OOV], np.int32)
+
+
+HAIKU_GATES = "igfo"  # hk.LSTM splits its one dense layer's 4h outputs as i, g, f, o
+
+
+def flax_from_haiku(haiku_params, num_layers: int = 2) -> dict:
+  """FedJAX's (haiku's) Shakespeare LSTM parameters in `lstm_lm`'s layout, exactly.
+
+  hk.LSTM has one dense layer on [x, h] with a bias, output columns in gate order i, g, f,
+  o, and adds 1 to the forget gate's pre-activation in its forward pass; flax's
+  OptimizedLSTMCell has per-gate input kernels `i<gate>` (no bias) and recurrent kernels
+  `h<gate>` with the bias. So the rows of x and of h split the kernel, the columns split
+  the gates, and the forget bias carries the +1. Embedding and output layer map as they
+  are (`embed` -> Embed_0, `linear` -> Dense_0).
+  """
+  out = {"Embed_0": {"embedding": haiku_params["embed"]["embeddings"]},
+         "Dense_0": {"kernel": haiku_params["linear"]["w"],
+                     "bias": haiku_params["linear"]["b"]}}
+  for k in range(num_layers):
+    dense = haiku_params["lstm/linear" if k == 0 else f"lstm_{k}/linear"]
+    w, b = dense["w"], dense["b"]
+    hidden = b.shape[0] // 4
+    inputs = w.shape[0] - hidden
+    cell = {}
+    for j, gate in enumerate(HAIKU_GATES):
+      cols = slice(j * hidden, (j + 1) * hidden)
+      cell["i" + gate] = {"kernel": w[:inputs, cols]}
+      cell["h" + gate] = {"kernel": w[inputs:, cols],
+                          "bias": b[cols] + (1.0 if gate == "f" else 0.0)}
+    out[f"OptimizedLSTMCell_{k}"] = cell
+  return out
+
+
+def shakespeare_fed_avg_round(fedjax, fmodel, haiku_params, batches, lr: float):
+  """FedJAX's fed_avg with its Shakespeare model (`shakespeare_model`): run() -> the new
+  server parameters (haiku's layout). batches[c]: client c's list of (x, y) batches of
+  FedJAX ids [batch, time], trained in order, one local epoch."""
+  batch = int(np.shape(batches[0][0][0])[0])
+  clients_xy = [(np.concatenate([np.asarray(x) for x, _ in client]),
+                 np.concatenate([np.asarray(y) for _, y in client])) for client in batches]
+  return _fed_avg(fedjax, fmodel, haiku_params, clients_xy, batch, lr)
+
+
+def shakespeare_metrics(fedjax, fmodel, haiku_params, x, y, batch: int) -> dict:
+  """FedJAX's evaluation metrics of its Shakespeare model (`fedjax.evaluate_model`) on the
+  windows x, y (FedJAX ids), in batches of `batch`."""
+  batches = [{"x": np.asarray(x[i:i + batch]), "y": np.asarray(y[i:i + batch])}
+             for i in range(0, len(x), batch)]
+  return {k: float(v) for k, v in fedjax.evaluate_model(fmodel, haiku_params,
+                                                         batches).items()}
 
 
 def hyp_cluster_evaluation(fedjax, model, cluster_params, train, test):
@@ -124,8 +222,10 @@ def version() -> str:
   return importlib.metadata.version("fedjax")
 
 
-class _NumpyWithOldClip:
-  """jax.numpy, with a `clip` that also takes the keywords a_min and a_max."""
+class _OldJaxNumpy:
+  """jax.numpy with two names FedJAX 0.0.17 uses and JAX removed: `clip` also taking the
+  keywords a_min and a_max, and NINF (-inf)."""
+  NINF = -float("inf")
 
   def __getattr__(self, name):
     return getattr(jax.numpy, name)
@@ -160,7 +260,7 @@ def apfl_rounds(fedjax, model, params, batches, cohorts, lr: float, client_coeff
   # The one shim its APFL needs on current JAX: it clips the mixing weights with
   # jnp.clip(a_min=0, a_max=1), keywords JAX renamed min and max (and then removed); the
   # module's `jnp` becomes jax.numpy with a clip that takes the old keywords.
-  apfl.jnp = _NumpyWithOldClip()
+  apfl.jnp = _OldJaxNumpy()
   fmodel = fedjax.Model(init=lambda rng: params, apply_for_train=apply_for_train,
                         apply_for_eval=apply_for_eval, train_loss=train_loss, eval_metrics={})
   batch_size = int(np.shape(batches[0][0][0])[0])

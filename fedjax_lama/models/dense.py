@@ -152,9 +152,15 @@ class LSTMLM(nn.Module):
   Each LSTM is flax's `OptimizedLSTMCell` (gates i, f, g, o; input kernels without bias,
   recurrent kernels with one bias per gate, 4 (e h + h h + h) parameters for input width e);
   layer k's weights are the module "OptimizedLSTMCell_k" (FedLAMA's and the personalization
-  methods' layer names: Embed_0, OptimizedLSTMCell_k, BatchNorm_0, Dense_0). The embedding leaf is named "embedding", not "kernel" (as Keras's
-  "embeddings" is not a kernel either). `dense` builds the output layer (the zoo's, with the
+  methods' layer names: Embed_0, OptimizedLSTMCell_k, BatchNorm_0, Dense_0). The embedding
+  leaf is named "embedding", not "kernel" (as Keras's "embeddings" is not a kernel either). `dense` builds the output layer (the zoo's, with the
   adapters of its `lora` option: fedjax_lama/models/lora.py; the LSTM cells have none).
+
+  `tanh_outputs` puts a tanh on each LSTM layer's outputs (the next layer's input and, after
+  the last layer, the output layer's), not on the recurrent state: FedJAX's Shakespeare
+  model (`fedjax.models.shakespeare.create_lstm_model`, a haiku DeepRNN of [LSTM, tanh] per
+  layer). Its weights map onto this module's exactly (third_party/fedjax_peer.py), so with
+  `tanh_outputs=True` over FedJAX's 90 ids this module computes FedJAX's model.
   """
   num_classes: int = 10_000
   vocab_size: int = 10_000
@@ -164,6 +170,10 @@ class LSTMLM(nn.Module):
   num_layers: int = 1
   batch_norm: bool = True
   dense: ModuleDef = param_layers.Dense
+  tanh_outputs: bool = False
+  # lax.scan's unroll over positions: the same function at any value. Not a zoo option: the
+  # benchmark's FLOP count sets it (XLA's cost analysis counts a loop's body once).
+  unroll: int = 1
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -171,7 +181,12 @@ class LSTMLM(nn.Module):
     x = nn.Embed(self.vocab_size, self.embed_size,
                  embedding_init=_keras_embedding_init)(x)
     for _ in range(self.num_layers):
-      x = nn.RNN(nn.OptimizedLSTMCell(self.hidden_size))(x)
+      # The carry in the input's dtype (param_dtype sets it; the parameters are created in
+      # the embedding's dtype, float32): float64 runs (the peer tests) keep one dtype.
+      x = nn.RNN(nn.OptimizedLSTMCell(self.hidden_size, param_dtype=x.dtype),
+                 unroll=self.unroll)(x)
+      if self.tanh_outputs:
+        x = jnp.tanh(x)
     x = nn.Dropout(self.dropout)(x, deterministic=not train)
     if self.batch_norm:
       x = nn.BatchNorm(use_running_average=not train, momentum=0.99,

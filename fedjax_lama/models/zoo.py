@@ -82,13 +82,14 @@ def _positive_int(model: str, option: str, value: Any):
 
 
 def _lstm_lm(num_classes, vocab_size, embed_size, hidden_size, dropout, num_layers,
-             batch_norm, dense):
+             batch_norm, tanh_outputs, dense):
   for option, value in (("vocab_size", vocab_size), ("embed_size", embed_size),
                         ("hidden_size", hidden_size), ("num_layers", num_layers)):
     _positive_int("lstm_lm", option, value)
   _choice("lstm_lm", "batch_norm", batch_norm, (True, False))
+  _choice("lstm_lm", "tanh_outputs", tanh_outputs, (True, False))
   return dense_models.LSTMLM(num_classes, vocab_size, embed_size, hidden_size, dropout,
-                             num_layers, batch_norm, dense)
+                             num_layers, batch_norm, dense, tanh_outputs)
 
 
 def _transformer_lm(num_classes, vocab_size, width, depth, heads, mlp_ratio, max_len,
@@ -174,11 +175,12 @@ _MODELS: dict[str, _Entry] = {
     "lstm_lm": _Entry(
         _lstm_lm,
         {"vocab_size": 10_000, "embed_size": 128, "hidden_size": 128,
-         "dropout": 0.1, "num_layers": 1, "batch_norm": True},
+         "dropout": 0.1, "num_layers": 1, "batch_norm": True, "tanh_outputs": False},
         "FedAT Reddit LSTM LM; 2,701,840 (10,000 classes). FedAvg paper / LEAF "
         "character LSTM (embed_size=8, hidden_size=256, num_layers=2, dropout=0, "
         "batch_norm=False): 818,137 over 81 characters (LEAF's TF model, 80: 817,872; "
-        "the FedAvg paper states 866,578, see dense.LSTMLM)",
+        "the FedAvg paper states 866,578, see dense.LSTMLM); tanh_outputs=True over 90 "
+        "ids: FedJAX's Shakespeare LSTM",
         conv=False),
     "transformer_lm": _Entry(
         _transformer_lm,

@@ -23,7 +23,8 @@ def rounds(alg, model, batches, cohorts, server, lr: float, steps=None):
 
   batches[i]: client i's list of (x, y) batches, all of one size; client i's step k trains on
   its batch k mod len(batches[i]), for steps[i] steps (default: one pass); its weight is its
-  number of examples. Client SGD at `lr`; rows start at alg.row_init(server.params). Runs in
+  number of examples. Client SGD at `lr`; rows start at alg.row_init(server.params) (none
+  without it: FedAvg). Runs in
   the caller's precision (the peer tests enable float64).
   """
   per_client = tuple(len(b) for b in batches)
@@ -37,7 +38,8 @@ def rounds(alg, model, batches, cohorts, server, lr: float, steps=None):
   data_x = jnp.asarray(np.concatenate([x for x, _ in flat]))
   data_y = jnp.asarray(np.concatenate([y for _, y in flat]), jnp.int32)
   first_row = np.cumsum((0,) + per_client)[:-1] * batch
-  store = jax.tree.map(lambda r: jnp.stack([r] * n), alg.row_init(server.params))
+  store = ({} if alg.row_init is None else
+           jax.tree.map(lambda r: jnp.stack([r] * n), alg.row_init(server.params)))
   for r, cohort_ids in enumerate(cohorts):
     c = len(cohort_ids)
     indices = np.zeros((c, max_steps, batch), np.int32)
@@ -50,8 +52,9 @@ def rounds(alg, model, batches, cohorts, server, lr: float, steps=None):
     sizes = np.array([per_client[i] * batch for i in cohort_ids], np.float64)
     cohort = cohort_lib.Cohort(jnp.asarray(indices), jnp.ones(indices.shape),
                                jnp.asarray(step_mask), jnp.ones(c), ids, jnp.asarray(sizes))
-    rows = cohort_lib.gather_rows(store, ids)
+    rows = cohort_lib.gather_rows(store, ids) if store else {}
     sums, new_rows, _ = train_chunk(server, rows, data_x, data_y, cohort, r)
-    store = cohort_lib.scatter_rows(store, ids, jnp.ones(c), new_rows)
+    if store:
+      store = cohort_lib.scatter_rows(store, ids, jnp.ones(c), new_rows)
     server = server_update(server, sums)
     yield cohort_ids, server, store
