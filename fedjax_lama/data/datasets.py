@@ -139,6 +139,7 @@ DATASET_OPTIONS = {
         'seed': 0,
         'target': 'sequence',
         'seq_len': shakespeare_roles.SEQ_LEN,
+        'stride': 1,
     },
     'milton': {'seq_len': shakespeare_roles.SEQ_LEN, 'stride': shakespeare_roles.SEQ_LEN,
                'test_fraction': 0.1, 'target': 'sequence'},
@@ -508,7 +509,8 @@ def _load_gutenberg(name: str, data_dir: str, options: Mapping[str, Any]) -> Dat
       raise DataError(
           f'{source.describe(gutenberg.SHAKESPEARE)}: no role has {s} windows with '
           f'dataset_options {dict(options)}; lower min_samples or seq_len')
-    built[s] = (split.users,) + shakespeare_roles.windows(split, target, seq_len)
+    built[s] = (split.users,) + shakespeare_roles.windows(split, target, seq_len,
+                                                          options['stride'])
   info = {'source': source.path, 'cache': loaded.cache_path, 'from_cache': loaded.from_cache,
           'roles': len(loaded.build.roles), 'poems_skipped': list(loaded.build.poems),
           'roles_with_windows': task.roles_with_windows,

@@ -60,7 +60,8 @@ Deviations from LEAF:
   takes a shuffled list of them; the random draws use Python's `random.Random(seed)`
   like LEAF, but on this module's role order, so the roles drawn differ from LEAF's.
 * The window length is an option (`seq_len`, LEAF's 80); the gap before the test part
-  is seq_len - 1 windows.
+  is seq_len - 1 windows. `stride` (1, LEAF's) keeps every stride-th window of each part;
+  the sampling, the minimum and the split count LEAF's stride-1 samples.
 
 The parse runs once per source and is cached (`load_roles`): a JSON file in the cache
 directory ($FEDJAX_LAMA_CACHE_DIR, else $XDG_CACHE_HOME/fedjax_lama, else
@@ -770,10 +771,14 @@ def gather_windows(streams: Sequence[np.ndarray], starts: Sequence[tuple[int, in
   return x, y, owner
 
 
-def windows(split: TaskSplit, target: str = 'sequence', seq_len: int = SEQ_LEN
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """`gather_windows` of a split's roles: (x, y, role index in `split.users`)."""
-  return gather_windows(split.streams, [(lo, hi, 1) for lo, hi in split.ranges], target,
+def windows(split: TaskSplit, target: str = 'sequence', seq_len: int = SEQ_LEN,
+            stride: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """`gather_windows` of a split's roles: (x, y, role index in `split.users`). The windows
+  start every `stride` positions of each role's range: 1 is LEAF's (every window), seq_len
+  cuts the role's text into consecutive windows, so that with target 'sequence' each
+  character is a target once per epoch (FedJAX's and TFF's Shakespeare sequences, which
+  follow the FedAvg paper's unrolled LSTM)."""
+  return gather_windows(split.streams, [(lo, hi, stride) for lo, hi in split.ranges], target,
                         seq_len)
 
 
