@@ -296,6 +296,10 @@ def test_user_split_and_minimum():
   assert sorted(kept.train.users + kept.test.users) == sorted(
       f"P_R{i}" for i in range(10, 21))  # -k 100: roles of at least 100 samples
   assert kept.roles_below_min == 9
+  band = shakespeare_roles.make_task(build, split="user", min_samples=100, max_samples=150)
+  assert sorted(band.train.users + band.test.users) == sorted(
+      f"P_R{i}" for i in range(10, 16))  # 100, ..., 150 samples
+  assert (band.roles_below_min, band.roles_above_max) == (9, 5)
 
 
 def test_fraction_draws_whole_roles():
@@ -441,6 +445,7 @@ def test_dataset_user_split_and_last_target(corpus):
     ({"fraction": 0.0}, "fraction=0.0"),
     ({"min_samples": -1}, "min_samples=-1"),
     ({"min_samples": 2.5}, "min_samples=2.5"),
+    ({"max_samples": -1}, "max_samples=-1"),
     ({"seed": True}, "seed=True"),
     ({"seq_len": 0}, "seq_len"),
     ({"stride": 0}, "stride"),
