@@ -187,11 +187,14 @@ def has_batchnorm(config) -> bool:
   return "batch_stats" in shapes
 
 
-def runnable(rows: Sequence[Row], base, available: Sequence[str]) -> tuple:
-  """(runs to train, {row label: why it is skipped}) for `rows` on `base`."""
+def runnable(rows: Sequence[Row], base, available: Sequence[str],
+             runs_by_key: Optional[Dict[str, Run]] = None) -> tuple:
+  """(runs to train, {row label: why it is skipped}) for `rows` on `base`; the rows' runs are
+  read from `runs_by_key` (default this study's RUNS_BY_KEY)."""
+  runs_by_key = RUNS_BY_KEY if runs_by_key is None else runs_by_key
   skipped, runs = {}, []
   for row in rows:
-    run = RUNS_BY_KEY[row.run]
+    run = runs_by_key[row.run]
     if run.algorithm not in available:
       skipped[row.label] = f"algorithm {run.algorithm!r} is not in this build's registry"
       continue
@@ -222,12 +225,16 @@ class Study:
 
   def __init__(self, name: str, base, rows: Sequence[Row], seeds: Sequence[int],
                lrs: Sequence[float], tune_seed: int, finetune_steps: int,
-               finetune_lr: Optional[float], full_lrs: Sequence[float] = FULL_LRS):
+               finetune_lr: Optional[float], full_lrs: Sequence[float] = FULL_LRS,
+               runs_by_key: Optional[Dict[str, Run]] = None):
+    """runs_by_key: the runs the rows name (default RUNS_BY_KEY; other studies of served
+    models, experiments/text_study.py, bring their own)."""
     self.name, self.base, self.rows = name, base, list(rows)
     self.seeds, self.lrs, self.tune_seed = list(seeds), list(lrs), tune_seed
     self.finetune_steps, self.finetune_lr = finetune_steps, finetune_lr
     self.full_lrs = sorted(set(full_lrs) | set(lrs))
-    self.runs, self.skipped = runnable(self.rows, base, registry.names())
+    self.runs_by_key = RUNS_BY_KEY if runs_by_key is None else runs_by_key
+    self.runs, self.skipped = runnable(self.rows, base, registry.names(), self.runs_by_key)
 
   def workdir(self, runs_dir: str, run: Run, lr: float, seed: int) -> str:
     return os.path.join(runs_dir, self.name, run.key, f"lr{lr:g}", f"seed{seed}")
@@ -242,7 +249,7 @@ class Study:
     score)."""
     out = {}
     for key in ["fedavg"] + sorted({r.tuning for r in self.runs} - {"fedavg"}):
-      tuner = RUNS_BY_KEY[key]
+      tuner = self.runs_by_key[key]
       if len(self.lrs) == 1:
         out[key] = sweep.Tuned(self.lrs[0], {})
         continue
