@@ -187,11 +187,14 @@ def has_batchnorm(config) -> bool:
   return "batch_stats" in shapes
 
 
-def runnable(rows: Sequence[Row], base, available: Sequence[str]) -> tuple:
-  """(runs to train, {row label: why it is skipped}) for `rows` on `base`."""
+def runnable(rows: Sequence[Row], base, available: Sequence[str],
+             runs_by_key: Optional[Dict[str, Run]] = None) -> tuple:
+  """(runs to train, {row label: why it is skipped}) for `rows` on `base`; the rows' runs are
+  read from `runs_by_key` (default this study's RUNS_BY_KEY)."""
+  runs_by_key = RUNS_BY_KEY if runs_by_key is None else runs_by_key
   skipped, runs = {}, []
   for row in rows:
-    run = RUNS_BY_KEY[row.run]
+    run = runs_by_key[row.run]
     if run.algorithm not in available:
       skipped[row.label] = f"algorithm {run.algorithm!r} is not in this build's registry"
       continue
@@ -222,12 +225,16 @@ class Study:
 
   def __init__(self, name: str, base, rows: Sequence[Row], seeds: Sequence[int],
                lrs: Sequence[float], tune_seed: int, finetune_steps: int,
-               finetune_lr: Optional[float], full_lrs: Sequence[float] = FULL_LRS):
+               finetune_lr: Optional[float], full_lrs: Sequence[float] = FULL_LRS,
+               runs_by_key: Optional[Dict[str, Run]] = None):
+    """runs_by_key: the runs the rows name (default RUNS_BY_KEY; other studies of served
+    models, experiments/text_study.py, bring their own)."""
     self.name, self.base, self.rows = name, base, list(rows)
     self.seeds, self.lrs, self.tune_seed = list(seeds), list(lrs), tune_seed
     self.finetune_steps, self.finetune_lr = finetune_steps, finetune_lr
     self.full_lrs = sorted(set(full_lrs) | set(lrs))
-    self.runs, self.skipped = runnable(self.rows, base, registry.names())
+    self.runs_by_key = RUNS_BY_KEY if runs_by_key is None else runs_by_key
+    self.runs, self.skipped = runnable(self.rows, base, registry.names(), self.runs_by_key)
 
   def workdir(self, runs_dir: str, run: Run, lr: float, seed: int) -> str:
     return os.path.join(runs_dir, self.name, run.key, f"lr{lr:g}", f"seed{seed}")
@@ -242,7 +249,7 @@ class Study:
     score)."""
     out = {}
     for key in ["fedavg"] + sorted({r.tuning for r in self.runs} - {"fedavg"}):
-      tuner = RUNS_BY_KEY[key]
+      tuner = self.runs_by_key[key]
       if len(self.lrs) == 1:
         out[key] = sweep.Tuned(self.lrs[0], {})
         continue
@@ -442,22 +449,8 @@ def setting_text(study: Study, lr: float, scores: dict, others: Optional[dict] =
 def write_report(studies: Dict[str, Study], results: Dict[str, dict], out: str, command: str,
                  elapsed: Optional[float] = None) -> str:
   """<out>.md, <out>.json, <out>.png; results: dataset -> {"lr", "scores", "runs"}."""
-  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  panels, sections = {}, []
-  for name, study in studies.items():
-    res = results[name]
-    stats = row_stats(study.rows, res["runs"])
-    panels[name] = (study.rows, stats)
-    sections += [f"### {DATASET_TITLES.get(name, name)}", "",
-                 setting_text(study, res["lr"], res["scores"], res.get("others")), "",
-                 table(study.rows, stats, study.skipped), "",
-                 *[f"- {line}" for line in claims(stats)], ""]
-  plot(out + ".png", panels)
-  wall = sum(r.get("wall_seconds", 0) / r.get("vectorized_runs", 1)
-             for res in results.values() for runs in res["runs"].values() for r in runs)
   first = next(iter(studies.values()))
-  text = "\n".join([
-      "## Personalization: per-client accuracy", "",
+  intro = (
       "Each client evaluated on its own local test part after the last round; each cell is "
       "the mean ± std over seeds " + ", ".join(map(str, first.seeds)) + " of a run's "
       "statistic over clients (unweighted). The personalized columns read each row's served "
@@ -466,13 +459,44 @@ def write_report(studies: Dict[str, Study], results: Dict[str, dict], out: str, 
       "initialised). Local training only is Ditto at λ = 0 (its personal models are the "
       "clients' own SGD from the initial model); pFedMe at λ = 1 / (2 lr); Per-FedAvg "
       "evaluated after the same fine-tuning as FedAvg + fine-tuning, its inner step α the "
-      "fine-tuning rate.", "",
+      "fine-tuning rate.")
+
+  def section(name, study, res, stats):
+    return [f"### {DATASET_TITLES.get(name, name)}", "",
+            setting_text(study, res["lr"], res["scores"], res.get("others")), "",
+            table(study.rows, stats, study.skipped), "",
+            *[f"- {line}" for line in claims(stats)], ""]
+
+  return write_study_files(studies, results, out, command, elapsed,
+                           "## Personalization: per-client accuracy", intro, section,
+                           row_stats, "personalized accuracy per method")
+
+
+def write_study_files(studies: Dict[str, Study], results: Dict[str, dict], out: str,
+                      command: str, elapsed: Optional[float], heading: str, intro: str,
+                      section: Callable, stats_of: Callable, figure: str,
+                      panel_title: Callable[[str], str] = lambda name: name) -> str:
+  """The report files of a study of served models: <out>.md (heading, intro, command,
+  machine, section(name, study, results[name], stats) per study, the figure), <out>.png
+  (`plot`, a panel per study) and <out>.json (every run's summary without its records, the
+  tuning scores, the rows' statistics as stats_of(rows, runs) gives them)."""
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  panels, sections, stats = {}, [], {}
+  for name, study in studies.items():
+    stats[name] = stats_of(study.rows, results[name]["runs"])
+    panels[panel_title(name)] = (study.rows, stats[name])
+    sections += section(name, study, results[name], stats[name])
+  plot(out + ".png", panels)
+  wall = sum(r.get("wall_seconds", 0) / r.get("vectorized_runs", 1)
+             for res in results.values() for runs in res["runs"].values() for r in runs)
+  text = "\n".join([
+      heading, "", intro, "",
       f"Command: `{command}`", "",
       f"Machine: {sweep.machine()}. Time of the reported runs: {wall / 60:.1f} min"
       + (f"; this invocation took {elapsed / 60:.1f} min (finished runs reused)."
          if elapsed is not None else "."), "",
       *sections,
-      f"![personalized accuracy per method]({os.path.basename(out + '.png')})", ""])
+      f"![{figure}]({os.path.basename(out + '.png')})", ""])
   with open(out + ".md", "w") as f:
     f.write(text)
   slim = lambda runs: [{k: v for k, v in r.items() if k != "records"} for r in runs]
@@ -485,7 +509,7 @@ def write_report(studies: Dict[str, Study], results: Dict[str, dict], out: str, 
                       "seeds": studies[name].seeds, "skipped": studies[name].skipped,
                       "rows": {r.label: {"run": r.run, "model": r.model}
                                for r in studies[name].rows},
-                      "stats": row_stats(studies[name].rows, res["runs"]),
+                      "stats": stats[name],
                       "runs": {k: slim(v) for k, v in res["runs"].items()}}
                for name, res in results.items()}, f, indent=1, default=str)
   return text
@@ -536,6 +560,19 @@ def main(argv) -> None:
              for n, b in bases.items()}
   runs_dir = FLAGS.runs_dir or FLAGS.out + "_runs"
   start = time.perf_counter()
+  results = run_studies(studies, runs_dir, "experiments.personal_study", FLAGS.shard,
+                        FLAGS.processes)
+  if results is not None:
+    print(write_report(studies, results, FLAGS.out, command_line("experiments.personal_study"),
+                       time.perf_counter() - start))
+
+
+def run_studies(studies: Dict[str, Study], runs_dir: str, module: str, shard: str = "",
+                processes: int = 1) -> Optional[Dict[str, dict]]:
+  """Every study's rates picked on validation, then its runs trained: name -> {"lr",
+  "scores" (FedAvg's on the study's model), "others" (Run.tuning key -> (rate, scores) of the
+  runs tuned apart), "runs"}. shard "I/N": only that shard's runs, and None; processes > 1:
+  the runs first trained in that many processes of `module` (each a shard)."""
   tuned = {}
   for name, study in studies.items():
     tuned[name] = study.tune(runs_dir)
@@ -543,46 +580,54 @@ def main(argv) -> None:
       print(f"{name}: local rate {t.value:g} ({key}) {t.scores}", flush=True)
     for label, why in study.skipped.items():
       print(f"{name}: {label} skipped ({why})", flush=True)
-  if FLAGS.shard:
-    shard = robust_study.parse_shard(FLAGS.shard)
+  rates = {name: {k: t.value for k, t in tuned[name].items()} for name in studies}
+  if shard:
     for name, study in studies.items():
-      study.train(runs_dir, {k: t.value for k, t in tuned[name].items()}, shard)
-    return
-  if FLAGS.processes > 1:
-    robust_study.run_shards(FLAGS.processes, sys.argv[1:], module="experiments.personal_study",
-                            runs_dir=runs_dir)
-  results = {name: {"lr": tuned[name]["fedavg"].value, "scores": tuned[name]["fedavg"].scores,
-                    "others": {k: (t.value, t.scores) for k, t in tuned[name].items()
-                               if k != "fedavg"},
-                    "runs": study.train(runs_dir, {k: t.value for k, t in tuned[name].items()})}
-             for name, study in studies.items()}
-  command = " ".join(["python -m experiments.personal_study"] + [
+      study.train(runs_dir, rates[name], robust_study.parse_shard(shard))
+    return None
+  if processes > 1:
+    robust_study.run_shards(processes, sys.argv[1:], module=module, runs_dir=runs_dir)
+  return {name: {"lr": tuned[name]["fedavg"].value, "scores": tuned[name]["fedavg"].scores,
+                 "others": {k: (t.value, t.scores) for k, t in tuned[name].items()
+                            if k != "fedavg"},
+                 "runs": study.train(runs_dir, rates[name])}
+          for name, study in studies.items()}
+
+
+def command_line(module: str) -> str:
+  """This command as run, the data directory written DATA."""
+  return " ".join([f"python -m {module}"] + [
       f"{a.partition('=')[0]}=DATA" if a.startswith("--data_dir=") else a
       for a in sys.argv[1:]])
-  print(write_report(studies, results, FLAGS.out, command, time.perf_counter() - start))
+
+
+def define_flags(flags, out: str, lrs: Sequence[str], lrs_help: str, quick_help: str) -> None:
+  """The flags every study of served models shares (this one, experiments/text_study.py)."""
+  flags.DEFINE_string("data_dir", "", "Data directory (default: the configs' own).")
+  flags.DEFINE_string("runs_dir", None, "Directory of the runs' workdirs (default <out>_runs).")
+  flags.DEFINE_string("out", out, "Report prefix: <out>.md, <out>.json, <out>.png.")
+  flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of every row.")
+  flags.DEFINE_list("lrs", list(lrs), lrs_help)
+  flags.DEFINE_integer("tune_seed", 0, "Seed of the tuning runs (reused as a final run).")
+  flags.DEFINE_integer("rounds", 0, "Rounds of every run (0: the configs').")
+  flags.DEFINE_integer("finetune_steps", 5, "k: local SGD steps of the fine-tuned rows before "
+                       "the per-client evaluation.")
+  flags.DEFINE_float("finetune_lr", 0.0, "Fine-tuning rate (0: the tuned local rate).")
+  flags.DEFINE_boolean("quick", False, quick_help)
+  flags.DEFINE_string("shard", "", "I/N: train only runs I, I + N, ... and write no report.")
+  flags.DEFINE_integer("processes", 1, "After tuning, train the runs in this many processes at "
+                       "once (--shard each), then report.")
 
 
 if __name__ == "__main__":
   from absl import app, flags  # pylint: disable=g-import-not-at-top
 
   FLAGS = flags.FLAGS
-  flags.DEFINE_string("data_dir", "", "Data directory (default: the configs' own).")
-  flags.DEFINE_string("runs_dir", None, "Directory of the runs' workdirs (default <out>_runs).")
-  flags.DEFINE_string("out", "experiments/results/personal",
-                      "Report prefix: <out>.md, <out>.json, <out>.png.")
+  define_flags(flags, "experiments/results/personal", ["0.03", "0.1", "0.3"],
+               "FedAvg's local-rate grid (widened into 0.01 ... 1 at an edge); one rate is "
+               "used as given.",
+               "A smoke run: digits over 8 two-class clients, 2 rounds, seeds 0 and 1, rate "
+               "0.1, every row (overrides --datasets, --seeds, --lrs).")
   flags.DEFINE_list("datasets", list(DATASETS), "Datasets: " + ", ".join(DATASETS) + ".")
   flags.DEFINE_list("methods", [], "Rows (default all): " + ", ".join(ROW_LABELS) + ".")
-  flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of every row.")
-  flags.DEFINE_list("lrs", ["0.03", "0.1", "0.3"], "FedAvg's local-rate grid (widened into "
-                    "0.01 ... 1 at an edge); one rate is used as given.")
-  flags.DEFINE_integer("tune_seed", 0, "Seed of the tuning runs (reused as a final run).")
-  flags.DEFINE_integer("rounds", 0, "Rounds of every run (0: the configs').")
-  flags.DEFINE_integer("finetune_steps", 5, "k: local SGD steps of FedAvg + fine-tuning and "
-                       "Per-FedAvg before the per-client evaluation.")
-  flags.DEFINE_float("finetune_lr", 0.0, "Fine-tuning rate (0: the tuned local rate).")
-  flags.DEFINE_boolean("quick", False, "A smoke run: digits over 8 two-class clients, 2 rounds, "
-                       "seeds 0 and 1, rate 0.1, every row (overrides --datasets, --seeds, --lrs).")
-  flags.DEFINE_string("shard", "", "I/N: train only runs I, I + N, ... and write no report.")
-  flags.DEFINE_integer("processes", 1, "After tuning, train the runs in this many processes at "
-                       "once (--shard each), then report.")
   app.run(main)

@@ -27,7 +27,7 @@ from absl import app, flags
 from fedjax_lama.cli import logs
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("paper", None, "fedlama | fedspeed | fedat | fedlamb")
+flags.DEFINE_string("paper", None, "fedlama | fedspeed | fedat | fedlamb | fedavg")
 flags.DEFINE_string("table", None, "Table id (see --list).")
 flags.DEFINE_enum("scale", "small", ["smoke", "small", "paper"], "Scale of the reproduction.")
 DEFAULT_OUT = os.path.join(os.path.expanduser("~"), "fedjax_lama_results", "reproduce")
@@ -85,6 +85,8 @@ def settings_of(study, results=None) -> str:
   on_clock = hasattr(study, "budget_s")
   # A FedLAMA table's step budget, a clock study's virtual-time budget set the run's length.
   skip = {"rounds"} if on_clock or hasattr(study, "total_steps") else set()
+  # Fields each row of the study sets itself (its table says them).
+  skip |= set(getattr(study, "row_fields", ()))
   fields = [f"{k}={base[k]!r}" for k in SETTINGS if k in base and k not in skip]
   if base.get("schedule") == "fedlama" or base.algorithm == "fedlama":
     fields += [f"fedlama.base_interval={base.fedlama.base_interval}",

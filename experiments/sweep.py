@@ -50,8 +50,16 @@ def _record_divergence(workdir: str, error: training.DivergenceError) -> None:
     json.dump({"error": str(error)}, f)
 
 
-def _finished(workdir: str) -> bool:
-  return os.path.exists(os.path.join(workdir, "summary.json"))
+def _finished(workdir: str, rounds: Optional[int] = None) -> bool:
+  """Whether the run in `workdir` finished (its summary.json exists) and, when `rounds` is
+  given, ran at least that many rounds (a shorter finished run is extended, not reused)."""
+  path = os.path.join(workdir, "summary.json")
+  if not os.path.exists(path):
+    return False
+  if rounds is None:
+    return True
+  with open(path) as f:
+    return int(json.load(f).get("rounds", 0)) >= rounds
 
 
 def run(config, workdir: str) -> dict:
@@ -63,13 +71,15 @@ def run(config, workdir: str) -> dict:
   return outcome
 
 
-def run_group(configs, workdirs) -> list:
+def run_group(configs, workdirs, extend: bool = False) -> list:
   """Like `run` for several runs; those still to train go through training.train_many, which
   trains runs differing only in seed and learning rate as one vectorized computation. A
-  diverged run comes back as its DivergenceError (recorded, so a rerun does not retrain it)."""
+  diverged run comes back as its DivergenceError (recorded, so a rerun does not retrain it).
+  extend=True: a finished run of fewer rounds than its config's is extended to them (the
+  engine resumes it exactly) instead of being reused as it is."""
   outcome, todo = {}, []
   for i, (c, w) in enumerate(zip(configs, workdirs)):
-    if not _finished(w):
+    if not _finished(w, c.rounds if extend else None):
       recorded = _recorded_divergence(c, w)
       if recorded is None:
         todo.append(i)

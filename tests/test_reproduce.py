@@ -16,6 +16,7 @@ PAPER_TABLES = {
     "fedat": ["t1", "t2", "text"],
     "fedlamb": ["f2-mnist-mlp-noniid-e1", "f2-mnist-mlp-noniid-e5", "f2-mnist-cnn-noniid-e1",
                 "f2-mnist-cnn-noniid-e5"],
+    "fedavg": ["shakespeare"],
 }
 
 

@@ -196,6 +196,20 @@ def test_windows_known_answer():
   assert decode(last[rows[:3]]) == "r n"  # the characters after "To be, o", "o be, or", ...
 
 
+def test_stride_keeps_every_stride_th_window(corpus):
+  """stride = seq_len cuts each role's part into consecutive windows: each character of the
+  part (after the first) is a target exactly once (numpy reference: the text in blocks)."""
+  every = data.load_dataset("shakespeare_roles", corpus, options={"seq_len": 8})
+  cut = data.load_dataset("shakespeare_roles", corpus, options={"seq_len": 8, "stride": 8})
+  np.testing.assert_array_equal(cut.train_x, every.train_x[::8])
+  np.testing.assert_array_equal(cut.test_x, every.test_x[::8])
+  decode = lambda ids: "".join(cut.vocab[i] for i in ids)
+  n = len(HAMLET) - 8
+  assert decode(cut.train_x.ravel()) == HAMLET[:8 * len(cut.train_x)]
+  assert len(cut.train_x) == len(range(0, int(0.9 * n), 8))
+  assert decode(cut.train_y.ravel()) == HAMLET[1:8 * len(cut.train_x) + 1]
+
+
 def test_stage_directions_and_speaker_forms():
   strip = shakespeare_roles.strip_directions
   assert strip("Is general woe.--[To Kent and Edgar.] Friends") == "Is general woe.-- Friends"
@@ -282,6 +296,10 @@ def test_user_split_and_minimum():
   assert sorted(kept.train.users + kept.test.users) == sorted(
       f"P_R{i}" for i in range(10, 21))  # -k 100: roles of at least 100 samples
   assert kept.roles_below_min == 9
+  band = shakespeare_roles.make_task(build, split="user", min_samples=100, max_samples=150)
+  assert sorted(band.train.users + band.test.users) == sorted(
+      f"P_R{i}" for i in range(10, 16))  # 100, ..., 150 samples
+  assert (band.roles_below_min, band.roles_above_max) == (9, 5)
 
 
 def test_fraction_draws_whole_roles():
@@ -427,8 +445,10 @@ def test_dataset_user_split_and_last_target(corpus):
     ({"fraction": 0.0}, "fraction=0.0"),
     ({"min_samples": -1}, "min_samples=-1"),
     ({"min_samples": 2.5}, "min_samples=2.5"),
+    ({"max_samples": -1}, "max_samples=-1"),
     ({"seed": True}, "seed=True"),
     ({"seq_len": 0}, "seq_len"),
+    ({"stride": 0}, "stride"),
     ({"target": "all"}, "target='all'"),
     ({"window": 80}, "window"),
 ])

@@ -135,10 +135,12 @@ DATASET_OPTIONS = {
         'split': 'sample',
         'train_fraction': shakespeare_roles.TRAIN_FRACTION,
         'min_samples': 0,
+        'max_samples': 0,
         'fraction': 1.0,
         'seed': 0,
         'target': 'sequence',
         'seq_len': shakespeare_roles.SEQ_LEN,
+        'stride': 1,
     },
     'milton': {'seq_len': shakespeare_roles.SEQ_LEN, 'stride': shakespeare_roles.SEQ_LEN,
                'test_fraction': 0.1, 'target': 'sequence'},
@@ -161,6 +163,7 @@ _OPTION_RANGES = {
     ('shakespeare_roles', 'train_fraction'): (0.0, 1.0, True, True, 'a fraction in (0, 1)'),
     ('shakespeare_roles', 'fraction'): (0.0, 1.0, True, False, 'a fraction in (0, 1]'),
     ('shakespeare_roles', 'min_samples'): (0, None, False, False, 'an int >= 0'),
+    ('shakespeare_roles', 'max_samples'): (0, None, False, False, 'an int >= 0 (0: no maximum)'),
     ('shakespeare_roles', 'seed'): (0, None, False, False, 'an int >= 0'),
     ('milton', 'test_fraction'): (0.0, 1.0, True, True, 'a fraction in (0, 1)'),
 }
@@ -501,18 +504,21 @@ def _load_gutenberg(name: str, data_dir: str, options: Mapping[str, Any]) -> Dat
   loaded = shakespeare_roles.load_roles(source)
   task = shakespeare_roles.make_task(
       loaded.build, options['split'], options['train_fraction'], options['min_samples'],
-      options['fraction'], options['seed'], seq_len)
+      options['fraction'], options['seed'], seq_len, options['max_samples'])
   built = {}
   for s, split in (('train', task.train), ('test', task.test)):
     if not split.users:
       raise DataError(
           f'{source.describe(gutenberg.SHAKESPEARE)}: no role has {s} windows with '
-          f'dataset_options {dict(options)}; lower min_samples or seq_len')
-    built[s] = (split.users,) + shakespeare_roles.windows(split, target, seq_len)
+          f'dataset_options {dict(options)}; lower min_samples or seq_len, or raise '
+          f'max_samples')
+    built[s] = (split.users,) + shakespeare_roles.windows(split, target, seq_len,
+                                                          options['stride'])
   info = {'source': source.path, 'cache': loaded.cache_path, 'from_cache': loaded.from_cache,
           'roles': len(loaded.build.roles), 'poems_skipped': list(loaded.build.poems),
           'roles_with_windows': task.roles_with_windows,
           'roles_below_min_samples': task.roles_below_min,
+          'roles_above_max_samples': task.roles_above_max,
           'roles_without_test_windows': task.roles_without_test, **dict(options)}
   return _token_dataset(name, built, info)
 

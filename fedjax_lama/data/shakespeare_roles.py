@@ -21,7 +21,9 @@ and so does this module:
    (`leaf_text.SHAKESPEARE_CHARS`); any other character is id 80.
 3. Sampling and the minimum (`make_task`): `fraction` < 1 draws whole roles at random
    until that share of the samples is reached (LEAF `-s niid --sf`), then roles with
-   fewer than `min_samples` samples are dropped (LEAF `-k`).
+   fewer than `min_samples` samples are dropped (LEAF `-k`); `max_samples` > 0 also drops
+   roles above it (not LEAF's: a band of role sizes keeps a round's padded step count near
+   the mean client's, for runs on a CPU).
 4. Split, per role by sample (LEAF `-t sample`): the first max(1, int(0.9 n)) windows
    train (1 if n = 2) and test starts 79 windows after the last training window, so no
    test window shares a target with a training window; a role whose test part would be
@@ -60,7 +62,8 @@ Deviations from LEAF:
   takes a shuffled list of them; the random draws use Python's `random.Random(seed)`
   like LEAF, but on this module's role order, so the roles drawn differ from LEAF's.
 * The window length is an option (`seq_len`, LEAF's 80); the gap before the test part
-  is seq_len - 1 windows.
+  is seq_len - 1 windows. `stride` (1, LEAF's) keeps every stride-th window of each part;
+  the sampling, the minimum and the split count LEAF's stride-1 samples.
 
 The parse runs once per source and is cached (`load_roles`): a JSON file in the cache
 directory ($FEDJAX_LAMA_CACHE_DIR, else $XDG_CACHE_HOME/fedjax_lama, else
@@ -653,6 +656,7 @@ class Task:
   roles_sampled: int
   roles_below_min: int
   roles_without_test: int
+  roles_above_max: int = 0
 
 
 def num_windows(length: int, seq_len: int = SEQ_LEN) -> int:
@@ -703,7 +707,7 @@ def niid_sample(sizes: Sequence[int], fraction: float, seed: int = 0) -> list[tu
 
 def make_task(build: RolesBuild, split: str = 'sample', train_fraction: float = TRAIN_FRACTION,
               min_samples: int = 0, fraction: float = 1.0, seed: int = 0,
-              seq_len: int = SEQ_LEN) -> Task:
+              seq_len: int = SEQ_LEN, max_samples: int = 0) -> Task:
   """Windows, LEAF's sampling, minimum and split over the roles of `build` (module
   docstring). Roles keep the build's order."""
   if split not in SPLITS:
@@ -716,7 +720,9 @@ def make_task(build: RolesBuild, split: str = 'sample', train_fraction: float = 
     picked = sorted((with_windows[j], n) for j, n in drawn)
   else:
     picked = [(i, sizes[i]) for i in with_windows]
-  kept = [(i, n) for i, n in picked if n >= min_samples]
+  below = [(i, n) for i, n in picked if n < min_samples]
+  kept = [(i, n) for i, n in picked
+          if n >= min_samples and (max_samples <= 0 or n <= max_samples)]
   train = TaskSplit([], [], [])
   test = TaskSplit([], [], [])
   without_test = 0
@@ -737,8 +743,8 @@ def make_task(build: RolesBuild, split: str = 'sample', train_fraction: float = 
       out.users.append(build.roles[i].user)
       out.streams.append(streams[i])
       out.ranges.append((0, n))
-  return Task(train, test, len(with_windows), len(picked), len(picked) - len(kept),
-              without_test)
+  return Task(train, test, len(with_windows), len(picked), len(below), without_test,
+              len(picked) - len(kept) - len(below))
 
 
 def _count(lo: int, hi: int, step: int) -> int:
@@ -770,10 +776,14 @@ def gather_windows(streams: Sequence[np.ndarray], starts: Sequence[tuple[int, in
   return x, y, owner
 
 
-def windows(split: TaskSplit, target: str = 'sequence', seq_len: int = SEQ_LEN
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """`gather_windows` of a split's roles: (x, y, role index in `split.users`)."""
-  return gather_windows(split.streams, [(lo, hi, 1) for lo, hi in split.ranges], target,
+def windows(split: TaskSplit, target: str = 'sequence', seq_len: int = SEQ_LEN,
+            stride: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """`gather_windows` of a split's roles: (x, y, role index in `split.users`). The windows
+  start every `stride` positions of each role's range: 1 is LEAF's (every window), seq_len
+  cuts the role's text into consecutive windows, so that with target 'sequence' each
+  character is a target once per epoch (FedJAX's and TFF's Shakespeare sequences, which
+  follow the FedAvg paper's unrolled LSTM)."""
+  return gather_windows(split.streams, [(lo, hi, stride) for lo, hi in split.ranges], target,
                         seq_len)
 
 
