@@ -114,7 +114,7 @@ class _Timed:
     for _ in range(self.k):
       self.state, _ = self.program.run_round(self.state, self.calls)
       self.calls += 1
-    jax.block_until_ready(jax.tree_util.tree_leaves(self.state))
+    jax.block_until_ready(jax.tree.leaves(self.state))
     return time.perf_counter() - t0
 
 

@@ -185,7 +185,7 @@ def _sgd_step(model, has_state, jit=True):
   def step(p, s, xb, yb):
     (_, (s, _)), g = jax.value_and_grad(loss_fn, has_aux=True)(p, s, xb, yb,
                                                               jnp.ones(xb.shape[0]), key)
-    return jax.tree_util.tree_map(lambda a, b: a - LR * b, p, g), s
+    return jax.tree.map(lambda a, b: a - LR * b, p, g), s
 
   return jax.jit(step) if jit else step
 
@@ -220,9 +220,9 @@ def training_flops_per_sample(model_name: str, batch: int = 32, conv_impl: str =
   y = spec(jax.ShapeDtypeStruct((batch,) + label_shape, jnp.int32))
   variables = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0),
                                                 jnp.zeros((1,) + shape, x_dtype), train=False))
-  params, state = jax.tree_util.tree_map(spec, (variables["params"],
-                                                variables.get("batch_stats", {})))
-  count = lambda m: _cost_flops(_sgd_step(m, bool(jax.tree_util.tree_leaves(state))).lower(
+  params, state = jax.tree.map(spec, (variables["params"],
+                                      variables.get("batch_stats", {})))
+  count = lambda m: _cost_flops(_sgd_step(m, bool(jax.tree.leaves(state))).lower(
       params, state, x, y).compile())
   flops = count(model)
   if model_name == "lstm_lm":
@@ -280,8 +280,8 @@ def _load() -> list:
 
 
 def _max_abs_diff(a, b) -> float:
-  return max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree_util.tree_leaves(a),
-                                                            jax.tree_util.tree_leaves(b)))
+  return max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree.leaves(a),
+                                                            jax.tree.leaves(b)))
 
 
 # ---- the benchmark -----------------------------------------------------------------------
@@ -323,7 +323,7 @@ def workload(model_name: str, clients: int, steps: int, batch: int, conv_impl: s
   params, model_state = variables["params"], variables.get("batch_stats", {})
   return Workload(model, shape, data_x, data_y,
                   np.arange(n, dtype=np.int32).reshape(clients, steps, batch), params,
-                  model_state, bool(jax.tree_util.tree_leaves(model_state)), clients, steps,
+                  model_state, bool(jax.tree.leaves(model_state)), clients, steps,
                   batch)
 
 
@@ -426,7 +426,7 @@ def run(model_name="fedat_cnn", clients=32, steps=10, batch=32, repeats=3, conv_
   sgd_step = _sgd_step(loop_model, has_state)
   host_x = [[data_x[indices[c, k]] for k in range(steps)] for c in range(clients)]
   host_y = [[data_y[indices[c, k]] for k in range(steps)] for c in range(clients)]
-  mean = jax.jit(lambda *ps: jax.tree_util.tree_map(lambda *xs: sum(xs) / len(xs), *ps))
+  mean = jax.jit(lambda *ps: jax.tree.map(lambda *xs: sum(xs) / len(xs), *ps))
 
   def loop_round():
     finals = []

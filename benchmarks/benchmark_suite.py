@@ -119,17 +119,17 @@ def _row_template(name: str):
   model = models.get(name, num_classes=10, kernels="lax")
   shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 32, 32, 3)),
                                              train=False))["params"]
-  return jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+  return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
 
 
 def memory_worker(on_host: bool, num_clients: int, row_name: str, cohort: int, rounds: int):
   row = _row_template(row_name)
   mesh = sharding.client_mesh()
   cohort = sharding.padded_size(cohort, mesh)
-  update = jax.jit(lambda rows: jax.tree_util.tree_map(lambda a: a + 1.0, rows),
+  update = jax.jit(lambda rows: jax.tree.map(lambda a: a + 1.0, rows),
                    out_shardings=sharding.clients_sharding(mesh))
   jax.block_until_ready(update(sharding.shard_clients(
-      jax.tree_util.tree_map(lambda r: np.zeros((cohort,) + r.shape, r.dtype), row), mesh)))
+      jax.tree.map(lambda r: np.zeros((cohort,) + r.shape, r.dtype), row), mesh)))
   rss_before = _rss_mb()
   t0 = time.perf_counter()
   store = client_store.ClientStore.create(row, num_clients, mesh, on_host=on_host)
@@ -145,7 +145,7 @@ def memory_worker(on_host: bool, num_clients: int, row_name: str, cohort: int, r
     jax.block_until_ready(store.rows)
     times.append(time.perf_counter() - t0)
   device_bytes = (store.nbytes if not on_host else 0) + cohort * sum(
-      x.nbytes for x in jax.tree_util.tree_leaves(row))
+      x.nbytes for x in jax.tree.leaves(row))
   stats = jax.devices()[0].memory_stats() or {}
   return {"placement": "host" if on_host else "device", "clients": num_clients,
           "row_floats": tree_size(row),

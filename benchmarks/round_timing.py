@@ -82,7 +82,7 @@ class TimedProgram:
   def __call__(self) -> float:
     t0 = time.perf_counter()
     self.state, _ = self.program.run_round(self.state, self.calls)
-    jax.block_until_ready(jax.tree_util.tree_leaves(self.state))
+    jax.block_until_ready(jax.tree.leaves(self.state))
     self.calls += 1
     return time.perf_counter() - t0
 

@@ -98,7 +98,7 @@ def run(roles: int, windows: int, model_name: str, options: dict, eval_batch_siz
   model = models.get(model_name, classes, vocab_size=classes, **options)
   variables = model.init({"params": jax.random.PRNGKey(0)}, jnp.asarray(x[:1]))
   params, state = variables["params"], variables.get("batch_stats", {})
-  has_state = bool(jax.tree_util.tree_leaves(state))
+  has_state = bool(jax.tree.leaves(state))
   eval_fn = evaluate.make_eval_fn(model, has_state)
   mesh = sharding.client_mesh(jax.devices()[:1])
   largest = int(sizes.max())
@@ -128,7 +128,7 @@ def run(roles: int, windows: int, model_name: str, options: dict, eval_batch_siz
   evaluated = {name: sum(len(ids) * w for ids, _, w in evaluators[name].layout)
                for name in ("one_width", "personal_one_width", "personal_by_size")}
   out = {"machine": round_timing.machine(), "model": model_name, "options": options,
-         "num_parameters": int(sum(a.size for a in jax.tree_util.tree_leaves(params))),
+         "num_parameters": int(sum(a.size for a in jax.tree.leaves(params))),
          "roles": roles, "windows": int(sizes.sum()), "largest_part": largest,
          "smallest_part": int(sizes.min()), "eval_batch_size": eval_batch_size,
          "windows_evaluated": {"pooled": int(sizes.sum()), "per_client": int(sizes.sum()),

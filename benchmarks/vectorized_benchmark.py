@@ -73,14 +73,14 @@ def run(model: str, num_runs: int = 8, repeats: int = 5) -> dict:
     t0 = time.perf_counter()
     for i, p in enumerate(programs):
       seq_states[i], _ = p.run_round(seq_states[i], r)
-    jax.block_until_ready(jax.tree_util.tree_leaves(seq_states))
+    jax.block_until_ready(jax.tree.leaves(seq_states))
     return time.perf_counter() - t0
 
   def vectorized(r):
     nonlocal vec_state
     t0 = time.perf_counter()
     vec_state, _ = vec.run_round(vec_state, r)
-    jax.block_until_ready(jax.tree_util.tree_leaves(vec_state))
+    jax.block_until_ready(jax.tree.leaves(vec_state))
     return time.perf_counter() - t0
 
   sequential(0), vectorized(0)  # compilation

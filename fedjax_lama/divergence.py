@@ -17,7 +17,7 @@ from fedjax_lama.errors import TrainingDiverged
 
 @jax.jit
 def _all_finite(tree) -> jax.Array:
-  leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)
+  leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
             if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
   return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
 

@@ -17,7 +17,7 @@ PyTree = Any
 def leaf_paths(tree: PyTree) -> list[tuple[str, ...]]:
   """The key path of every leaf as a tuple of strings (dict key, attribute name or sequence
   index), in canonical (`jax.tree.leaves`) order."""
-  flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+  flat, _ = jax.tree.flatten_with_path(tree)
   return [tuple(_key_str(k) for k in path) for path, _ in flat]
 
 

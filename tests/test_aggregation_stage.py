@@ -261,10 +261,10 @@ def _server(program, state):
 def _update_norm(config, stage):
   program = build(config, stage)
   state = program.init_state()
-  before = np.concatenate([np.ravel(x) for x in jax.tree_util.tree_leaves(program.params)])
+  before = np.concatenate([np.ravel(x) for x in jax.tree.leaves(program.params)])
   state, _ = program.run_round(state, 0)
   after = np.concatenate([np.ravel(np.asarray(x))
-                          for x in jax.tree_util.tree_leaves(state["server"].params)])
+                          for x in jax.tree.leaves(state["server"].params)])
   return float(np.linalg.norm(after - before))
 
 
@@ -294,8 +294,8 @@ def test_median_of_two_clients_is_their_unweighted_mean_and_of_three_is_not():
   med, _ = helpers.run(build(three, median_stage()))
   uniform, _ = helpers.run(build(_cohort_config("fedavg", 3, weighting="uniform")))
   diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(
-      jax.tree_util.tree_leaves(med["server"].params),
-      jax.tree_util.tree_leaves(uniform["server"].params)))
+      jax.tree.leaves(med["server"].params),
+      jax.tree.leaves(uniform["server"].params)))
   assert diff > 1e-4
 
 
@@ -310,7 +310,7 @@ def test_every_algorithm_runs_the_stage_chunked_as_unchunked(name, stage):
   program = build(config, STAGES[stage]())
   state, outs = helpers.run(program)
   whole = _server(program, state)
-  assert all(np.all(np.isfinite(x)) for x in jax.tree_util.tree_leaves(whole[0]))
+  assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(whole[0]))
   assert all(np.isfinite(o.train_loss) for o in outs)
   chunked = contract.config_for(name, active_ratio=0.25, rounds=2,
                                 **{"engine.clients_per_chunk": 3})
@@ -417,7 +417,7 @@ def test_fedlama_runs_the_stage_per_synchronised_layer_set(name, stage):
   program = build(config, STAGES[stage]())
   state, outs = helpers.run(program)
   server, _ = _server(program, state)
-  assert all(np.all(np.isfinite(x)) for x in jax.tree_util.tree_leaves(server.params))
+  assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(server.params))
 
 
 # ---- 8 devices -------------------------------------------------------------------------------
@@ -439,7 +439,7 @@ def worker(out_path, mesh_size, cases):
     state, outs = helpers.run(program)
     server, rows = _server(program, state)
     report[case] = {"params": [np.asarray(p).tolist() for p in
-                               jax.tree_util.tree_leaves((server, rows))],
+                               jax.tree.leaves((server, rows))],
                     "loss": [o.train_loss for o in outs]}
   pathlib.Path(out_path).write_text(json.dumps(report))
 

@@ -73,7 +73,7 @@ QUANTIZED = {"fedpaq", "fedcom"}
 
 
 def _size(tree) -> int:
-  return int(sum(np.size(x) for x in jax.tree_util.tree_leaves(tree)))
+  return int(sum(np.size(x) for x in jax.tree.leaves(tree)))
 
 
 def _keeps_on_clients(*layers):
@@ -135,11 +135,11 @@ def with_algorithm(c, name: str, fedlama: bool = False):
 
 
 def _host(tree):
-  return jax.tree_util.tree_map(lambda x: np.asarray(sharding.to_host(x)), tree)
+  return jax.tree.map(lambda x: np.asarray(sharding.to_host(x)), tree)
 
 
 def _bits(tree):
-  return [np.asarray(x).tobytes() for x in jax.tree_util.tree_leaves(_host(tree))]
+  return [np.asarray(x).tobytes() for x in jax.tree.leaves(_host(tree))]
 
 
 class _Compiles:
@@ -228,17 +228,17 @@ def test_resume_compiles_rows_and_traffic(runs, name):
   run = runs(name)
   server, rows = run["straight"]
   assert _bits(run["resumed"]) == _bits(run["straight"]), "resumed run differs"
-  assert all(np.all(np.isfinite(x)) for x in jax.tree_util.tree_leaves(server))
+  assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(server))
   assert run["compiles"] == [], f"recompiled after round 1: {run['compiles']}"
   if rows:
     never = np.setdiff1d(np.arange(helpers.NUM_CLIENTS), run["sampled"])
     assert len(never) > 0
-    pick = lambda tree, ids: jax.tree_util.tree_map(lambda a: a[ids], tree)
+    pick = lambda tree, ids: jax.tree.map(lambda a: a[ids], tree)
     assert _bits(pick(rows, never)) == _bits(pick(run["initial_rows"], never))
     assert _bits(pick(rows, run["sampled"])) != _bits(pick(run["initial_rows"], run["sampled"]))
   # The traffic per participant of TRAFFIC.
   program = run["program"]
-  d = sum(np.size(x) for x in jax.tree_util.tree_leaves(program.params))
+  d = sum(np.size(x) for x in jax.tree.leaves(program.params))
   if callable(TRAFFIC[name]):  # floats, not multiples of d
     up, up_scalars, down = TRAFFIC[name](program.params)
     assert 0 < up < d and 0 < down < d
@@ -253,7 +253,7 @@ def test_resume_compiles_rows_and_traffic(runs, name):
     m = out.extra["clients"]
     assert int(out.floats_up_per_layer.sum()) + out.floats_up_other == m * (up_d * d + up_scalars)
     assert int(out.floats_down_per_layer.sum()) + out.floats_down_other == m * down_d * d
-    leaves = len(jax.tree_util.tree_leaves(program.params))
+    leaves = len(jax.tree.leaves(program.params))
     per_float = 1 + int(np.ceil(np.log2(16 + 1))) if name in QUANTIZED else 32
     scalar_bits = 32 * up_scalars
     header = 32 * leaves if name in QUANTIZED else 0
@@ -338,7 +338,7 @@ def _engine_round(alg, cohorts, population=8):
       weighting="examples", local_steps=cohorts[0].indices.shape[1], population=population)
   server = alg.server.init(params, {})
   template = alg.row_init(params) if alg.row_init is not None else {}
-  store = jax.tree_util.tree_map(lambda x: jnp.stack([x] * population), template)
+  store = jax.tree.map(lambda x: jnp.stack([x] * population), template)
   for rnd, cohort in enumerate(cohorts):
     rows = cohort_lib.gather_rows(store, cohort.client_ids % population) if template else {}
     sums, new_rows, _ = train_chunk(server, rows, data_x, data_y, cohort, rnd)

@@ -51,17 +51,17 @@ def engine(alg, rounds, steps=(K, K), weighting="uniform", participants=((0, 1),
     data_x = jnp.asarray(np.concatenate(A))
     data_y = jnp.asarray(np.concatenate(B))
     if isinstance(x0, dict):
-      params = jax.tree_util.tree_map(jnp.asarray, x0)
+      params = jax.tree.map(jnp.asarray, x0)
     else:
       params = {"w": jnp.asarray(np.zeros(2) if x0 is None else x0)}
     max_steps = max(steps)
     train_chunk, server_update = sync_round.make_round_fns(
         loss, alg, schedule, seed=0, weighting=weighting,
         local_steps=max_steps, population=N)
-    model_state = jax.tree_util.tree_map(jnp.asarray, model_state or {})
+    model_state = jax.tree.map(jnp.asarray, model_state or {})
     server = alg.server.init(params, model_state)
     template = alg.row_init(params) if alg.row_init is not None else {}
-    store = jax.tree_util.tree_map(lambda r: jnp.stack([r] * N), template)
+    store = jax.tree.map(lambda r: jnp.stack([r] * N), template)
     for r in range(rounds):
       ids = np.array(participants[r])
       idx = np.stack([np.tile(np.array([2 * i, 2 * i + 1]), (max_steps, 1)) for i in ids])
@@ -76,7 +76,7 @@ def engine(alg, rounds, steps=(K, K), weighting="uniform", participants=((0, 1),
       if template:
         store = cohort_lib.scatter_rows(store, jnp.asarray(ids), jnp.ones(len(ids)), new_rows)
       server = server_update(server, sums)
-    return jax.tree_util.tree_map(np.asarray, (server, store))
+    return jax.tree.map(np.asarray, (server, store))
 
 
 def build(name, common=Common(), **hparams):
@@ -511,7 +511,7 @@ def _without_uplink(alg):
 
 # ---- reductions to FedAvg (the setting of each algorithm that is FedAvg) -------------------
 def _bits(tree):
-  return [np.asarray(x).tobytes() for x in jax.tree_util.tree_leaves(tree)]
+  return [np.asarray(x).tobytes() for x in jax.tree.leaves(tree)]
 
 
 def _fedavg(rounds=2, **kw):

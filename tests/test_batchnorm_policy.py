@@ -68,7 +68,7 @@ def test_sync_round_averages_running_stats_with_the_aggregation_weights():
   # Reference: each client alone, one step at a time.
   def step(p, s, xb, yb):
     (_, (s2, _)), g = jax.value_and_grad(loss_fn, has_aux=True)(p, s, xb, yb, jnp.ones(B), None)
-    return jax.tree_util.tree_map(lambda a, b: a - 0.1 * b, p, g), s2
+    return jax.tree.map(lambda a, b: a - 0.1 * b, p, g), s2
   finals = []
   for c in range(C):
     p, s = params, stats
@@ -76,12 +76,12 @@ def test_sync_round_averages_running_stats_with_the_aggregation_weights():
       p, s = step(p, s, data_x[idx[c, k]], data_y[idx[c, k]])
     finals.append(s)
   w = np.asarray(num_examples) / float(np.sum(num_examples))
-  expected = jax.tree_util.tree_map(lambda *xs: sum(wi * xi for wi, xi in zip(w, xs)), *finals)
-  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
-                         new.model_state, expected)
+  expected = jax.tree.map(lambda *xs: sum(wi * xi for wi, xi in zip(w, xs)), *finals)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+               new.model_state, expected)
   # The statistics moved (the test would catch "never averaged" or "kept the initial ones").
-  assert not np.allclose(jax.tree_util.tree_leaves(new.model_state)[0],
-                         jax.tree_util.tree_leaves(stats)[0])
+  assert not np.allclose(jax.tree.leaves(new.model_state)[0],
+                         jax.tree.leaves(stats)[0])
 
 
 def _config(algorithm, phi=2, bn="window"):
@@ -105,7 +105,7 @@ def _program(c):
 
 
 def _leaves(t):
-  return [np.asarray(a) for a in jax.tree_util.tree_leaves(t)]
+  return [np.asarray(a) for a in jax.tree.leaves(t)]
 
 
 @pytest.mark.parametrize("bn", ["window", "round"])

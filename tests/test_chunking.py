@@ -33,7 +33,7 @@ def _run(chunk, rounds=3, with_rows=True, **overrides):
 
 
 def _assert_close(a, b):
-  jax.tree_util.tree_map(
+  jax.tree.map(
       lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-6),
       a, b)
 
@@ -68,11 +68,11 @@ def test_empty_bernoulli_round_leaves_the_server_and_rows_unchanged():
   program = helpers.build(config, MESH, with_rows=True)
   state = program.init_state()
   for r in range(empty - 1, empty + 1):  # a round that trains, then an empty one
-    before = jax.tree_util.tree_map(np.asarray, state["server"].params)
+    before = jax.tree.map(np.asarray, state["server"].params)
     rows_before = program.store.to_numpy()
     state, out = program.run_round(state, r)
   assert out.train_count == 0 and out.extra["clients"] == 0
   assert not np.array_equal(rows_before["n"], np.zeros_like(rows_before["n"]))
-  jax.tree_util.tree_map(np.testing.assert_array_equal, before,
-                         jax.tree_util.tree_map(np.asarray, state["server"].params))
-  jax.tree_util.tree_map(np.testing.assert_array_equal, rows_before, program.store.to_numpy())
+  jax.tree.map(np.testing.assert_array_equal, before,
+               jax.tree.map(np.asarray, state["server"].params))
+  jax.tree.map(np.testing.assert_array_equal, rows_before, program.store.to_numpy())

@@ -22,11 +22,11 @@ def _rows():
 
 
 def _bits(tree):
-  return jax.tree_util.tree_map(lambda x: np.asarray(x).view(np.uint8).copy(), tree)
+  return jax.tree.map(lambda x: np.asarray(x).view(np.uint8).copy(), tree)
 
 
 def _assert_bits_equal(a, b):
-  jax.tree_util.tree_map(np.testing.assert_array_equal, _bits(a), _bits(b))
+  jax.tree.map(np.testing.assert_array_equal, _bits(a), _bits(b))
 
 
 def _new_rows(seed):
@@ -40,17 +40,17 @@ def test_gather_scatter_against_numpy(on_host):
   store = client_store.ClientStore(_rows(), MESH, on_host=on_host)
   ids, mask = np.array([7, 2, 9, 2]), np.array([1.0, 1.0, 1.0, 0.0])  # last slot padded
   got = store.gather(ids)
-  _assert_bits_equal(got, jax.tree_util.tree_map(lambda a: a[ids], _rows()))
+  _assert_bits_equal(got, jax.tree.map(lambda a: a[ids], _rows()))
   assert all(x.sharding.spec == sharding.clients_sharding(MESH).spec
-             for x in jax.tree_util.tree_leaves(got))
+             for x in jax.tree.leaves(got))
   new = _new_rows(1)
-  store.scatter(ids, mask, jax.tree_util.tree_map(jnp.asarray, new))
+  store.scatter(ids, mask, jax.tree.map(jnp.asarray, new))
   expected = _rows()
   for k in expected:
     expected[k][ids[:3]] = new[k][:3]  # the padded slot (id 2 again) writes nothing
   _assert_bits_equal(store.to_numpy(), expected)
   if on_host:
-    assert all(isinstance(x, np.ndarray) for x in jax.tree_util.tree_leaves(store.rows))
+    assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves(store.rows))
 
 
 @settings(max_examples=20, deadline=None)
@@ -59,16 +59,16 @@ def test_gather_scatter_against_numpy(on_host):
 def test_host_and_device_stores_agree_and_leave_other_rows_alone(ids, mask, seed):
   ids, mask = np.array(ids), np.array(mask, np.float32)
   stores = [client_store.ClientStore(_rows(), MESH, on_host=h) for h in (False, True)]
-  new = jax.tree_util.tree_map(jnp.asarray, _new_rows(seed))
+  new = jax.tree.map(jnp.asarray, _new_rows(seed))
   for s in stores:
     s.scatter(ids, mask, new)
   device, host = (s.to_numpy() for s in stores)
   _assert_bits_equal(device, host)
   untouched = np.setdiff1d(np.arange(N), ids[mask > 0])
-  _assert_bits_equal(jax.tree_util.tree_map(lambda a: a[untouched], host),
-                     jax.tree_util.tree_map(lambda a: a[untouched], _rows()))
-  _assert_bits_equal(jax.tree_util.tree_map(lambda a: a[ids[mask > 0]], host),
-                     jax.tree_util.tree_map(lambda a: np.asarray(a)[mask > 0], new))
+  _assert_bits_equal(jax.tree.map(lambda a: a[untouched], host),
+                     jax.tree.map(lambda a: a[untouched], _rows()))
+  _assert_bits_equal(jax.tree.map(lambda a: a[ids[mask > 0]], host),
+                     jax.tree.map(lambda a: np.asarray(a)[mask > 0], new))
 
 
 def test_create_broadcasts_one_row_and_loads_padded_rows():
@@ -109,13 +109,13 @@ def _run_with_checkpoint(on_host, ckpt_dir):
     touched |= set(program.opts.sampler.sample(r).tolist())
     if r == 1:
       ckpt.save(r, state, {"round": r})
-  final = (jax.tree_util.tree_map(np.asarray, state["server"].params), program.store.to_numpy())
-  row_type = type(jax.tree_util.tree_leaves(program.store.rows)[0])
+  final = (jax.tree.map(np.asarray, state["server"].params), program.store.to_numpy())
+  row_type = type(jax.tree.leaves(program.store.rows)[0])
   state, _ = ckpt.restore(1, program.init_state())
   ckpt.close()
   for r in range(2, 4):
     state, _ = program.run_round(state, r)
-  resumed = (jax.tree_util.tree_map(np.asarray, state["server"].params), program.store.to_numpy())
+  resumed = (jax.tree.map(np.asarray, state["server"].params), program.store.to_numpy())
   return {"initial": initial, "final": final, "resumed": resumed, "touched": sorted(touched),
           "row_type": row_type}
 
@@ -137,8 +137,8 @@ def test_never_sampled_clients_keep_their_rows_bit_for_bit(runs, on_host):
   rows = run["final"][1]
   never = np.setdiff1d(np.arange(helpers.NUM_CLIENTS), run["touched"])
   assert len(never) and len(run["touched"])
-  _assert_bits_equal(jax.tree_util.tree_map(lambda a: a[never], rows),
-                     jax.tree_util.tree_map(lambda a: a[never], run["initial"]))
+  _assert_bits_equal(jax.tree.map(lambda a: a[never], rows),
+                     jax.tree.map(lambda a: a[never], run["initial"]))
   assert np.all(rows["n"][run["touched"]] > 0)  # every sampled client's row moved
 
 

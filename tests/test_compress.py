@@ -86,7 +86,7 @@ def test_lattice_levels_and_zero_block(block):
   comp = compress.qsgd(s, block)
   payload = comp.encode(jax.random.PRNGKey(2), tree)
   out = comp.decode(payload)
-  assert jax.tree_util.tree_structure(out) == jax.tree_util.tree_structure(tree)
+  assert jax.tree.structure(out) == jax.tree.structure(tree)
   if block == "leaf":
     for p in payload[0]:
       assert int(jnp.max(p.levels)) <= s
@@ -94,7 +94,7 @@ def test_lattice_levels_and_zero_block(block):
     steps = np.asarray(out["w"]) * s / norm
     np.testing.assert_allclose(steps, np.round(steps), atol=1e-4)
     np.testing.assert_array_equal(out["z"], 0)
-  assert comp.bits(tree) == compress.qsgd(s, block).bits(jax.tree_util.tree_map(jnp.zeros_like,
+  assert comp.bits(tree) == compress.qsgd(s, block).bits(jax.tree.map(jnp.zeros_like,
                                                                                tree))
 
 
@@ -113,7 +113,7 @@ def test_draws_depend_only_on_round_client_and_leaf():
   a = compress.compress_clients(comp, key, 7, jnp.array([5, 9, 2]), ups)
   perm = jnp.array([2, 0, 1])
   b = compress.compress_clients(comp, key, 7, jnp.array([2, 5, 9]),
-                                jax.tree_util.tree_map(lambda x: x[perm], ups))
+                                jax.tree.map(lambda x: x[perm], ups))
   np.testing.assert_array_equal(np.asarray(a["w"])[perm], b["w"])
   c = compress.compress_clients(comp, key, 8, jnp.array([5, 9, 2]), ups)
   assert not np.array_equal(a["w"], c["w"])

@@ -107,7 +107,7 @@ for n in (1, 2, 3):
   got = [r.model for r in split.train(jobs)]
   want = [r.model for r in trainers[1].train(jobs)]
   diff = max(float(np.max(np.abs(a - b))) for g, w in zip(got, want)
-             for a, b in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(w)))
+             for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(w)))
   out["calls"].append([n, split.call_sizes[-1], diff])
 print(json.dumps(out))
 """

@@ -72,7 +72,7 @@ def test_vmapped_clients_equal_python_loop(momentum):
   def step(p, opt, xb, yb):
     g = jax.grad(lambda q: loss_fn(q, {}, xb, yb, jnp.ones(B), None)[0])(p)
     d, opt = alg.local.tx.update(g, opt, p)
-    return jax.tree_util.tree_map(lambda a, u: a - 0.1 * u, p, d), opt
+    return jax.tree.map(lambda a, u: a - 0.1 * u, p, d), opt
   step = jax.jit(step)
   finals = []
   for c in range(C):
@@ -80,8 +80,8 @@ def test_vmapped_clients_equal_python_loop(momentum):
     for s in range(S):
       p, opt = step(p, opt, data_x[idx[c, s]], data_y[idx[c, s]])
     finals.append(p)
-  expected = jax.tree_util.tree_map(lambda *xs: sum(xs) / C, *finals)
-  chex_close = jax.tree_util.tree_map(
+  expected = jax.tree.map(lambda *xs: sum(xs) / C, *finals)
+  chex_close = jax.tree.map(
       lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6), new.params, expected)
   del chex_close
 
@@ -99,8 +99,8 @@ def test_fedavg_one_client_equals_optax_sgd():
     g = jax.grad(lambda q: loss_fn(q, {}, data_x[idx[0, s]], data_y[idx[0, s]], jnp.ones(B), None)[0])(p)
     u, opt = tx.update(g, opt, p)
     p = optax.apply_updates(p, u)
-  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
-                         new.params, p)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+               new.params, p)
 
 
 def _run(alg, loss_fn, params, data_x, data_y, cohort):
@@ -110,7 +110,7 @@ def _run(alg, loss_fn, params, data_x, data_y, cohort):
 
 
 def _assert_tree_equal(a, b):
-  jax.tree_util.tree_map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), a, b)
+  jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), a, b)
 
 
 def test_padded_client_changes_nothing():
@@ -120,7 +120,7 @@ def test_padded_client_changes_nothing():
   garbage = np.concatenate([idx, np.random.default_rng(5).integers(0, N, size=(2, S, B))])
   padded, _ = _run(alg, loss_fn, params, data_x, data_y,
                    _cohort(garbage, client_mask=[1, 1, 1, 1, 0, 0], client_ids=[0, 1, 2, 3, 0, 0]))
-  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), base, padded)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), base, padded)
 
 
 def test_padded_step_is_an_exact_noop():
@@ -151,7 +151,7 @@ def test_padded_example_changes_nothing():
   wider = np.concatenate([idx, np.random.default_rng(3).integers(0, N, size=(C, S, 3))], axis=2)
   emask = np.ones((C, S, B + 3)); emask[:, :, B:] = 0
   padded, _ = _run(alg, loss_fn, params, data_x, data_y, _cohort(wider, example_mask=emask))
-  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), base, padded)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), base, padded)
 
 
 def test_weighted_sum_ignores_nan_in_padded_rows():
@@ -192,7 +192,7 @@ def test_folded_round_equals_reducing_the_stacked_clients(name):
   population = 5
   server = _server(alg, params)
   store = jax.vmap(lambda _: alg.row_init(params))(jnp.arange(population))
-  store = jax.tree_util.tree_map(  # rows that differ per client, so a mix-up shows
+  store = jax.tree.map(  # rows that differ per client, so a mix-up shows
       lambda a: a + jnp.arange(population, dtype=a.dtype).reshape((-1,) + (1,) * (a.ndim - 1)),
       store)
   rows = cohort_lib.gather_rows(store, cohort.client_ids)
@@ -224,8 +224,8 @@ def test_folded_round_equals_reducing_the_stacked_clients(name):
                                                 population=population,
                                                 plan=plan_lib.plan(client_map=client_map))
       got = train_chunk(server, rows, data_x, data_y, cohort, 1)
-      assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
-      for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+      assert jax.tree.structure(got) == jax.tree.structure(want)
+      for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"{client_map} {width}")
   finally:
     local.scan_group = saved

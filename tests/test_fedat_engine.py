@@ -77,7 +77,7 @@ def simulate(config, setup):
 
 
 def tree_equal(a, b) -> bool:
-  return jax.tree_util.tree_all(jax.tree_util.tree_map(
+  return jax.tree.all(jax.tree.map(
       lambda x, y: np.asarray(x).dtype == np.asarray(y).dtype and np.array_equal(x, y), a, b))
 
 
@@ -117,9 +117,9 @@ def reference_job(model, fed, params, anchor, client, index, epochs, prox, lr):
   @jax.jit
   def step(p, opt, x, y, mask):
     g = jax.grad(lambda q: loss_fn(q, {}, x, y, mask, None)[0])(p)
-    g = jax.tree_util.tree_map(lambda gi, pi, ai: gi + prox * (pi - ai), g, p, anchor)
+    g = jax.tree.map(lambda gi, pi, ai: gi + prox * (pi - ai), g, p, anchor)
     u, opt = tx.update(g, opt, p)
-    return jax.tree_util.tree_map(lambda pi, ui: pi - lr * ui, p, u), opt
+    return jax.tree.map(lambda pi, ui: pi - lr * ui, p, u), opt
 
   p, opt, steps = params, tx.init(params), 0
   for e in range(epochs):
@@ -137,9 +137,9 @@ def reference_job(model, fed, params, anchor, client, index, epochs, prox, lr):
 
 
 def perturbed(params, scale, seed):
-  leaves, treedef = jax.tree_util.tree_flatten(params)
+  leaves, treedef = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.key(seed), len(leaves))
-  return jax.tree_util.tree_unflatten(treedef, [
+  return jax.tree.unflatten(treedef, [
       np.asarray(x + scale * jax.random.normal(k, x.shape)) for x, k in zip(leaves, keys)])
 
 
@@ -162,8 +162,8 @@ def test_engine_trainer_equals_a_per_job_reference_loop(setup):
                                     job.index, job.num_epochs, job.prox_coeff, 3e-3)
     assert result.num_steps == steps == job.num_epochs * -(-len(fed.client_train[job.client_id])
                                                            // BATCH)
-    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6),
-                           result.model, expected)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6),
+                 result.model, expected)
   # Different starts, epochs and indices give different models.
   assert not tree_equal(results[0].model, results[2].model)
 
@@ -185,8 +185,8 @@ def test_padding_and_bucketing_do_not_change_results(setup):
                                                                          20]
   unpadded = make_trainer(setup, multiple=1).train([job])[0].model  # no padding at all
   for other in (alone, bigger, unpadded):  # other shapes: equal up to float32 rounding
-    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
-                           padded, other)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+                 padded, other)
 
 
 def test_jax_algebra_keeps_a_single_tree_and_sums_in_float32():

@@ -62,9 +62,9 @@ class Engine:
     self.train_chunk, self.update = sync_round.make_round_fns(
         loss_fn, alg, optax.constant_schedule(lr), seed=0, weighting="uniform",
         local_steps=max_steps, population=N)
-    self.server = alg.server.init(jax.tree_util.tree_map(jnp.asarray, PARAMS0), {})
+    self.server = alg.server.init(jax.tree.map(jnp.asarray, PARAMS0), {})
     template = alg.row_init(PARAMS0) if alg.row_init is not None else {}
-    self.store = jax.tree_util.tree_map(lambda r: jnp.stack([r] * N), template)
+    self.store = jax.tree.map(lambda r: jnp.stack([r] * N), template)
 
   def chunk(self, ids, steps, client_mask=None, server=None, store=None):
     c = cohort(ids, steps, self.max_steps, client_mask)
@@ -92,11 +92,11 @@ def optax_local(tx, params, client, steps, state=None):
 
 
 def eng_params(params):
-  return jax.tree_util.tree_map(jnp.asarray, params)
+  return jax.tree.map(jnp.asarray, params)
 
 
 def close(a, b, **kw):
-  jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, **kw), a, b)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, **kw), a, b)
 
 
 # ---- optax equivalences (one client, full participation, one round) ---------
@@ -139,7 +139,7 @@ def local_step(alg, params, grads, v_hat, lr=LR):
   """One local step from a fresh round state: (step subtracted from params, new opt state)."""
   ctx = ClientContext({"params": params, "v_hat": v_hat}, {}, jnp.ones(()), jnp.zeros((), int))
   direction, state = alg.local.tx.update(grads, alg.local.init_state(ctx), params)
-  return jax.tree_util.tree_map(lambda d: lr * d, direction), state
+  return jax.tree.map(lambda d: lr * d, direction), state
 
 
 def norms(tree):
@@ -156,8 +156,8 @@ def test_step_length_is_alpha_phi_of_the_weight_norm(lam):
   assert a["big"] > 5 and 0.1 < a["mid"] < 5 and a["tiny"] < 0.01
   with jax.enable_x64(True):
     for _ in range(3):  # a few random gradients and v_hat
-      grads = jax.tree_util.tree_map(lambda p: rng.normal(size=p.shape), params)
-      v_hat = jax.tree_util.tree_map(lambda p: rng.uniform(0, 1e-2, size=p.shape), params)
+      grads = jax.tree.map(lambda p: rng.normal(size=p.shape), params)
+      v_hat = jax.tree.map(lambda p: rng.uniform(0, 1e-2, size=p.shape), params)
       step, _ = local_step(build("fedlamb", lam=lam), params, grads, v_hat)
       for k, n in norms(step).items():
         assert n == pytest.approx(LR * a[k], rel=1e-12)
@@ -172,7 +172,7 @@ def test_step_length_is_alpha_phi_of_the_weight_norm(lam):
 def test_zero_norm_rules():
   params = {"w": np.array([[0.5, -0.3], [0.2, 0.4]]), "zero": np.zeros(2)}
   grads = {"w": np.array([[0.1, 0.2], [-0.1, 0.0]]), "zero": np.array([0.01, -0.04])}
-  v_hat = jax.tree_util.tree_map(lambda p: np.full(p.shape, 1e-4), params)
+  v_hat = jax.tree.map(lambda p: np.full(p.shape, 1e-4), params)
   with jax.enable_x64(True):
     ams, _ = local_step(build("fedams", v_init=1e-4), params, grads, v_hat)  # alpha p
     unit, _ = local_step(build("fedlamb", lam=0.1), params, grads, v_hat)
@@ -186,7 +186,7 @@ def test_zero_norm_rules():
     for hp in ({}, {"zero_norm": "skip"}, {"phi": "clip", "phi_min": 0.05}):
       step, state = local_step(build("fedlamb", **hp), params, no_grad, v_hat)
       np.testing.assert_array_equal(step["zero"], 0.0)
-      assert all(np.all(np.isfinite(x)) for x in jax.tree_util.tree_leaves((step, state)))
+      assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves((step, state)))
 
 
 def test_lam_mask_and_the_shared_weight_decay():
@@ -194,7 +194,7 @@ def test_lam_mask_and_the_shared_weight_decay():
   weight_decay is L2 in the gradient, so it enters m and v."""
   params = {"w": np.array([[0.5, -0.3], [0.2, 0.4]]), "b": np.array([0.1, -0.2])}
   grads = {"w": np.array([[0.1, 0.2], [-0.1, 0.05]]), "b": np.array([0.01, -0.04])}
-  v_hat = jax.tree_util.tree_map(lambda p: np.full(p.shape, 1e-4), params)
+  v_hat = jax.tree.map(lambda p: np.full(p.shape, 1e-4), params)
   with jax.enable_x64(True):
     masked, _ = local_step(build("fedlamb", lam=0.1, lam_mask="exclude_1d"), params, grads, v_hat)
     every, _ = local_step(build("fedlamb", lam=0.1), params, grads, v_hat)
@@ -202,7 +202,7 @@ def test_lam_mask_and_the_shared_weight_decay():
     np.testing.assert_array_equal(masked["w"], every["w"])
     np.testing.assert_array_equal(masked["b"], plain["b"])
     assert not np.allclose(every["b"], plain["b"])
-    l2 = jax.tree_util.tree_map(lambda g, p: g + 0.1 * p, grads, params)
+    l2 = jax.tree.map(lambda g, p: g + 0.1 * p, grads, params)
     for name in ("fedams", "fedlamb"):
       decayed, _ = local_step(build(name, Common(weight_decay=0.1)), params, grads, v_hat)
       close(decayed, local_step(build(name), params, l2, v_hat)[0], rtol=1e-15, atol=0)
@@ -217,7 +217,7 @@ def test_a_flax_model_with_zero_biases_stays_finite(zero_norm):
   y = rng.integers(0, 3, 24).astype(np.int32)
   params = model.init(jax.random.PRNGKey(0), x[:1])["params"]
   biases = {k: v["bias"] for k, v in params.items()}
-  assert all(np.all(b == 0) for b in jax.tree_util.tree_leaves(biases))
+  assert all(np.all(b == 0) for b in jax.tree.leaves(biases))
   alg = build("fedlamb", lam=0.01, zero_norm=zero_norm)
   phase = clients_lib.ClientPhase(local.make_loss_fn(model, False), alg,
                                 optax.constant_schedule(0.01))
@@ -234,7 +234,7 @@ def test_a_flax_model_with_zero_biases_stays_finite(zero_norm):
   sums = aggregation.reduce_uploads(alg, uploads, info, {}, c.client_mask, c.client_mask)
   new = alg.server.update(server, aggregation.aggregates(alg, sums, 2))
   # theta, m, v, w (the optax state) and the server's theta and v_hat
-  for leaf in jax.tree_util.tree_leaves((final.params, final.opt_state, new)):
+  for leaf in jax.tree.leaves((final.params, final.opt_state, new)):
     assert np.all(np.isfinite(leaf))
   moved = [np.any(new.params[k]["bias"] != 0) for k in biases]
   assert all(moved) if zero_norm == "unit_ratio" else not any(moved)
@@ -248,8 +248,8 @@ def test_server_v_hat_is_the_running_max_of_the_masked_mean(name):
     eng = Engine(build(name, lam=0.01) if name == "fedlamb" else build(name), 4)
     # Start from a v_hat with some coordinates far above any v the clients reach (kept by
     # the max) and the rest at v_init (raised by it).
-    big = jax.tree_util.tree_map(lambda p: jnp.where(rng.random(p.shape) < 0.5, 10.0, 1e-8),
-                                 eng.server.params)
+    big = jax.tree.map(lambda p: jnp.where(rng.random(p.shape) < 0.5, 10.0, 1e-8),
+                       eng.server.params)
     eng.server = eng.server._replace(extra={"v_hat": big})
     kept_total = raised_total = 0
     for _ in range(6):  # every slot present (one compilation), non-participants masked
@@ -261,10 +261,10 @@ def test_server_v_hat_is_the_running_max_of_the_masked_mean(name):
       own = [eng.chunk(range(N), steps, client_mask=np.eye(N)[i])[0][0].values["v"]
              for i in np.flatnonzero(mask)]
       sums = eng.round(range(N), steps, client_mask=mask)
-      mean = jax.tree_util.tree_map(lambda v: v / sums.weight, sums.values["v"])
-      close(mean, jax.tree_util.tree_map(lambda *v: np.mean(v, axis=0), *own),
+      mean = jax.tree.map(lambda v: v / sums.weight, sums.values["v"])
+      close(mean, jax.tree.map(lambda *v: np.mean(v, axis=0), *own),
             rtol=1e-15, atol=0)
-      for new, old, m in zip(*(jax.tree_util.tree_leaves(t) for t in
+      for new, old, m in zip(*(jax.tree.leaves(t) for t in
                                (eng.server.extra["v_hat"], prev.extra["v_hat"], mean))):
         np.testing.assert_allclose(new, np.maximum(old, m), rtol=1e-15, atol=0)
         assert np.all(new >= old)  # exactly, whatever the cohort
@@ -276,14 +276,14 @@ def test_server_v_hat_is_the_running_max_of_the_masked_mean(name):
 
 def test_first_local_step_uses_the_downloaded_v_hat():
   """Fed-AMS's first step, by hand: m_hat = g, w = max(v_hat, b2 v_hat + (1 - b2) g^2)."""
-  params = jax.tree_util.tree_map(np.asarray, PARAMS0)
+  params = jax.tree.map(np.asarray, PARAMS0)
   with jax.enable_x64(True):
     grads = jax.grad(lambda p: loss_fn(p, {}, X[rows(0, 0)], Y[rows(0, 0)], jnp.ones(2), None)[0])(
         params)
     for scale in (1e-6, 1e-2):
-      v_hat = jax.tree_util.tree_map(lambda p: np.full(p.shape, scale), params)
+      v_hat = jax.tree.map(lambda p: np.full(p.shape, scale), params)
       eng = Engine(build("fedams"), 1)
-      eng.server = eng.server._replace(extra={"v_hat": jax.tree_util.tree_map(jnp.asarray, v_hat)})
+      eng.server = eng.server._replace(extra={"v_hat": jax.tree.map(jnp.asarray, v_hat)})
       eng.round([0], [1])
       for k in params:
         g, vh = np.asarray(grads[k]), v_hat[k]
@@ -297,14 +297,14 @@ def test_non_participants_change_nothing():
     eng = Engine(build("fedlamb", m_round_init="carry", v_round_init="carry"), 3)
     eng.round([0, 1, 2], [3, 3, 3])  # every row now differs from its initial value
     base, _ = eng.chunk([0, 2], [3, 2])
-    store = jax.tree_util.tree_map(lambda a: a.at[1].set(123.0), eng.store)  # client 1's row
+    store = jax.tree.map(lambda a: a.at[1].set(123.0), eng.store)  # client 1's row
     other_row, _ = eng.chunk([0, 2], [3, 2], store=store)
     # client 1 in a padded slot (mask 0), holding the changed row
     padded, _ = eng.chunk([0, 2, 1], [3, 2, 3], client_mask=[1, 1, 0], store=store)
     server = eng.update(eng.server, base[0])
     for sums in (padded[0], other_row[0]):
-      for a, b in zip(jax.tree_util.tree_leaves(server),
-                      jax.tree_util.tree_leaves(eng.update(eng.server, sums))):
+      for a, b in zip(jax.tree.leaves(server),
+                      jax.tree.leaves(eng.update(eng.server, sums))):
         np.testing.assert_array_equal(a, b)
 
 
@@ -315,7 +315,7 @@ def test_carry_keeps_each_clients_moments_and_restarts_the_counter():
     eng.round([1], [4])
     tx = optax.amsgrad(LR, bias_correction_nu=False)
     params, state = optax_local(tx, PARAMS0, 1, 4)
-    close(jax.tree_util.tree_map(lambda a: a[1], eng.store), {"m": state[0].mu, "v": state[0].nu},
+    close(jax.tree.map(lambda a: a[1], eng.store), {"m": state[0].mu, "v": state[0].nu},
           rtol=1e-13, atol=1e-16)
     eng.round([1], [4])
     # Round 2 restarts the counter and the local max at v_hat_1 = max(0, nu) = nu.
@@ -326,26 +326,26 @@ def test_carry_keeps_each_clients_moments_and_restarts_the_counter():
 
 def test_server_source_uses_own_v_in_round_one_then_the_frozen_v_hat():
   """v_hat_source = "server" (the authors' code)."""
-  params = jax.tree_util.tree_map(np.asarray, PARAMS0)
-  g = jax.tree_util.tree_map(lambda p: np.full(p.shape, 0.1), params)
+  params = jax.tree.map(np.asarray, PARAMS0)
+  g = jax.tree.map(lambda p: np.full(p.shape, 0.1), params)
   alg = build("fedams", v_hat_source="server")
   with jax.enable_x64(True):
     sentinel = alg.server.init(params, {}).extra["v_hat"]
     step, _ = local_step(alg, params, g, sentinel)
     v1 = 0.999 * 1e-8 + 0.001 * 0.01
-    close(step, jax.tree_util.tree_map(lambda p: np.full(p.shape, LR * 0.1 / (np.sqrt(v1) + 1e-8)),
-                                       params), rtol=1e-13)
-    frozen = jax.tree_util.tree_map(lambda p: np.full(p.shape, 4.0), params)
+    close(step, jax.tree.map(lambda p: np.full(p.shape, LR * 0.1 / (np.sqrt(v1) + 1e-8)),
+                             params), rtol=1e-13)
+    frozen = jax.tree.map(lambda p: np.full(p.shape, 4.0), params)
     ctx = ClientContext({"params": params, "v_hat": frozen}, {}, jnp.ones(()), jnp.zeros((), int))
     state = alg.local.init_state(ctx)
     for t in range(1, 4):  # m_hat = g whatever t; the denominator stays sqrt(4) + eps
       d, state = alg.local.tx.update(g, state, params)
-      close(d, jax.tree_util.tree_map(lambda p: np.full(p.shape, 0.1 / (2 + 1e-8)), params),
+      close(d, jax.tree.map(lambda p: np.full(p.shape, 0.1 / (2 + 1e-8)), params),
             rtol=1e-13)
     # the server's first maximum starts from v_init, not from the sentinel
     eng = Engine(alg, 2)
     eng.round([0], [2])
-    assert all(np.all(v >= 1e-8) for v in jax.tree_util.tree_leaves(eng.server.extra["v_hat"]))
+    assert all(np.all(v >= 1e-8) for v in jax.tree.leaves(eng.server.extra["v_hat"]))
 
 
 # ---- a local step worked by hand --------------------------------------------------------------
@@ -413,10 +413,10 @@ def test_masked_surplus_steps_change_nothing(name):
       state = clients_lib.fresh_states(alg, ctx, {}, 2)
       out, _ = phase.train(state, ctx, jnp.asarray(X), jnp.asarray(Y), c,
                            jax.random.split(jax.random.PRNGKey(0), 2), 0)
-      return jax.tree_util.tree_map(lambda a: np.asarray(a[0]), out)  # client 0
+      return jax.tree.map(lambda a: np.asarray(a[0]), out)  # client 0
 
     short, padded = final(3, [3, 3]), final(5, [3, 5])
-    for a, b in zip(jax.tree_util.tree_leaves(short), jax.tree_util.tree_leaves(padded)):
+    for a, b in zip(jax.tree.leaves(short), jax.tree.leaves(padded)):
       np.testing.assert_array_equal(a, b)
     assert optax.tree_utils.tree_get(padded.opt_state, "ScaleByAmsgradState").count == 3
 
@@ -436,7 +436,7 @@ def test_communication_is_two_vectors_each_way():
   d, active = s["num_parameters"], 4 * 2  # 4 clients in each of 2 rounds
   assert s["comm_floats_up"] == s["comm_floats_down"] == 2 * d * active
   assert s["comm_bits_up"] == 32 * s["comm_floats_up"]
-  params = jax.tree_util.tree_map(jnp.asarray, PARAMS0)
+  params = jax.tree.map(jnp.asarray, PARAMS0)
   sizes = np.array([6, 2])  # b, W
   for name, vectors in (("fedavg", 1), ("fedams", 2), ("fedlamb", 2)):
     alg = build(name)

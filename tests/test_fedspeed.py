@@ -29,7 +29,7 @@ def build(common=Common(), **hparams):
 
 
 def bits(tree):
-  return [np.asarray(x).tobytes() for x in jax.tree_util.tree_leaves(tree)]
+  return [np.asarray(x).tobytes() for x in jax.tree.leaves(tree)]
 
 
 # ---- reductions --------------------------------------------------------------------------------
@@ -89,7 +89,7 @@ def run_partial_rounds(alg, cohorts, seed=0):
 
   params = {"w": jnp.asarray(rng.normal(size=D), jnp.float32)}
   server = alg.server.init(params, {})
-  store = jax.tree_util.tree_map(lambda r: jnp.stack([r] * M), alg.row_init(params))
+  store = jax.tree.map(lambda r: jnp.stack([r] * M), alg.row_init(params))
   records = []
   for r, ids in enumerate(cohorts):
     ids = np.asarray(ids)

@@ -52,7 +52,7 @@ def run(alg, rounds, **kw):
 
 
 def _bits(tree):
-  return [np.asarray(x).tobytes() for x in jax.tree_util.tree_leaves(tree)]
+  return [np.asarray(x).tobytes() for x in jax.tree.leaves(tree)]
 
 
 # ---- numpy references ----------------------------------------------------------------------
@@ -198,7 +198,7 @@ def test_serve_gives_the_shared_layers_with_the_client_s_own():
   alg = build("fedbn")
   server, rows = ref.engine(alg, 2, x0=BN_PARAMS, loss=bn_loss, model_state=BN_STATS)
   for i in range(N):
-    row = jax.tree_util.tree_map(lambda a, i=i: a[i], rows)
+    row = jax.tree.map(lambda a, i=i: a[i], rows)
     params, stats = alg.serve(server, row, None)
     np.testing.assert_array_equal(params["Dense_0"]["kernel"], server.params["Dense_0"]["kernel"])
     np.testing.assert_array_equal(params["BatchNorm_0"]["scale"],
@@ -233,9 +233,9 @@ def test_nothing_personal_is_fedavg_bitwise(name, hparams):
                                             ("lg_fedavg", "Dense_0")])
 def test_only_the_shared_layers_travel(name, personal):
   alg = build(name)
-  params = jax.tree_util.tree_map(jnp.asarray, TWO_LAYERS)
+  params = jax.tree.map(jnp.asarray, TWO_LAYERS)
   t = traffic_lib.traffic(alg, alg.server.init(params, {}), alg.row_init(params))
-  d = sum(np.size(x) for x in jax.tree_util.tree_leaves(params))
+  d = sum(np.size(x) for x in jax.tree.leaves(params))
   d_personal = np.size(TWO_LAYERS[personal]["kernel"])
   assert int(t.up_per_leaf.sum()) == int(t.down_per_leaf.sum()) == d - d_personal
   assert traffic_lib.uplink_bits(t, None) == 32 * (d - d_personal)
@@ -244,7 +244,7 @@ def test_only_the_shared_layers_travel(name, personal):
 # ---- refusals ---------------------------------------------------------------------------
 def test_a_wrong_layer_name_stops_listing_the_model_s_layers():
   alg = build("fedper", personal_layers="Dense_1, Head")
-  params = jax.tree_util.tree_map(jnp.asarray, TWO_LAYERS)
+  params = jax.tree.map(jnp.asarray, TWO_LAYERS)
   with pytest.raises(ConfigError, match=r"fedper\.personal_layers='Dense_1, Head': 'Head' is "
                      r"not a layer of the model; accepted: .*\(Dense_0, Dense_1\)"):
     alg.row_init(params)
@@ -359,7 +359,7 @@ def test_fedbn_rows_resume_exactly_and_chunks_change_nothing(tmp_path, on_host):
   assert set(rows["params"]) == set(rows["batch_stats"]) == {"BatchNorm_0"}
   fresh = program.init_state()["server"]
   assert _bits(server.params["BatchNorm_0"]) == _bits(
-      jax.tree_util.tree_map(np.asarray, fresh.params["BatchNorm_0"]))
+      jax.tree.map(np.asarray, fresh.params["BatchNorm_0"]))
   assert not np.allclose(server.params["Dense_0"]["kernel"],
                          np.asarray(fresh.params["Dense_0"]["kernel"]))
   sampled = {int(i) for r in range(3) for i in program.opts.sampler.sample(r)}

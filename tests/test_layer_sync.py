@@ -53,7 +53,7 @@ TENSOR_SIZES = (4, 4, 4, 72, 3, 12, 4, 16)
 
 
 def _random_params(rng, shapes, lead=()):
-  return jax.tree_util.tree_map(
+  return jax.tree.map(
       lambda s: rng.normal(size=lead + s.shape).astype(np.float32), shapes)
 
 
@@ -110,9 +110,9 @@ def test_layer_spec_variables_wrapper_and_arrays_are_readonly():
 def test_per_leaf():
   spec = layers.layer_spec(PARAM_SHAPES, "module")
   tree = layers.per_leaf(spec, jnp.array([10, 11, 12, 13]), PARAM_SHAPES)
-  assert jax.tree_util.tree_structure(tree) == jax.tree_util.tree_structure(
+  assert jax.tree.structure(tree) == jax.tree.structure(
       PARAM_SHAPES)
-  assert [int(v) for v in jax.tree_util.tree_leaves(tree)] == [
+  assert [int(v) for v in jax.tree.leaves(tree)] == [
       10, 10, 11, 11, 12, 12, 13, 13]
   with pytest.raises(ValueError, match="shape"):
     layers.per_leaf(spec, jnp.zeros(3), PARAM_SHAPES)
@@ -123,8 +123,8 @@ def test_per_leaf():
 
 def _np_reference(stacked, weights, mask, tau, prev_d, prev_g, l2l):
   """Float64 numpy restatement of the layer-wise averaging."""
-  xs = [np.asarray(x, np.float64) for x in jax.tree_util.tree_leaves(stacked)]
-  us = [np.asarray(u) for u in jax.tree_util.tree_leaves(prev_g)]
+  xs = [np.asarray(x, np.float64) for x in jax.tree.leaves(stacked)]
+  us = [np.asarray(u) for u in jax.tree.leaves(prev_g)]
   w = np.asarray(weights, np.float64)
   w = w / w.sum()
   num_layers = len(mask)
@@ -183,9 +183,9 @@ def test_matches_numpy_reference(granularity, weights):
                                       prev_d, prev_g, spec.leaf_to_layer)
   assert d.dtype == jnp.float32 and d.shape == (spec.num_layers,)
   np.testing.assert_allclose(d, ref_d, rtol=2e-6)
-  for got, want in zip(jax.tree_util.tree_leaves(new_x), ref_x):
+  for got, want in zip(jax.tree.leaves(new_x), ref_x):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-  for got, want in zip(jax.tree_util.tree_leaves(new_u), ref_u):
+  for got, want in zip(jax.tree.leaves(new_u), ref_u):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -196,12 +196,12 @@ def test_unsynced_layers_untouched_bit_for_bit(granularity):
   mask, tau, prev_d, prev_g = _inputs(spec, 4)
   new_x, new_u, d = _call(spec, stacked, WEIGHTS["examples"], mask, tau,
                           prev_d, prev_g)
-  triples = zip(jax.tree_util.tree_leaves(stacked),
-                jax.tree_util.tree_leaves(new_x),
+  triples = zip(jax.tree.leaves(stacked),
+                jax.tree.leaves(new_x),
                 spec.leaf_to_layer)
   for (old, new, l), u_old, u_new in zip(triples,
-                                         jax.tree_util.tree_leaves(prev_g),
-                                         jax.tree_util.tree_leaves(new_u)):
+                                         jax.tree.leaves(prev_g),
+                                         jax.tree.leaves(new_u)):
     if mask[l]:
       assert np.all(np.asarray(new) == np.asarray(new)[0])  # all rows = mean
       np.testing.assert_array_equal(np.asarray(new)[0], u_new)
@@ -218,7 +218,7 @@ def test_padded_client_changes_nothing():
   weights = np.array(WEIGHTS["examples"] + [0.0])
 
   def with_row(value):
-    return jax.tree_util.tree_map(
+    return jax.tree.map(
         lambda x: np.concatenate([x, np.full((1,) + x.shape[1:], value,
                                              np.float32)]), real)
 
@@ -226,14 +226,14 @@ def test_padded_client_changes_nothing():
           for v in (np.nan, np.inf, 1e30, 0.0)]
   garbage, *others = outs
   for other in others:
-    for a, b in zip(jax.tree_util.tree_leaves(garbage[1:]),
-                    jax.tree_util.tree_leaves(other[1:])):
+    for a, b in zip(jax.tree.leaves(garbage[1:]),
+                    jax.tree.leaves(other[1:])):
       np.testing.assert_array_equal(a, b)  # new_global and d: bit for bit
-    for a, b in zip(jax.tree_util.tree_leaves(garbage[0]),
-                    jax.tree_util.tree_leaves(other[0])):
+    for a, b in zip(jax.tree.leaves(garbage[0]),
+                    jax.tree.leaves(other[0])):
       np.testing.assert_array_equal(np.asarray(a)[:-1], np.asarray(b)[:-1])
   # The padded row: the mean where synced, its own (garbage) value elsewhere.
-  for x, l in zip(jax.tree_util.tree_leaves(garbage[0]), spec.leaf_to_layer):
+  for x, l in zip(jax.tree.leaves(garbage[0]), spec.leaf_to_layer):
     x = np.asarray(x)
     if mask[l]:
       np.testing.assert_array_equal(x[-1], x[0])
@@ -241,8 +241,8 @@ def test_padded_client_changes_nothing():
       assert np.all(np.isnan(x[-1]))
   # And the result equals the run without the padded client.
   unpadded = _call(spec, real, weights[:-1], mask, tau, prev_d, prev_g)
-  for a, b in zip(jax.tree_util.tree_leaves(garbage[1:]),
-                  jax.tree_util.tree_leaves(unpadded[1:])):
+  for a, b in zip(jax.tree.leaves(garbage[1:]),
+                  jax.tree.leaves(unpadded[1:])):
     np.testing.assert_allclose(a, b, rtol=1e-6)
 
 
@@ -258,9 +258,9 @@ def test_all_synced_equals_weighted_mean(weights):
     new_x, new_u, _ = _call(spec, stacked, w, mask, tau, prev_d, prev_g, jit)
     fn = jax.jit(reduce.weighted_mean) if jit else reduce.weighted_mean
     mean = fn(stacked, w)
-    for m, u, x in zip(jax.tree_util.tree_leaves(mean),
-                       jax.tree_util.tree_leaves(new_u),
-                       jax.tree_util.tree_leaves(new_x)):
+    for m, u, x in zip(jax.tree.leaves(mean),
+                       jax.tree.leaves(new_u),
+                       jax.tree.leaves(new_x)):
       np.testing.assert_array_equal(m, u)
       np.testing.assert_array_equal(np.broadcast_to(m, x.shape), x)
 
@@ -289,8 +289,8 @@ def test_jit_matches_eager():
   args = (WEIGHTS["examples"],) + _inputs(spec, 10)
   eager = _call(spec, stacked, *args, jit=False)
   jitted = _call(spec, stacked, *args, jit=True)
-  for a, b in zip(jax.tree_util.tree_leaves(eager),
-                  jax.tree_util.tree_leaves(jitted)):
+  for a, b in zip(jax.tree.leaves(eager),
+                  jax.tree.leaves(jitted)):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
@@ -334,8 +334,8 @@ _SHARDED_SCRIPT = textwrap.dedent("""
     w_sharded = jax.device_put(w, shard)
     out = fn(sharded, w_sharded, *args[1:])
     want = fn(stacked, *args)
-    for a, b in zip(jax.tree_util.tree_leaves(out),
-                    jax.tree_util.tree_leaves(want)):
+    for a, b in zip(jax.tree.leaves(out),
+                    jax.tree.leaves(want)):
       np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     assert out[0]["a"].sharding.is_equivalent_to(shard, 3)
     print("SHARDED_OK")

@@ -62,7 +62,7 @@ def _jitted(model, method="apply", **kwargs):
 def _draw(shapes, seed=0, scale=0.3):
   """Leaves of `shapes` drawn from N(0, scale^2) (no init to compute), lora_b zero."""
   rng = np.random.default_rng(seed)
-  return jax.tree_util.tree_map_with_path(
+  return jax.tree.map_with_path(
       lambda path, x: jnp.zeros(x.shape, x.dtype) if path[-1].key == lora.ADAPTER_B
       else jnp.asarray(rng.normal(0, scale, x.shape), x.dtype), shapes)
 
@@ -80,7 +80,7 @@ def _pair(name, **spec):
 def _random_b(params, seed=0, scale=0.3):
   """`params` with every lora_b drawn from N(0, scale^2)."""
   rng = np.random.default_rng(seed)
-  return jax.tree_util.tree_map_with_path(
+  return jax.tree.map_with_path(
       lambda path, x: jnp.asarray(rng.normal(0, scale, x.shape), x.dtype)
       if path[-1].key == lora.ADAPTER_B else x, params)
 
@@ -355,7 +355,7 @@ def test_a_base_checkpoint_loads_under_the_adapters():
   loaded = lora.with_base(params, pretrained)
   np.testing.assert_array_equal(_jitted(adapted)({"params": loaded}, x),
                                 _jitted(base)({"params": pretrained}, x))
-  bad = jax.tree_util.tree_map_with_path(
+  bad = jax.tree.map_with_path(
       lambda path, p: jnp.ones((3,)) if path[-1].key == "bias" and path[0].key == "Dense_0"
       else p, pretrained)
   with pytest.raises(ConfigError, match="'Dense_0/bias' has shape"):

@@ -104,16 +104,16 @@ def _numpy_variables(model, x, seed=0):
     return jnp.asarray(rng.normal(size=leaf.shape) / math.sqrt(fan_in),
                        leaf.dtype)
 
-  return jax.tree_util.tree_map_with_path(fill, _abstract_init(model, x))
+  return jax.tree.map_with_path(fill, _abstract_init(model, x))
 
 
 def _size(tree):
-  return sum(math.prod(l.shape) for l in jax.tree_util.tree_leaves(tree))
+  return sum(math.prod(l.shape) for l in jax.tree.leaves(tree))
 
 
 def _leaf_names(tree):
   return [path[-1].key for path, _ in
-          jax.tree_util.tree_leaves_with_path(tree)]
+          jax.tree.leaves_with_path(tree)]
 
 
 @pytest.mark.parametrize(
@@ -126,11 +126,11 @@ def test_exact_parameter_counts(name, num_classes, shape, opts, params,
   variables = _abstract_init(model, jax.ShapeDtypeStruct((1,) + shape, dtype))
   p = variables["params"]
   assert _size(p) == params
-  assert len(jax.tree_util.tree_leaves(p)) == tensors
+  assert len(jax.tree.leaves(p)) == tensors
   assert _leaf_names(p).count("kernel") == kernels
   floats, count = BATCH_STATS.get((name, opts.get("variant")), (0, 0))
   assert _size(variables.get("batch_stats", {})) == floats
-  assert len(jax.tree_util.tree_leaves(variables.get("batch_stats", {}))) == (
+  assert len(jax.tree.leaves(variables.get("batch_stats", {}))) == (
       count)
 
 
@@ -139,7 +139,7 @@ def test_resnet20_kernel_shapes_match_spec_table():
   model = models.get("resnet20", 10)
   p = _abstract_init(model, jnp.zeros((1,) + CIFAR))["params"]
   shapes = sorted(tuple(l.shape) for path, l in
-                  jax.tree_util.tree_leaves_with_path(p)
+                  jax.tree.leaves_with_path(p)
                   if path[-1].key == "kernel")
   expected = sorted(
       [(3, 3, 3, 16)] + [(3, 3, 16, 16)] * 6 + [(1, 1, 16, 16)]
@@ -156,7 +156,7 @@ def test_leaf_names_and_kernel_ranks(name):
   model = models.get(name, 10)
   x = _sample(name, batch=1)
   p = _abstract_init(model, x)["params"]
-  for path, leaf in jax.tree_util.tree_leaves_with_path(p):
+  for path, leaf in jax.tree.leaves_with_path(p):
     key = path[-1].key
     assert key in ("kernel", "bias", "scale", "embedding"), path
     if leaf.ndim >= 2:
@@ -173,8 +173,8 @@ def test_kernel_sets_share_the_parameter_tree(name):
   for impl in impls:
     model = models.get(name, 10, kernels=impl)
     variables = _abstract_init(model, _sample(name, batch=1))
-    shapes[impl] = jax.tree_util.tree_map(lambda l: (l.shape, l.dtype),
-                                          variables)
+    shapes[impl] = jax.tree.map(lambda l: (l.shape, l.dtype),
+                                variables)
   for impl in impls:
     assert shapes[impl] == shapes["lax"], impl
 
@@ -220,10 +220,10 @@ def test_init_is_a_function_of_the_key(name):
   x = _sample(name)
   init = jax.jit(model.init)
   v1, v2, v3 = (init(jax.random.PRNGKey(k), x) for k in (3, 3, 4))
-  jax.tree_util.tree_map(np.testing.assert_array_equal, v1, v2)
+  jax.tree.map(np.testing.assert_array_equal, v1, v2)
   assert all(not np.array_equal(a, b) for a, b in zip(
-      jax.tree_util.tree_leaves(v1["params"]),
-      jax.tree_util.tree_leaves(v3["params"])) if np.any(a != 0))
+      jax.tree.leaves(v1["params"]),
+      jax.tree.leaves(v3["params"])) if np.any(a != 0))
 
 
 @pytest.mark.parametrize("name,shape", [

@@ -307,7 +307,7 @@ def test_synchronous_federation_is_stratified_and_training_never_reads_a_test_ex
     state, out = program.run_round(state, r)
     assert np.isfinite(out.train_loss) and out.train_count > 0
   params, model_state = program.eval_params(state)
-  for leaf in jax.tree_util.tree_leaves(params):
+  for leaf in jax.tree.leaves(params):
     assert np.all(np.isfinite(np.asarray(leaf)))
   # The record's per-client metrics of this program: global and fine-tuned personal models
   # (fine-tuning reads the clients' training parts only: finite despite the poison).

@@ -292,7 +292,7 @@ def test_perfedavg_matches_numpy(variant):
 
 # ---- reductions bit for bit, on a network in float32 ------------------------------------------
 def _bits(tree):
-  return [np.asarray(x).tobytes() for x in jax.tree_util.tree_leaves(tree)]
+  return [np.asarray(x).tobytes() for x in jax.tree.leaves(tree)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -349,7 +349,7 @@ def test_personal_rows_resume_exactly_on_host_and_device(placed, name):
   assert contract._bits(host["resumed"]) == contract._bits(host["straight"])
   assert contract._bits(device["resumed"]) == contract._bits(device["straight"])
   assert contract._bits(host["straight"]) == contract._bits(device["straight"])
-  assert isinstance(jax.tree_util.tree_leaves(host["program"].store.rows)[0], np.ndarray)
+  assert isinstance(jax.tree.leaves(host["program"].store.rows)[0], np.ndarray)
 
 
 def test_bad_hyper_parameters_are_named():

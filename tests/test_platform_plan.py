@@ -82,7 +82,7 @@ def _one_round(plan):
   program = SyncProgram(opts, registry.build_algorithm(config, fed.num_clients, 1.0),
                         model, params, {}, fed, MESH)
   state, _ = program.run_round(program.init_state(), 0)
-  return [np.asarray(sharding.to_host(x)) for x in jax.tree_util.tree_leaves(
+  return [np.asarray(sharding.to_host(x)) for x in jax.tree.leaves(
       program.eval_params(state))]
 
 

@@ -356,7 +356,7 @@ def test_fast_path_equals_codec_on_random_trees(dtype, precision):
 
 
 def _leaves(tree):
-  """The leaves of a `_random_model` tree in jax.tree_util order (sorted keys), by hand."""
+  """The leaves of a `_random_model` tree in jax.tree.leaves order (sorted keys), by hand."""
   return [tree["conv"]["bias"], tree["conv"]["kernel"], tree["dense"][0], tree["dense"][1],
           tree["empty"], tree["scale"], tree["ties"]]
 
@@ -375,7 +375,7 @@ def test_fast_path_accepts_jax_leaves():
 
 
 def test_tree_message_literal():
-  """Leaves in jax.tree_util order (sorted dict keys), C order, delta restarting per leaf.
+  """Leaves in jax.tree.leaves order (sorted dict keys), C order, delta restarting per leaf.
 
   With the single-value strings at p = 4: 1.0 -> '_pR', -1.0 -> '~oR', and a zero delta -> '?'.
   """

@@ -438,7 +438,7 @@ def worker(out_path, mesh_size, cases):
     state, outs = helpers.run(program)
     server = robust_runs._server(program, state)  # pylint: disable=protected-access
     report[case] = {"params": [np.asarray(p).tolist() for p in
-                               jax.tree_util.tree_leaves(server.params)],
+                               jax.tree.leaves(server.params)],
                     "loss": [o.train_loss for o in outs],
                     "extra": [{k: v for k, v in o.extra.items() if k.startswith("aggregator_")}
                               for o in outs]}

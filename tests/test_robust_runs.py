@@ -66,7 +66,7 @@ def _short(**fields):
 
 
 def _flat(tree):
-  return np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree_util.tree_leaves(tree)])
+  return np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree.leaves(tree)])
 
 
 # ---- the config section ---------------------------------------------------------------------
@@ -169,7 +169,7 @@ def test_each_defence_chunked_equals_unchunked(defence):
   assert program.opts.aggregator is not None
   state, outs = helpers.run(program)
   whole = _server(program, state)
-  assert all(np.all(np.isfinite(x)) for x in jax.tree_util.tree_leaves(whole))
+  assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(whole))
   chunked = helpers.build(robust_config(defence, rounds=2, **{"engine.clients_per_chunk": 3}),
                           MESH)
   assert chunked.chunk_size == 3
@@ -295,7 +295,7 @@ def test_fedlama_runs_a_defence_behind_an_attack():
   program = helpers.build(robust_config("median", "sign_flip", schedule="fedlama"), MESH)
   assert type(program).__name__ == "FedLamaProgram"
   state, outs = helpers.run(program)
-  assert all(np.all(np.isfinite(x)) for x in jax.tree_util.tree_leaves(_server(program, state)))
+  assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(_server(program, state)))
   assert all(np.isfinite(o.train_loss) for o in outs)
 
 

@@ -44,7 +44,7 @@ def _poison(monkeypatch, at_round, what):
     if round_idx == at_round:
       if what == "params":
         server = state["server"]
-        nan = jax.tree_util.tree_map(lambda x: x * jnp.nan, server.params)
+        nan = jax.tree.map(lambda x: x * jnp.nan, server.params)
         state = dict(state, server=server._replace(params=nan))
       else:
         out = out._replace(train_loss=float("nan"))

@@ -154,8 +154,8 @@ def test_extended_run_equals_an_uninterrupted_run_and_flipped_bytes_are_caught(t
   on_disk = json.loads((tmp_path / "extended" / "summary.json").read_text())
   assert drop_wall(on_disk) == drop_wall(json.loads((tmp_path / "full" / "summary.json").read_text()))
   a, b = _final_params(tmp_path / "extended"), _final_params(tmp_path / "full")
-  assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
-  for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
   # Flipped bytes in the latest checkpoint: the next run names the file, changes nothing.

@@ -31,7 +31,7 @@ def build(name, common=Common(), **hparams):
 
 
 def bits(tree):
-  return [np.asarray(x).tobytes() for x in jax.tree_util.tree_leaves(tree)]
+  return [np.asarray(x).tobytes() for x in jax.tree.leaves(tree)]
 
 
 def along(v, rho):

@@ -84,7 +84,7 @@ def row_algorithm():
 
   def correct(grads, params, ctx):
     del params
-    return jax.tree_util.tree_map(lambda g, c: g + 0.1 * c, grads, ctx.row["c"])
+    return jax.tree.map(lambda g, c: g + 0.1 * c, grads, ctx.row["c"])
 
   def row_init(params):
     return {"c": optax.tree.zeros_like(params), "n": jnp.zeros((), jnp.float32)}
@@ -92,7 +92,7 @@ def row_algorithm():
   def finish(final, ctx, info):
     del info
     delta = displacement(final, ctx)
-    c = jax.tree_util.tree_map(lambda c, d: 0.5 * c - d, ctx.row["c"], delta)
+    c = jax.tree.map(lambda c, d: 0.5 * c - d, ctx.row["c"], delta)
     return {"delta": delta}, {"c": c, "n": ctx.row["n"] + 1}
 
   shared = common.Common(local_momentum=0.5)
@@ -121,7 +121,7 @@ def run(program, rounds=None):
 
 
 def _flat(tree):
-  return [np.asarray(sharding.to_host(x)) for x in jax.tree_util.tree_leaves(tree)]
+  return [np.asarray(sharding.to_host(x)) for x in jax.tree.leaves(tree)]
 
 
 def _spec(x):
@@ -157,10 +157,10 @@ def _case(kind, cohort, mesh):
     state, outs = run(program)
     state = state["fedlama"]
     m = program.num_slots
-    slots = jax.tree_util.tree_map(lambda a: a[:m], state.slots.params)
+    slots = jax.tree.map(lambda a: a[:m], state.slots.params)
     result = _flat(state.server.params) + _flat(slots)
-    placed = {"slots_" + _spec(x) for x in jax.tree_util.tree_leaves(state.slots)}
-    placed |= {"global_" + _spec(x) for x in jax.tree_util.tree_leaves(state.server.params)}
+    placed = {"slots_" + _spec(x) for x in jax.tree.leaves(state.slots)}
+    placed |= {"global_" + _spec(x) for x in jax.tree.leaves(state.server.params)}
   else:
     config = tiny_config(active_ratio=ratio,
                          **{"engine.client_state_on_host": kind == "fedavg_host"})
@@ -173,12 +173,12 @@ def _case(kind, cohort, mesh):
     _, new_rows, stats = program.train_chunk(
         state["server"], program.store.gather(packed.client_ids), program.data_x,
         program.data_y, sharding.shard_clients(packed, mesh), 0)
-    per_client = jax.tree_util.tree_leaves((new_rows, stats))
+    per_client = jax.tree.leaves((new_rows, stats))
     placed = {"vmapped_" + _spec(x) for x in per_client}
     placed |= {f"shard_rows_{x.addressable_shards[0].data.shape[0]}" for x in per_client}
-    placed |= {"server_" + _spec(x) for x in jax.tree_util.tree_leaves(state["server"])}
+    placed |= {"server_" + _spec(x) for x in jax.tree.leaves(state["server"])}
     if kind == "fedavg":
-      placed |= {"store_" + _spec(x) for x in jax.tree_util.tree_leaves(program.store.rows)}
+      placed |= {"store_" + _spec(x) for x in jax.tree.leaves(program.store.rows)}
   loss = [o.train_loss for o in outs]
   return result, loss, sorted(placed)
 

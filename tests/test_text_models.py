@@ -32,7 +32,7 @@ V = 81  # LEAF's 80 Shakespeare characters + one for any other
 
 
 def _count(tree) -> int:
-  return sum(int(np.prod(leaf.shape)) for leaf in jax.tree_util.tree_leaves(tree))
+  return sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(tree))
 
 
 def _shapes(model, length=80, batch=1):
@@ -49,7 +49,7 @@ def _random_variables(model, x, seed=0, scale=0.5):
       np.ones(leaf.shape) if path[-1].key == "var" else
       np.zeros(leaf.shape) if path[-1].key == "mean" else rng.normal(0, scale, leaf.shape),
       jnp.float32)
-  return jax.tree_util.tree_map_with_path(draw, shapes)
+  return jax.tree.map_with_path(draw, shapes)
 
 
 # ---- parameter counts -----------------------------------------------------------------------
@@ -182,7 +182,7 @@ def _dense(x, p):
 
 
 def _numpy_transformer(params, tokens, heads, tied):
-  p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), params)
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
   batch, length = tokens.shape
   h = p["token_embed"]["embedding"][tokens] + p["position_embed"]["embedding"][:length]
   blocks = sorted((k for k in p if k.startswith("block_")), key=lambda k: int(k[6:]))
@@ -469,7 +469,7 @@ def test_transformer_trains_under_fedlama_and_fedper(tmp_path):
   c = _text_config(tmp_path, algorithm="fedper")
   summary = training.train_and_evaluate(c, str(tmp_path / "per"))
   sizes = {"/".join(path): leaf.size for path, leaf in zip(
-      leaf_paths(params), jax.tree_util.tree_leaves(params))}
+      leaf_paths(params), jax.tree.leaves(params))}
   for way in ("up", "down"):
     floats = summary[f"comm_floats_{way}_per_layer"]
     assert set(floats) == set(sizes)

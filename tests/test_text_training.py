@@ -344,19 +344,19 @@ def test_logreg_token_ids_equal_counts():
   model = models.get("logreg", classes, vocab_size=vocab)
   p_tok = model.init(jax.random.PRNGKey(3), jnp.asarray(ids))
   p_cnt = model.init(jax.random.PRNGKey(3), jnp.asarray(counts))
-  same = jax.tree_util.tree_map(lambda a, b: bool(jnp.all(a == b)), p_tok, p_cnt)
-  assert all(jax.tree_util.tree_leaves(same))  # one parameter tree, one init
-  assert sum(a.size for a in jax.tree_util.tree_leaves(p_tok)) == vocab * classes + classes
+  same = jax.tree.map(lambda a, b: bool(jnp.all(a == b)), p_tok, p_cnt)
+  assert all(jax.tree.leaves(same))  # one parameter tree, one init
+  assert sum(a.size for a in jax.tree.leaves(p_tok)) == vocab * classes + classes
   # A random bias and kernel, so both terms are exercised.
-  params = jax.tree_util.tree_map(
+  params = jax.tree.map(
       lambda a: jnp.asarray(rng.normal(size=a.shape), a.dtype), p_tok)
   np.testing.assert_allclose(model.apply(params, jnp.asarray(ids)),
                              model.apply(params, jnp.asarray(counts)), rtol=1e-6, atol=1e-6)
   np.testing.assert_allclose(model.apply(params, jnp.asarray(ids))[4],
                              params["params"]["Dense_0"]["bias"], rtol=0, atol=0)
   grad = lambda x: jax.grad(lambda p: jnp.sum(jnp.sin(model.apply(p, x))))(params)
-  for a, b in zip(jax.tree_util.tree_leaves(grad(jnp.asarray(ids))),
-                  jax.tree_util.tree_leaves(grad(jnp.asarray(counts)))):
+  for a, b in zip(jax.tree.leaves(grad(jnp.asarray(ids))),
+                  jax.tree.leaves(grad(jnp.asarray(counts)))):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 

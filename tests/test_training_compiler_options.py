@@ -76,8 +76,8 @@ def test_the_options_leave_an_engine_round_bit_for_bit_unchanged(model_name, mon
   monkeypatch.setattr(plan_lib, "CPU_TRAINING_COMPILER_OPTIONS", {})
   without = benchmark.engine_round(w, "auto", mesh=MESH)()
   moved = False
-  for a, b, start in zip(jax.tree_util.tree_leaves(with_options),
-                         jax.tree_util.tree_leaves(without), jax.tree_util.tree_leaves(w.params)):
+  for a, b, start in zip(jax.tree.leaves(with_options),
+                         jax.tree.leaves(without), jax.tree.leaves(w.params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     moved |= not np.array_equal(np.asarray(a), np.asarray(start))
   assert moved, "the round did not train: the comparison would be vacuous"

@@ -53,14 +53,14 @@ def test_vectorized_runs_equal_sequential_runs(algorithm):
     losses.append([o.train_loss for o in outs])
   for i, (server, rows, loss) in enumerate(sequential):
     run = vec.run_state(state, i)
-    chex.assert_trees_all_close(run["server"], jax.tree_util.tree_map(np.asarray, server),
+    chex.assert_trees_all_close(run["server"], jax.tree.map(np.asarray, server),
                                 rtol=2e-5, atol=2e-6)
     if rows:
       chex.assert_trees_all_close(run["rows"], rows, rtol=2e-5, atol=2e-6)
     np.testing.assert_allclose([l[i] for l in losses], loss, rtol=2e-5)
   # The runs really differ (different seeds and rates), so the comparison is not vacuous.
-  assert not np.allclose(jax.tree_util.tree_leaves(vec.run_state(state, 0)["server"].params)[0],
-                         jax.tree_util.tree_leaves(vec.run_state(state, 2)["server"].params)[0])
+  assert not np.allclose(jax.tree.leaves(vec.run_state(state, 0)["server"].params)[0],
+                         jax.tree.leaves(vec.run_state(state, 2)["server"].params)[0])
 
 
 def test_runs_that_differ_in_more_than_seed_and_rate_are_refused():

@@ -21,9 +21,9 @@ def import_fedjax(path: str = ""):
   if path and path not in sys.path:
     sys.path.append(path)
   # The one shim FedJAX 0.0.17 needs on current JAX: its tree_util calls `jax.tree_map`,
-  # removed from JAX in 0.6; it is `jax.tree_util.tree_map`.
+  # removed from JAX in 0.6; it is `jax.tree.map`.
   if "tree_map" not in vars(jax):
-    jax.tree_map = jax.tree_util.tree_map
+    jax.tree_map = jax.tree.map
   try:
     import fedjax  # pylint: disable=g-import-not-at-top
   except ImportError:
@@ -71,7 +71,7 @@ def fed_avg_round(fedjax, model, params, model_state, x, y, indices, lr: float):
   server SGD(1.0) on the example-weighted mean delta: FedAvg (McMahan et al., 2017,
   Algorithm 1) with equal client sizes, the same update as the benchmark's loop.
   """
-  if jax.tree_util.tree_leaves(model_state):
+  if jax.tree.leaves(model_state):
     raise ValueError("the FedJAX peer runs models without BatchNorm statistics only")
 
   def apply_for_train(p, b, rng=None):
@@ -279,10 +279,10 @@ def apfl_rounds(fedjax, model, params, batches, cohorts, lr: float, client_coeff
   for ids in cohorts:
     state, _ = algorithm.apply(state, [(str(c).encode(), datasets[c], rngs[c]) for c in ids])
     history.append({
-        "params": jax.tree_util.tree_map(np.asarray, state.params),
+        "params": jax.tree.map(np.asarray, state.params),
         "clients": {int(cid.decode()): (
-            jax.tree_util.tree_map(np.asarray, s.params),
-            jax.tree_util.tree_map(np.asarray, s.interpolation_coefficients))
+            jax.tree.map(np.asarray, s.params),
+            jax.tree.map(np.asarray, s.interpolation_coefficients))
                     for cid, s in state.client_states.items()}})
   return history
 
@@ -326,6 +326,6 @@ def hyp_cluster_rounds(fedjax, model, cluster_params, batches, cohorts, lr: floa
     state, diagnostics = algorithm.apply(
         state, [(str(c).encode(), datasets[c], rngs[c]) for c in ids])
     history.append({
-        "clusters": [jax.tree_util.tree_map(np.asarray, p) for p in state.cluster_params],
+        "clusters": [jax.tree.map(np.asarray, p) for p in state.cluster_params],
         "chosen": {int(cid.decode()): int(d["cluster_id"]) for cid, d in diagnostics.items()}})
   return history

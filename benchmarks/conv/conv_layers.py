@@ -104,14 +104,14 @@ def time_layer(in_shape, kernel_shape, strides, padding, first: bool, batch: int
                                            strides, padding) ** 2))(p)
 
   def sgd(p, g):
-    return jax.tree_util.tree_map(lambda a, b: a - 1e-3 * b, p, g)
+    return jax.tree.map(lambda a, b: a - 1e-3 * b, p, g)
 
   row = {"input": in_shape, "kernel": kernel_shape, "strides": strides,
          "padding": padding if isinstance(padding, str) else [list(p) for p in padding],
          "picked": picked_plan((batch,) + in_shape, kernel_shape, strides, padding), "ms": {},
          "max_rel_grad_diff": {}}
   reference = jax.jit(lambda p, x: grads(_DIRECT["lax"], p, x))(params, xs[0])
-  scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree_util.tree_leaves(reference))
+  scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(reference))
   for name in plans:
     if (name == "row_shift" and strides[0] != 1) or (
         name == "winograd" and not winograd.winograd_applies(kernel_shape, strides)):
@@ -122,8 +122,8 @@ def time_layer(in_shape, kernel_shape, strides, padding, first: bool, batch: int
     row["ms"][name] = _best_ms(scanned, params, xs, repeats=repeats) / steps
     got = jax.jit(lambda p, x, conv=conv: grads(conv, p, x))(params, xs[0])
     row["max_rel_grad_diff"][name] = max(
-        float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree_util.tree_leaves(got),
-                                                        jax.tree_util.tree_leaves(reference))
+        float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(got),
+                                                        jax.tree.leaves(reference))
     ) / scale
   outside = jax.jit(lambda p, x: sgd(p, grads(_DIRECT["lax"], p, x)))
   row["ms"]["lax_outside"] = _best_ms(outside, params, xs[0], repeats=repeats)

@@ -77,7 +77,7 @@ def _make_step(model, lr: float) -> Callable[..., Any]:
   def step(state, batch):
     params, stats = state
     grads, stats = jax.grad(loss_fn, has_aux=True)(params, stats, *batch)
-    params = jax.tree_util.tree_map(lambda p, g: p - lr * g, params, grads)
+    params = jax.tree.map(lambda p, g: p - lr * g, params, grads)
     return (params, stats), None
 
   return step
@@ -113,7 +113,7 @@ def _plans(name: str, clients: int, steps: int, batch: int, lr: float,
         for k in range(steps):
           s = jstep(s, x[c, k], y[c, k])
         out.append(s[0])
-      return jax.tree_util.tree_map(lambda *a: jnp.stack(a), *out)
+      return jax.tree.map(lambda *a: jnp.stack(a), *out)
 
     def central(state=state, jstep=jstep):
       s = state
@@ -143,7 +143,7 @@ def _plans(name: str, clients: int, steps: int, batch: int, lr: float,
       def chunked(s, x, y, vlocal=vlocal, chunk=chunk):
         split = lambda a: a.reshape((clients // chunk, chunk) + a.shape[1:])
         out = lax.map(lambda xy: vlocal(s, *xy), (split(x), split(y)))
-        return jax.tree_util.tree_map(
+        return jax.tree.map(
             lambda a: a.reshape((clients,) + a.shape[2:]), out)
 
       run = jax.jit(chunked)
@@ -154,7 +154,7 @@ def _plans(name: str, clients: int, steps: int, batch: int, lr: float,
 
 def _max_diff(a, b) -> float:
   return max(float(jnp.max(jnp.abs(u - v))) for u, v in zip(
-      jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+      jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 def run_config(name: str, clients: int, steps: int, batch: int, lr: float,

@@ -142,7 +142,7 @@ def _vmap_rule(fn):
     args = [a if batched else jnp.broadcast_to(a, (axis_size,) + a.shape)
             for a, batched in zip(args, in_batched)]
     out = jax.vmap(fn)(*args)
-    return out, jax.tree_util.tree_map(lambda _: True, out)
+    return out, jax.tree.map(lambda _: True, out)
   return rule
 
 

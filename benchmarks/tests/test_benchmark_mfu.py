@@ -160,9 +160,9 @@ def test_scan_client_map_equals_vmap(name, clients):
     finally:
       clients_lib.fresh_states, clients_lib.ClientPhase = shared_start
   assert len(outs) == 6
-  ref = jax.tree_util.tree_leaves(outs[("vmap", None, "shared")])
+  ref = jax.tree.leaves(outs[("vmap", None, "shared")])
   for key, out in outs.items():
-    for a, b in zip(jax.tree_util.tree_leaves(out), ref):
+    for a, b in zip(jax.tree.leaves(out), ref):
       np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=str(key))
 
 

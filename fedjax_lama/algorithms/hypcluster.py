@@ -82,7 +82,7 @@ def cluster_model(shared, index):
 def initial_others(params, hp: Hparams):
   """x_2..x_k: the initial model plus N(0, init_scale^2) noise, key (init_seed, j, leaf)."""
   base = jax.random.PRNGKey(hp.init_seed)
-  leaves, treedef = jax.tree_util.tree_flatten(params)
+  leaves, treedef = jax.tree.flatten(params)
 
   def one(j):
     key = jax.random.fold_in(base, j)

@@ -162,7 +162,7 @@ def named_layers(value: str, default, field: str):
 
   def personal(params):
     if value.strip() == NONE:
-      return np.zeros(len(jax.tree_util.tree_leaves(params)), bool)
+      return np.zeros(len(jax.tree.leaves(params)), bool)
     chosen = names(value) if value.strip() else default(params, field)
     return select_names(params, chosen, field, value)
 
@@ -189,7 +189,7 @@ def norm_layers(prefixes: tuple):
 def take(tree: PyTree, mask: np.ndarray) -> dict:
   """The leaves of `tree` where `mask` is set, as nested dicts under their own paths."""
   out = {}
-  for path, leaf, keep in zip(leaf_paths(tree), jax.tree_util.tree_leaves(tree), mask):
+  for path, leaf, keep in zip(leaf_paths(tree), jax.tree.leaves(tree), mask):
     if keep:
       node = out
       for key in path[:-1]:
@@ -200,21 +200,21 @@ def take(tree: PyTree, mask: np.ndarray) -> dict:
 
 def put(tree: PyTree, part: PyTree, what: str = "params") -> PyTree:
   """`tree` with the leaves that `part` (from `take`) holds replaced by part's."""
-  given = dict(zip(leaf_paths(part), jax.tree_util.tree_leaves(part)))
+  given = dict(zip(leaf_paths(part), jax.tree.leaves(part)))
   paths = leaf_paths(tree)
   missing = sorted(set(given) - set(paths))
   if missing:
     raise ValueError(f"the client row's {what} {'/'.join(missing[0])!r} is not in the "
                      f"model's {what}; accepted: {', '.join('/'.join(p) for p in paths)}")
-  leaves = [given.get(path, leaf) for path, leaf in zip(paths, jax.tree_util.tree_leaves(tree))]
-  return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(tree), leaves)
+  leaves = [given.get(path, leaf) for path, leaf in zip(paths, jax.tree.leaves(tree))]
+  return jax.tree.unflatten(jax.tree.structure(tree), leaves)
 
 
 def batch_norm_stats(params: PyTree, mask: np.ndarray) -> dict:
   """Initial running statistics of the personal flax BatchNorm modules, as flax makes them
   (mean 0, var 1, shaped like the module's scale or bias): a row is built from params."""
   stats = {}
-  for path, leaf, keep in zip(leaf_paths(params), jax.tree_util.tree_leaves(params), mask):
+  for path, leaf, keep in zip(leaf_paths(params), jax.tree.leaves(params), mask):
     in_batch_norm = len(path) >= 2 and path[-2].startswith(BATCH_NORM)
     if keep and in_batch_norm and path[-1] in ("scale", "bias"):
       node = stats
@@ -229,9 +229,9 @@ def _row(params_part: dict, stats_part: dict) -> dict:
   """{"params": ..., "batch_stats": ...} without empty parts ({} when nothing is personal,
   so that no client store is built)."""
   row = {}
-  if jax.tree_util.tree_leaves(params_part):
+  if jax.tree.leaves(params_part):
     row["params"] = params_part
-  if jax.tree_util.tree_leaves(stats_part):
+  if jax.tree.leaves(stats_part):
     row["batch_stats"] = stats_part
   return row
 

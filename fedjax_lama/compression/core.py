@@ -52,7 +52,7 @@ def is_identity(compressor) -> bool:
 
 def leaf_bits(compressor: Compressor, like: PyTree) -> np.ndarray:
   """Bits of each leaf sent alone (block "leaf": additive over leaves, 5.12 "With FedLAMA")."""
-  return np.array([compressor.bits(x) for x in jax.tree_util.tree_leaves(like)], np.int64)
+  return np.array([compressor.bits(x) for x in jax.tree.leaves(like)], np.int64)
 
 
 def base_key(seed: int) -> jax.Array:
@@ -75,4 +75,4 @@ def compress_clients(compressor: Compressor, base_key: jax.Array, round_idx,
 
 def is_scalar_upload(value: PyTree) -> bool:
   """An upload whose leaves are all 0-d (per client): counted at 32 bits, never compressed."""
-  return all(np.ndim(x) == 0 for x in jax.tree_util.tree_leaves(value))
+  return all(np.ndim(x) == 0 for x in jax.tree.leaves(value))

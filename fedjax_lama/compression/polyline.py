@@ -30,7 +30,7 @@ when the result is cast back to float32.
 Everything is vectorised numpy on int64: there is no Python loop per value or per character, only
 loops over the (at most 11) 5-bit chunk positions and over the leaves of a pytree.
 
-Pytrees: a message carries every leaf in `jax.tree_util` order; each leaf is flattened in C
+Pytrees: a message carries every leaf in `jax.tree.leaves` order; each leaf is flattened in C
 order and encoded in flat mode with the delta restarting at 0, and the leaf strings are
 concatenated without separators (values are self-delimiting; the shapes give the counts). Its size
 is sum(len(leaf string)) + sum(4 * (1 + ndim)) bytes (rank and dimensions as uint32). Precision
@@ -355,7 +355,7 @@ class PolylineMessage(NamedTuple):
 
   Attributes:
     precision: decimal digits kept, or None for raw float32.
-    shapes: the shape of every leaf, in `jax.tree_util` order (sent with the message).
+    shapes: the shape of every leaf, in `jax.tree.leaves` order (sent with the message).
     payload: the leaf strings concatenated without separators (str), or for precision None the
       leaves as little-endian float32 concatenated (bytes).
   """
@@ -376,7 +376,7 @@ def _metadata_bytes(shape) -> int:
 
 
 def _leaves(tree) -> list[np.ndarray]:
-  return [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(tree)]
+  return [np.asarray(leaf) for leaf in jax.tree.leaves(tree)]
 
 
 def encode_tree(tree: PyTree, precision: Optional[int]) -> tuple[PolylineMessage, int]:
@@ -418,7 +418,7 @@ def decode_tree(message: PolylineMessage, like_tree: PyTree) -> PyTree:
     ValueError: the message's leaf count, shapes or number of values do not match, or the
       payload is malformed.
   """
-  like_leaves, treedef = jax.tree_util.tree_flatten(like_tree)
+  like_leaves, treedef = jax.tree.flatten(like_tree)
   like_leaves = [np.asarray(leaf) for leaf in like_leaves]
   shapes = tuple(tuple(int(d) for d in leaf.shape) for leaf in like_leaves)
   if tuple(map(tuple, message.shapes)) != shapes:
@@ -443,7 +443,7 @@ def decode_tree(message: PolylineMessage, like_tree: PyTree) -> PyTree:
         f"polyline: the payload holds {values.size} values; the shapes need {boundaries[-1]}")
   leaves = [values[lo:hi].reshape(leaf.shape).astype(leaf.dtype)
             for lo, hi, leaf in zip(boundaries[:-1], boundaries[1:], like_leaves)]
-  return jax.tree_util.tree_unflatten(treedef, leaves)
+  return jax.tree.unflatten(treedef, leaves)
 
 
 def roundtrip_tree(tree: PyTree, precision: Optional[int]) -> tuple[PyTree, int]:
@@ -457,11 +457,11 @@ def roundtrip_tree(tree: PyTree, precision: Optional[int]) -> tuple[PyTree, int]
     (tree_hat, num_bytes), equal to `decode_tree(m, tree)` and `num_bytes` of
     `m, num_bytes = encode_tree(tree, precision)`; leaves are numpy arrays of the input dtypes.
   """
-  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  leaves, treedef = jax.tree.flatten(tree)
   leaves = [np.asarray(leaf) for leaf in leaves]
   if precision is None:
     hats = [leaf.astype(np.float32).astype(leaf.dtype) for leaf in leaves]
-    return (jax.tree_util.tree_unflatten(treedef, hats),
+    return (jax.tree.unflatten(treedef, hats),
             _RAW_BYTES_PER_PARAMETER * tree_size(leaves))
   precision = _check_precision(precision)
   hats, num_bytes = [], 0
@@ -469,7 +469,7 @@ def roundtrip_tree(tree: PyTree, precision: Optional[int]) -> tuple[PyTree, int]
     decoded, num_chars = _roundtrip_flat(_as_float64(leaf).reshape(-1), precision, 1)
     hats.append(decoded.reshape(leaf.shape).astype(leaf.dtype))
     num_bytes += num_chars + _metadata_bytes(leaf.shape)
-  return jax.tree_util.tree_unflatten(treedef, hats), num_bytes
+  return jax.tree.unflatten(treedef, hats), num_bytes
 
 
 def tree_message_bytes(tree: PyTree, precision: Optional[int]) -> int:

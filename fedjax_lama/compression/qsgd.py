@@ -77,7 +77,7 @@ def qsgd(levels: int = 16, block: str = "leaf") -> Compressor:
   s = int(levels)
 
   def encode(key, update):
-    leaves, treedef = jax.tree_util.tree_flatten(update)
+    leaves, treedef = jax.tree.flatten(update)
     if block == "global":
       flat = jnp.concatenate([jnp.ravel(x).astype(jnp.float32) for x in leaves])
       u = jax.random.uniform(jax.random.fold_in(key, 0), flat.shape)
@@ -92,9 +92,9 @@ def qsgd(levels: int = 16, block: str = "leaf") -> Compressor:
       flat = dequantize(body)
       sizes = [int(np.prod(shape)) for shape, _ in meta]
       parts = jnp.split(flat, np.cumsum(sizes)[:-1]) if sizes else []
-      return jax.tree_util.tree_unflatten(
+      return jax.tree.unflatten(
           treedef, [p.reshape(shape).astype(dtype) for p, (shape, dtype) in zip(parts, meta)])
-    return jax.tree_util.tree_unflatten(
+    return jax.tree.unflatten(
         treedef, [dequantize(p, dtype) for p, (_, dtype) in zip(body, meta)])
 
   def bits(like):

@@ -450,6 +450,6 @@ class Algorithm:
 def leafwise(value: PyTree, like: PyTree) -> PyTree:
   """A params-shaped view of a ClientInfo field: scalars are broadcast over the leaves of
   `like`; per-leaf pytrees (under a layer-wise schedule) pass through."""
-  if jax.tree_util.tree_structure(value) == jax.tree_util.tree_structure(like):
+  if jax.tree.structure(value) == jax.tree.structure(like):
     return value
   return jax.tree.map(lambda _: value, like)

@@ -45,7 +45,7 @@ class ClientStore:
     if not isinstance(on_host, bool):
       raise ValueError(f"config.engine.client_state_on_host={on_host!r} is not accepted; "
                        "accepted: True or False")
-    leaves = jax.tree_util.tree_leaves(rows)
+    leaves = jax.tree.leaves(rows)
     if not leaves:
       raise ValueError("ClientStore needs at least one array leaf; an algorithm without "
                        "per-client state should not build a store")
@@ -88,7 +88,7 @@ class ClientStore:
 
   @property
   def nbytes(self) -> int:
-    return int(sum(x.nbytes for x in jax.tree_util.tree_leaves(self._rows)))
+    return int(sum(x.nbytes for x in jax.tree.leaves(self._rows)))
 
   def load(self, rows: PyTree, *, copy: bool = True) -> None:
     """Replaces the rows (e.g. with restored ones), moving them into this store's placement.
@@ -165,7 +165,7 @@ def _gather_rows(store: PyTree, ids: jax.Array, num_clients: int) -> PyTree:
 def _scatter_rows(store: PyTree, ids: jax.Array, mask: jax.Array, rows: PyTree,
                   num_clients: int) -> PyTree:
   """Rows of padded slots (and ids out of range) are dropped: an index past the end."""
-  size = jax.tree_util.tree_leaves(store)[0].shape[0]
+  size = jax.tree.leaves(store)[0].shape[0]
   valid = (mask > 0) & (ids >= 0) & (ids < num_clients)
   target = jnp.where(valid, ids, size)
   return jax.tree.map(lambda a, r: a.at[target].set(r, mode="drop"), store, rows)

@@ -24,6 +24,6 @@ def gather_rows(store: PyTree, client_ids: jax.Array) -> PyTree:
 def scatter_rows(store: PyTree, client_ids: jax.Array, client_mask: jax.Array,
                  rows: PyTree) -> PyTree:
   """Writes the rows of real clients; padded slots are dropped (index out of range)."""
-  num = jax.tree_util.tree_leaves(store)[0].shape[0]
+  num = jax.tree.leaves(store)[0].shape[0]
   ids = jnp.where(client_mask > 0, client_ids, num)
   return jax.tree.map(lambda a, r: a.at[ids].set(r, mode="drop"), store, rows)

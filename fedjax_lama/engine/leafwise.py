@@ -8,17 +8,17 @@ from fedjax_lama.tree import PyTree
 
 def params_shaped_subtrees(tree: PyTree, params_def) -> tuple[list, object]:
   """Flattens `tree` with every params-shaped subtree as one leaf."""
-  return jax.tree_util.tree_flatten(
-      tree, is_leaf=lambda node: jax.tree_util.tree_structure(node) == params_def)
+  return jax.tree.flatten(
+      tree, is_leaf=lambda node: jax.tree.structure(node) == params_def)
 
 
 def non_leafwise_parts(tree: PyTree, params: PyTree) -> list[str]:
   """Paths of the array leaves of `tree` that are not inside a params-shaped subtree."""
-  params_def = jax.tree_util.tree_structure(params)
-  flat, _ = jax.tree_util.tree_flatten_with_path(
-      tree, is_leaf=lambda node: jax.tree_util.tree_structure(node) == params_def)
+  params_def = jax.tree.structure(params)
+  flat, _ = jax.tree.flatten_with_path(
+      tree, is_leaf=lambda node: jax.tree.structure(node) == params_def)
   return [jax.tree_util.keystr(path) for path, node in flat
-          if jax.tree_util.tree_structure(node) != params_def]
+          if jax.tree.structure(node) != params_def]
 
 
 def select_leafwise(leaf_mask: PyTree, new: PyTree, old: PyTree, params_def) -> PyTree:
@@ -27,11 +27,11 @@ def select_leafwise(leaf_mask: PyTree, new: PyTree, old: PyTree, params_def) -> 
   must not exist (checked when a schedule is built, `non_leafwise_parts`)."""
   new_parts, treedef = params_shaped_subtrees(new, params_def)
   old_parts = treedef.flatten_up_to(old)
-  mask_leaves = jax.tree_util.tree_leaves(leaf_mask)
+  mask_leaves = jax.tree.leaves(leaf_mask)
   out = []
   for n, o in zip(new_parts, old_parts):
-    n_leaves, n_def = jax.tree_util.tree_flatten(n)
+    n_leaves, n_def = jax.tree.flatten(n)
     o_leaves = n_def.flatten_up_to(o)
-    out.append(jax.tree_util.tree_unflatten(n_def, [
+    out.append(jax.tree.unflatten(n_def, [
         jnp.where(m, a, b) for m, a, b in zip(mask_leaves, n_leaves, o_leaves)]))
-  return jax.tree_util.tree_unflatten(treedef, out)
+  return jax.tree.unflatten(treedef, out)

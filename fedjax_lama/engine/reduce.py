@@ -65,13 +65,13 @@ def weighted_mean(stacked: PyTree, weights: jax.Array) -> PyTree:
   Weight-0 rows (padded clients) are ignored entirely, even NaN/inf in them
   (`client_sum`); with no weight at all the sums (zeros) are returned.
   """
-  leaves, treedef = jax.tree_util.tree_flatten(stacked)
+  leaves, treedef = jax.tree.flatten(stacked)
   w = check_client_weights(weights, leaves)
   total = jnp.sum(w)
   safe = jnp.where(total > 0, total, 1.0)
   means = [(client_sum(x.astype(acc_dtype(x.dtype)), w) / safe.astype(acc_dtype(x.dtype)))
            .astype(x.dtype) for x in leaves]
-  return jax.tree_util.tree_unflatten(treedef, means)
+  return jax.tree.unflatten(treedef, means)
 
 
 # ---- coordinate-wise order statistics over the client axis --------------------------------

@@ -147,7 +147,7 @@ def shard_clients(tree: PyTree, mesh: Mesh, axis: int = 0) -> PyTree:
   The client axis must be a multiple of the device count (see `padded_size`).
   """
   sharding = clients_sharding(mesh, axis)
-  for leaf in jax.tree_util.tree_leaves(tree):
+  for leaf in jax.tree.leaves(tree):
     if np.shape(leaf)[axis] % mesh.size:
       raise ValueError(f"client axis {axis} of an array of shape {np.shape(leaf)} is not a "
                        f"multiple of the {mesh.size} devices of the mesh; pad the cohort to "

@@ -39,7 +39,7 @@ def traffic(algorithm: Algorithm, server: ServerState, row: PyTree) -> Traffic:
     return algorithm.finish(state, ctx, info)
 
   uploads, _ = jax.eval_shape(one_client, ctx, info)
-  params_def = jax.tree_util.tree_structure(server.params)
+  params_def = jax.tree.structure(server.params)
   sent = exchanged_leaves(algorithm, server.params)
   # Only the exchanged leaves of a params-shaped message travel (Algorithm.exchanged).
   sizes = leaf_sizes(server.params) * sent
@@ -47,7 +47,7 @@ def traffic(algorithm: Algorithm, server: ServerState, row: PyTree) -> Traffic:
   def split(trees):
     per_leaf, other = np.zeros_like(sizes), 0
     for tree in trees:
-      if jax.tree_util.tree_structure(tree) == params_def:
+      if jax.tree.structure(tree) == params_def:
         per_leaf = per_leaf + sizes
       else:
         other += tree_size(tree)
@@ -58,8 +58,8 @@ def traffic(algorithm: Algorithm, server: ServerState, row: PyTree) -> Traffic:
   scalars = tuple(n for n, v in uploads.items() if compression.is_scalar_upload(v))
   # What each vector upload sends: a params-shaped one its exchanged leaves only.
   sent_shapes = {
-      n: ([leaf for leaf, s in zip(jax.tree_util.tree_leaves(v), sent) if s]
-          if jax.tree_util.tree_structure(v) == params_def else v)
+      n: ([leaf for leaf, s in zip(jax.tree.leaves(v), sent) if s]
+          if jax.tree.structure(v) == params_def else v)
       for n, v in uploads.items() if n not in scalars}
   return Traffic(up_leaf, up_other, down_leaf, down_other,
                  tuple(n for n in uploads if n not in scalars),
@@ -68,10 +68,10 @@ def traffic(algorithm: Algorithm, server: ServerState, row: PyTree) -> Traffic:
 
 def exchanged_leaves(algorithm: Algorithm, params: PyTree) -> np.ndarray:
   """bool [num_leaves]: which params leaves travel (Algorithm.exchanged; None: all)."""
-  leaves = jax.tree_util.tree_leaves(params)
+  leaves = jax.tree.leaves(params)
   if algorithm.exchanged is None:
     return np.ones(len(leaves), bool)
-  mask = jax.tree_util.tree_structure(params).flatten_up_to(algorithm.exchanged(params))
+  mask = jax.tree.structure(params).flatten_up_to(algorithm.exchanged(params))
   return np.array([bool(m) for m in mask], bool)
 
 

@@ -113,7 +113,7 @@ def layer_masked_mean(
     u_l = prev_global, d_l = prev_discrepancy[l]. The discrepancy has the
     dtype of prev_discrepancy.
   """
-  leaves, treedef = jax.tree_util.tree_flatten(stacked)
+  leaves, treedef = jax.tree.flatten(stacked)
   try:
     g_leaves = treedef.flatten_up_to(prev_global)
   except (ValueError, TypeError) as e:
@@ -144,8 +144,8 @@ def layer_masked_mean(
     new_u.append(jnp.where(sync, mean.astype(u.dtype), u))
 
   d = _per_layer_discrepancy(sq, l2l, leaves, mask, tau, prev_d)
-  return (jax.tree_util.tree_unflatten(treedef, new_x),
-          jax.tree_util.tree_unflatten(treedef, new_u), d)
+  return (jax.tree.unflatten(treedef, new_x),
+          jax.tree.unflatten(treedef, new_u), d)
 
 
 def _per_layer_discrepancy(sq: list, l2l: np.ndarray, leaves: list, mask, tau, prev_d):
@@ -169,7 +169,7 @@ def layer_discrepancy(stacked: PyTree, weights: Any, sync_mask: Any, intervals: 
   models themselves, or their displacements y_i - u from the last synchronised value,
   which is what an algorithm uploads). Same conventions as `layer_masked_mean`.
   """
-  leaves = jax.tree_util.tree_leaves(stacked)
+  leaves = jax.tree.leaves(stacked)
   mask = jnp.asarray(sync_mask, dtype=bool)
   prev_d = jnp.asarray(prev_discrepancy)
   tau = jnp.asarray(intervals)

@@ -6,7 +6,7 @@ The papers relax every layer; the authors' code relaxes only tensors named "kern
 FedLAMA synchronises "layers" (aggregation units) on their own schedules. A
 unit is one params leaf ("tensor" granularity, the reference code's choice) or
 all leaves of one flax module ("module" granularity). The canonical unit order
-is the `jax.tree_util` leaf order of params; a module is placed at its first
+is the `jax.tree.leaves` order of params; a module is placed at its first
 leaf. Everything here is static numpy metadata computed from shapes, so it also
 works on `jax.eval_shape` outputs.
 """
@@ -90,7 +90,7 @@ def per_leaf(spec: LayerSpec, vec: Any, params: Any) -> Any:
   `vec` is a per-unit vector ([L], numpy or jax, possibly traced); the result
   holds scalars, e.g. a per-leaf sync mask or interval for `jnp.where`.
   """
-  treedef = jax.tree_util.tree_structure(params)
+  treedef = jax.tree.structure(params)
   if treedef.num_leaves != spec.num_leaves:
     raise ValueError(
         f"params has {treedef.num_leaves} leaves but the LayerSpec was built "
@@ -99,6 +99,6 @@ def per_leaf(spec: LayerSpec, vec: Any, params: Any) -> Any:
     raise ValueError(
         f"per-layer vector must have shape ({spec.num_layers},), got "
         f"{np.shape(vec)}")
-  return jax.tree_util.tree_unflatten(
+  return jax.tree.unflatten(
       treedef, [vec[int(i)] for i in spec.leaf_to_layer])
 

@@ -214,7 +214,7 @@ class TrainableSet:
   def merge(self, trainable: PyTree, frozen: PyTree) -> PyTree:
     parts = ({}, {})
     for part, tree, what in zip(parts, (trainable, frozen), ("trainable", "frozen")):
-      flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+      flat, _ = jax.tree.flatten_with_path(tree)
       part.update(zip(leaf_paths(tree), (leaf for _, leaf in flat)))
       expected = {p for p, m in zip(self.paths, self.mask) if m == (what == "trainable")}
       if set(part) != expected:
@@ -222,10 +222,10 @@ class TrainableSet:
         raise ValueError(f"the {what} part's leaf {'/'.join(wrong)!r} does not match this "
                          f"trainable set ({', '.join(self.names)})")
     leaves = [parts[0][p] if m else parts[1][p] for p, m in zip(self.paths, self.mask)]
-    return jax.tree_util.tree_unflatten(self.treedef, leaves)
+    return jax.tree.unflatten(self.treedef, leaves)
 
   def _leaves(self, params, what):
-    leaves, treedef = jax.tree_util.tree_flatten(params)
+    leaves, treedef = jax.tree.flatten(params)
     if treedef != self.treedef:
       raise ValueError(f"{what} do not have the parameter tree this trainable set was "
                        f"built for")
@@ -265,7 +265,7 @@ def trainable_set(params: PyTree, names: Any = ("lora",),
     mask |= hit
   return TrainableSet(names, tuple(paths), tuple(bool(m) for m in mask),
                       tuple(int(np.prod(np.shape(x))) for x in jax.tree.leaves(params)),
-                      jax.tree_util.tree_structure(params))
+                      jax.tree.structure(params))
 
 
 # ---- base checkpoints and the merged export ----------------------------------------------------
@@ -275,7 +275,7 @@ def _is_adapter(path: tuple) -> bool:
 
 def base_of(params: PyTree) -> dict:
   """The base model's parameters: `params` without the adapter leaves."""
-  flat, _ = jax.tree_util.tree_flatten_with_path(params)
+  flat, _ = jax.tree.flatten_with_path(params)
   return _nested((p, leaf) for p, (_, leaf) in zip(leaf_paths(params), flat)
                  if not _is_adapter(p))
 
@@ -299,7 +299,7 @@ def with_base(params: PyTree, base: PyTree) -> PyTree:
                           f"{np.shape(given[path])}; the model's is {np.shape(leaf)}")
       leaf = given[path]
     out.append(leaf)
-  return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(params), out)
+  return jax.tree.unflatten(jax.tree.structure(params), out)
 
 
 def merged(params: PyTree, lora: LoRA) -> dict:

@@ -20,7 +20,7 @@ def train(spec, parts: parts_lib.Parts, workdir: str, extended: Optional[int],
   """
   del extended  # refused by workdir.check_extension
   from fedjax_lama.simulation import clock_run  # pylint: disable=g-import-not-at-top
-  if jax.tree_util.tree_leaves(parts.model_state):
+  if jax.tree.leaves(parts.model_state):
     raise ConfigError(
         f"config.model={spec.model.name!r} keeps BatchNorm statistics, which runs on the "
         "simulated clock do not carry (models travel as parameters only); accepted: a model "

@@ -205,7 +205,7 @@ def client_mesh(batch_size: int, parts: Parts, cohort: Optional[int] = None):
   batch = lambda a, dtype: jax.ShapeDtypeStruct((batch_size,) + a.shape[1:], dtype)
   x = batch(fed.dataset.train_x, fed.dataset.train_x.dtype)
   y = batch(fed.dataset.train_y, jnp.int32)  # as the programs place them
-  loss_fn = local.make_loss_fn(parts.model, bool(jax.tree_util.tree_leaves(model_state)))
+  loss_fn = local.make_loss_fn(parts.model, bool(jax.tree.leaves(model_state)))
   step_bytes = local.step_bytes(loss_fn, params, model_state, x, y)
   return sharding.client_mesh(sharding.client_devices(params, step_bytes, cohort))
 

@@ -155,7 +155,7 @@ def build_simulator(options: ClockOptions, fed, model, params, *, mesh=None,
 
 # ---- checkpoints: models as pytrees, the rest as JSON ----------------------------------------
 def _is_model(value: Any, params_def) -> bool:
-  return isinstance(value, dict) and jax.tree_util.tree_structure(value) == params_def
+  return isinstance(value, dict) and jax.tree.structure(value) == params_def
 
 
 def split_models(state: Any, params_def) -> tuple[Any, list]:
@@ -205,7 +205,7 @@ def join_models(state: Any, models: list) -> Any:
 
 
 def save_checkpoint(ckpt: checkpointing.Checkpointer, sim: EngineSimulator, params) -> None:
-  state, models = split_models(sim.state_dict(), jax.tree_util.tree_structure(params))
+  state, models = split_models(sim.state_dict(), jax.tree.structure(params))
   meta = {"format": _FORMAT, "simulator": state, "trainer": sim.trainer.state_dict(),
           "num_models": len(models), "num_ticks": len(sim.ticks)}
   ckpt.save(len(sim.event_log), {"models": {f"m{i}": m for i, m in enumerate(models)}}, meta)

@@ -345,7 +345,7 @@ def test_winograd_conv_under_vmap_equals_each_client_alone():
   batched = jax.jit(jax.vmap(one_client))(x, w)
   for c in range(3):
     alone = jax.jit(one_client)(x[c], w[c])
-    for a, b in zip(jax.tree_util.tree_leaves(batched), jax.tree_util.tree_leaves(alone)):
+    for a, b in zip(jax.tree.leaves(batched), jax.tree.leaves(alone)):
       # Batched and single products sum in different orders; Winograd's transforms amplify
       # float32 rounding about tenfold, so the bound scales with the largest value.
       np.testing.assert_allclose(a[c], b, rtol=0, atol=2e-5 * float(jnp.abs(b).max()))

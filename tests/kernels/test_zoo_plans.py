@@ -39,8 +39,8 @@ def test_patches_matches_lax_outputs_and_gradients(name, with_grads):
   np.testing.assert_allclose(logits, ref_logits, rtol=1e-4, atol=1e-4)
   np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
   if with_grads:
-    for g, r in zip(jax.tree_util.tree_leaves(grads),
-                    jax.tree_util.tree_leaves(ref_grads)):
+    for g, r in zip(jax.tree.leaves(grads),
+                    jax.tree.leaves(ref_grads)):
       np.testing.assert_allclose(g, r, rtol=1e-3,
                                  atol=1e-4 * float(jnp.max(jnp.abs(r))) + 1e-6)
 
@@ -56,7 +56,7 @@ def test_vmapped_scan_with_patches_equals_per_step_loop_with_lax():
     def step(p, xy):
       g = jax.grad(lambda p: optax.softmax_cross_entropy_with_integer_labels(
           model.apply(p, xy[0]), xy[1]).mean())(p)
-      return jax.tree_util.tree_map(lambda a, b: a - lr * b, p, g), None
+      return jax.tree.map(lambda a, b: a - lr * b, p, g), None
     return step
 
   lax_model = models.get("fedat_cnn", 10, kernels="lax")
@@ -68,12 +68,12 @@ def test_vmapped_scan_with_patches_equals_per_step_loop_with_lax():
     for k in range(steps):
       p = step(p, x[c, k], y[c, k])
     expected.append(p)
-  expected = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *expected)
+  expected = jax.tree.map(lambda *a: jnp.stack(a), *expected)
 
   local = lambda p, xs, ys: lax.scan(
       sgd(models.get("fedat_cnn", 10, kernels="patches")), p, (xs, ys))[0]
   got = jax.jit(jax.vmap(local, in_axes=(None, 0, 0)))(params, x, y)
-  for g, e in zip(jax.tree_util.tree_leaves(got),
-                  jax.tree_util.tree_leaves(expected)):
+  for g, e in zip(jax.tree.leaves(got),
+                  jax.tree.leaves(expected)):
     np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
 

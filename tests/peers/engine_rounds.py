@@ -11,8 +11,8 @@ from fedjax_lama.engine import cohort as cohort_lib, local as local_lib, sync_ro
 
 def largest(a, b) -> float:
   """max |a - b| over two pytrees of the same structure (dicts with int keys included)."""
-  leaves_a, tree_a = jax.tree_util.tree_flatten(a)
-  leaves_b, tree_b = jax.tree_util.tree_flatten(b)
+  leaves_a, tree_a = jax.tree.flatten(a)
+  leaves_b, tree_b = jax.tree.flatten(b)
   assert tree_a == tree_b, (tree_a, tree_b)
   return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
              for x, y in zip(leaves_a, leaves_b))

@@ -118,10 +118,10 @@ def ours(name, initial, batches, weighting="uniform") -> list[dict]:
     cohort = cohort_lib.Cohort(jnp.asarray(indices), jnp.ones(indices.shape),
                                jnp.asarray(step_mask), jnp.ones(N), ids,
                                jnp.asarray(np.array(BATCHES_PER_CLIENT, np.float64) * BATCH))
-    params = jax.tree_util.tree_map(jnp.asarray, to_ours(initial))
+    params = jax.tree.map(jnp.asarray, to_ours(initial))
     server = alg.server.init(params, {})
     template = alg.row_init(params) if alg.row_init is not None else {}
-    store = jax.tree_util.tree_map(lambda r: jnp.stack([r] * N), template)
+    store = jax.tree.map(lambda r: jnp.stack([r] * N), template)
     for r in range(ROUNDS):
       rows = cohort_lib.gather_rows(store, ids) if template else {}
       sums, new_rows, _ = train_chunk(server, rows, data_x, data_y, cohort, r)
@@ -131,7 +131,7 @@ def ours(name, initial, batches, weighting="uniform") -> list[dict]:
       record = {"params": to_torch_names(server.params)}
       if name == "scaffold":
         record["c"] = to_torch_names(server.extra["c"])
-        record["c_i"] = [to_torch_names(jax.tree_util.tree_map(lambda a, i=i: a[i], store))
+        record["c_i"] = [to_torch_names(jax.tree.map(lambda a, i=i: a[i], store))
                          for i in range(N)]
       elif name == "fednova":
         # Our effective step has the learning rate inside (lr * steps for plain SGD).

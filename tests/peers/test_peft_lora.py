@@ -106,7 +106,7 @@ def _ours(build, given, dropout=0.0, trainable="lora", alpha=ALPHA) -> dict:
     model = build(spec)[0]
     x, target = given["x"], given["target"]
     shapes = jax.eval_shape(model.init, {"params": jax.random.PRNGKey(0)}, x)["params"]
-    tree = jax.tree_util.tree_unflatten(
+    tree = jax.tree.unflatten(
         jax.tree.structure(shapes), [jnp.asarray(given["params"][n]) for n in leaf_names(shapes)])
     rngs = {"dropout": jax.random.PRNGKey(7)} if dropout else {}
     forward = lambda p: model.apply({"params": p}, x, rngs=rngs)
