@@ -31,7 +31,7 @@ from absl import app, flags
 import numpy as np
 
 from fedjax_lama import data as fdata
-from fedjax_lama import federation, registry, training
+from fedjax_lama import federation, training
 from fedjax_lama.config import base_config
 from fedjax_lama.simulation import FedAsync, FedBuff, FedBuffConfig, SystemConfig
 from fedjax_lama.simulation import clock_run
@@ -94,7 +94,7 @@ def engine_seconds_per_update(method: str) -> tuple[float, float, int]:
     fed = federation.build_federation(training.partition_spec(config), dataset)
     model, params, _ = training.build_model(config, dataset)
     _SETUP.update(fed=fed, model=model, params=params)
-  sim = clock_run.build_simulator(registry.clock_options(config), _SETUP["fed"],
+  sim = clock_run.build_simulator(training.clock_options(config), _SETUP["fed"],
                                   _SETUP["model"], _SETUP["params"])
   wall, cpu, updates = timed_rest_of_run(sim, FLAGS.budget_s / 4)
   return wall / updates, cpu / updates, updates

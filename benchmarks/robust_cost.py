@@ -50,6 +50,7 @@ from fedjax_lama.cli import cpu_devices, logs
 from fedjax_lama.engine import stages
 from fedjax_lama.robust import defences as defences_lib
 from fedjax_lama.robust import robust_stage
+from fedjax_lama.run import spec as spec_lib
 
 FLAGS = flags.FLAGS
 DEFENCES = ("krum", "bulyan", "median", "geometric_median")
@@ -109,7 +110,7 @@ def _time_alone(fn, args, repeats: int) -> float:
 
 def defence_alone(config, params, repeats: int) -> float:
   """Seconds of the config's rule alone on a random stack of C uploads shaped like `params`."""
-  spec = robust_stage.read(config, "synchronous")
+  spec = spec_lib.robust_options(config, "synchronous")
   rule = defences_lib.build(spec.defence, spec.f, on_stack=True, **spec.hparams)
   clients = config.num_clients
   leaves, treedef = jax.tree.flatten(params)

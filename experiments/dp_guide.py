@@ -16,7 +16,7 @@ guide cannot disagree with the code:
   (configs/default.py: its model, rounds, delta and every client in every round), for a few
   population sizes N, and the population at which the noise falls to the clip C. sigma is
   calibrated by the project's accountant (`accounting.calibrate_noise_multiplier`) for the
-  cohorts the run would draw (`dp_stage.sampling_from_config`); the noise std on every
+  cohorts the run would draw (`spec_lib.sampling_options`); the noise std on every
   coordinate of the mean is sigma C / cohort (`dp_options.noise_std_on_mean`), its norm about
   that times sqrt(d) over the model's d parameters, against C, the largest norm an average of
   clipped updates can have (DP-FedAvg: McMahan, Ramage, Talwar, Zhang, ICLR 2018).
@@ -39,7 +39,7 @@ from fedjax_lama import progress, registry
 from fedjax_lama.engine import sharding
 from fedjax_lama.errors import ConfigError
 from fedjax_lama.privacy import accounting
-from fedjax_lama.privacy import dp_options, dp_stage
+from fedjax_lama.privacy import dp_options
 from fedjax_lama.run import parts as parts_lib, spec as spec_lib
 
 GUIDE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "guide.md"
@@ -120,7 +120,7 @@ def _options(config, num_clients: int, epsilon: float) -> dp_options.DpOptions:
   config.rounds rounds, as a run would calibrate it."""
   config = config.copy_and_resolve_references()
   config.num_clients = num_clients
-  sampling = dp_stage.sampling_from_config(config)
+  sampling = spec_lib.sampling_options(config)
   sigma = accounting.calibrate_noise_multiplier(sampling, epsilon, config.privacy.delta,
                                                 config.rounds, config.privacy.accountant)
   with warnings.catch_warnings():  # delta above 1/N for the small populations: said below

@@ -43,6 +43,7 @@ from experiments.studies import _slug  # pylint: disable=protected-access
 from fedjax_lama.errors import ConfigError
 from fedjax_lama.robust import defences as defences_lib
 from fedjax_lama.robust import robust_stage
+from fedjax_lama.run import spec as spec_lib
 
 # Extra columns beside robust_stage.ATTACKS at their config defaults: IPM at a large epsilon,
 # where Xie et al. (UAI 2019) show the median and Krum broken.
@@ -152,7 +153,7 @@ class Study:
     self.f, self.own_f = tolerated(self.base)
     for d in self.defences:  # every refusal before anything trains
       for a in self.attacks:
-        robust_stage.read(self.config(d, a, self.lrs[0], self.seeds[0]), "synchronous")
+        spec_lib.robust_options(self.config(d, a, self.lrs[0], self.seeds[0]), "synchronous")
 
   def cells(self) -> list:
     return [(d, a) for d in self.defences for a in self.attacks]

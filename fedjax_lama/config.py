@@ -16,12 +16,18 @@ config.json that still uses the old name is read back under the new one
 line naming the new field (`renamed_field_message`).
 """
 import copy
+import dataclasses
 import math
+from typing import NamedTuple, Optional
 
 import ml_collections
 
 from fedjax_lama import kernels
 from fedjax_lama import registry
+from fedjax_lama.algorithms import common
+from fedjax_lama.fedlama import options as fedlama_options
+from fedjax_lama.simulation import run_options
+from fedjax_lama.simulation import system_config as sim_config
 from fedjax_lama.engine.plan import CLIENT_MAPS
 from fedjax_lama.errors import ConfigError, closest
 
@@ -149,7 +155,7 @@ def base_config() -> ml_collections.ConfigDict:
   # Runs on the simulated clock (FedAT, Chai et al. 2021): config.system (the simulated system and the
   # run's options; config.system.clock=True runs fedavg / fedprox there) and the sections of
   # the clock-only methods (fedat, tifl, fedasync, asofed), from their typed configs.
-  for name, section in registry.clock_sections().items():
+  for name, section in clock_sections().items():
     c[name] = section
   # Uplink compressor of the client updates (QSGD, Alistarh et al. 2017). "auto": the
   # algorithm's own (QSGD with config.fedpaq.levels for fedpaq/fedcom), else "identity".
@@ -302,8 +308,9 @@ def _check_options(c) -> None:
                       "from the library, fedjax_lama.models.lora)")
 
 
-def validate(c: ml_collections.ConfigDict, num_classes: int | None = None) -> None:
-  """Raises ConfigError for the first field that is not accepted."""
+def validate(c: ml_collections.ConfigDict, num_classes: int | None = None) -> "Method":
+  """Raises ConfigError for the first field that is not accepted; returns what
+  config.algorithm runs, typed (`method`)."""
   if not isinstance(c, ml_collections.ConfigDict):
     raise ConfigError(f"config must be an ml_collections.ConfigDict (e.g. "
                       f"fedjax_lama.config.base_config() or a config file's get_config()), got "
@@ -380,7 +387,7 @@ def validate(c: ml_collections.ConfigDict, num_classes: int | None = None) -> No
           and math.isfinite(growth) and (growth == 0 or growth > 1)):
     _fail("max_loss_growth", growth, "a finite number > 1 (a multiple of the starting training "
           "loss), or 0 to turn the check off")
-  registry.validate(c)
+  return method(c)
 
 
 def check_classes_per_client(partition: str, classes_per_client: int, dataset: str,
@@ -414,27 +421,27 @@ MODE_FIELDS = {
 
 
 def _active_modes(c) -> set:
-  if registry.runs_on_clock(c):
+  if runs_on_clock(c):
     modes = {"the simulated clock"}
     if c.algorithm in registry.CLOCK_SYNC:
       modes.add("a cohort of config.active_ratio")
     return modes
   modes = {"synchronous rounds", "a cohort of config.active_ratio"}
-  if registry.select(c).schedule != "none":
+  if selection(c).schedule != "none":
     modes.add("the FedLAMA schedule")
   return modes
 
 
 def _active_sections(c) -> set:
   """The algorithm sections config.<name> the run reads."""
-  if registry.runs_on_clock(c):
-    return {c.algorithm} | ({"fedprox"} if c.algorithm == "fedprox" else set())
-  return {registry.select(c).base}
+  if runs_on_clock(c):  # FedProx there reads config.fedprox.mu, its own section
+    return {c.algorithm}
+  return {selection(c).base}
 
 
 def _describe_run(c) -> str:
   how = f"config.algorithm={c.algorithm!r}"
-  if registry.runs_on_clock(c):
+  if runs_on_clock(c):
     if c.algorithm not in registry.CLOCK_METHODS:
       how += " with config.system.clock=True"
     return how + " (a run on the simulated clock)"
@@ -504,3 +511,233 @@ def check_overrides(c: ml_collections.ConfigDict, paths) -> None:
         raise ConfigError(
             f"config.{path} has no effect with {_describe_run(c)}: it is read only by "
             f"{mode}; remove it or choose a run that reads it")
+
+
+# ---- the config read, typed: what the registry and the simulated clock take -------------------
+class Method(NamedTuple):
+  """What config.algorithm runs, read once at validation: a synchronous algorithm's options
+  (the registry builds it once the federation is known) or a run on the simulated clock."""
+  algorithm: Optional[registry.AlgorithmOptions]   # None on the simulated clock
+  clock: Optional[run_options.ClockOptions]        # None in synchronous rounds
+
+
+def method(c) -> Method:
+  """config.algorithm and every field it reads, typed and checked (no data needed)."""
+  if runs_on_clock(c):
+    return Method(None, clock_options(c))
+  options = algorithm_options(c)
+  registry.check(options)
+  return Method(options, None)
+
+
+def _section(c, name: str) -> dict:
+  section = c.get(name)
+  if isinstance(section, ml_collections.ConfigDict):
+    return section.to_dict()
+  return dict(section or {})
+
+
+def runs_on_clock(c) -> bool:
+  """Whether the config asks for a run on the simulated clock."""
+  system = c.get("system")
+  clock = bool(system.get("clock", False)) if system is not None else False
+  return registry.runs_on_clock(c.algorithm, clock)
+
+
+def selection(c) -> registry.Selection:
+  """config.algorithm and config.schedule resolved (config.fedlama typed where read)."""
+  name, schedule = c.algorithm, c.get("schedule", "none")
+  fedlama = None
+  if registry.reads_fedlama(name, schedule):
+    fedlama = registry.typed_values(fedlama_options.FedLamaOptions,
+                                    _section(c, fedlama_options.NAME), fedlama_options.NAME)
+  return registry.select(name, schedule, fedlama)
+
+
+def algorithm_options(c) -> registry.AlgorithmOptions:
+  """The synchronous algorithm the config asks for: its selection, config.<base> as its
+  Hparams, the shared fields as `Common` and config.compressor; ConfigErrors name the field."""
+  chosen = selection(c)
+  spec = registry.SPECS.get(chosen.base)
+  hparams = None
+  if spec is not None:  # (a method of the simulated clock has no section here)
+    hparams = registry.typed_values(spec.hparams, _section(c, spec.name), spec.name)
+  server_lr = c.get("server_lr")
+  try:
+    shared = common.Common(local_momentum=float(c.local_momentum),
+                           weight_decay=float(c.weight_decay),
+                           server_lr=None if server_lr is None else float(server_lr))
+  except common.HparamError as e:
+    raise ConfigError(f"config.{e}") from e
+  compressor = c.compressor
+  return registry.AlgorithmOptions(
+      name=c.algorithm, selection=chosen, hparams=hparams, common=shared,
+      local_optimizer_state=c.get("local_optimizer_state", "reset"),
+      compressor=registry.CompressorOptions(compressor.name, compressor.levels,
+                                            compressor.block))
+
+
+# Runs on the simulated clock (FedAT, Chai et al. 2021): config.system and config.<method>.
+_UNLIMITED_BANDWIDTH = ("bandwidth_down_bytes_per_s", "bandwidth_up_bytes_per_s")
+# config.system: the simulated system (SystemConfig) without the fields the top level
+# already has (num_clients, seed, local_epochs, batch_size), plus the run's own options.
+_SYSTEM_FROM_TOP = ("num_clients", "seed", "local_epochs", "batch_size")
+_SYSTEM_EXTRAS = {
+    "clock": False,                  # True: run config.algorithm (fedavg, fedprox) on the clock
+    "local_optimizer": "adam",       # FedAT's local Adam(local_lr, 0.9, 0.999, 1e-7); or "sgd"
+    "polyline_mode": "flat",         # how FedAT's polyline encoding walks a model
+    "call_size_multiple": 10,        # trainer calls padded to a multiple of this many clients
+    "target_accuracy": None,         # time and bytes to this accuracy (None: not measured)
+    "fedprox_variable_epochs": True,  # FedProx's jobs run 1..E epochs (Li et al. 2020) (stream PROX_E)
+    "baseline_compression_precision": None,  # FedAvg / FedProx messages (None: raw float32)
+}
+
+
+def _dataclass_section(cls, skip=()) -> ml_collections.ConfigDict:
+  section = ml_collections.ConfigDict()
+  for field in dataclasses.fields(cls):
+    if field.name in skip:
+      continue
+    default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+    if dataclasses.is_dataclass(default):
+      section[field.name] = _dataclass_section(type(default))
+    elif field.type in (int, float, str, bool, tuple) and default is not None:
+      section[field.name] = default
+    else:  # Optional[...] or a scalar-or-per-client union
+      section[field.name] = ml_collections.FieldReference(default, field_type=object)
+  return section
+
+
+def clock_sections() -> dict:
+  """config.system and the sections of the clock-only methods, with their defaults."""
+  system = _dataclass_section(sim_config.SystemConfig, skip=_SYSTEM_FROM_TOP)
+  for name, default in _SYSTEM_EXTRAS.items():
+    system[name] = (ml_collections.FieldReference(default, field_type=object)
+                    if default is None else default)
+  for name in _UNLIMITED_BANDWIDTH:  # config.json cannot hold inf: None means unlimited
+    system.network_model[name] = None
+  sections = {"system": system}
+  for name in registry.CLOCK_METHODS:
+    sections[name] = _dataclass_section(run_options.METHOD_CONFIGS[name])
+  return sections
+
+
+def _clock_shared_fields(config) -> None:
+  """Shared fields that runs on the clock do not silently ignore."""
+  def refuse(ok, field, accepted):
+    if not ok:
+      raise ConfigError(f"config.{field}={config[field]!r} is not accepted on the simulated "
+                        f"clock (config.algorithm={config.algorithm!r}); accepted: {accepted}")
+  refuse(isinstance(config.local_epochs, int) and config.local_epochs >= 1, "local_epochs",
+         "an integer >= 1 (E local epochs per job)")
+  refuse(config.weighting == "examples", "weighting", "'examples' (n_k-weighted means)")
+  refuse(config.local_lr_decay == "constant", "local_lr_decay", "'constant'")
+  refuse(config.local_lr_warmup_steps == 0, "local_lr_warmup_steps", "0")
+  refuse(config.server_lr in (None, 1.0), "server_lr",
+         "None or 1.0 (the simulation's server rules)")
+  refuse(config.get("local_optimizer_state", "reset") == "reset", "local_optimizer_state",
+         "'reset' (each job starts its local optimizer afresh)")
+  refuse(config.get("schedule", "none") == "none", "schedule", "'none'")
+  refuse(config.validation_fraction == 0.0, "validation_fraction", "0.0")
+  refuse(config.get("finetune_steps", 0) == 0, "finetune_steps",
+         "0 (fine-tuning before evaluation runs in synchronous rounds)")
+  refuse(0.0 < config.local_test_fraction < 1.0, "local_test_fraction",
+         "a fraction in (0, 1): every client's local test split is evaluated (FedAT's 80/20 split)")
+  if config.compressor.name not in ("auto", "identity"):
+    raise ConfigError(f"config.compressor.name={config.compressor.name!r} is not accepted on the "
+                      "simulated clock; accepted: 'auto' or 'identity' (messages are compressed "
+                      "with polyline: config.<method>.compression_precision)")
+
+
+def clock_options(config) -> run_options.ClockOptions:
+  """The typed options of a run on the clock; ConfigErrors name the config field."""
+  name = config.algorithm
+  if name not in registry.CLOCK_METHODS + registry.CLOCK_SYNC:
+    accepted = ", ".join(map(repr, registry.CLOCK_SYNC + registry.CLOCK_METHODS))
+    raise ConfigError(f"config.algorithm={name!r} cannot run on the simulated clock "
+                      f"(config.system.clock=True); accepted there: {accepted}")
+  _clock_shared_fields(config)
+  values = _section(config, "system")
+  extras = {k: values.pop(k, default) for k, default in _SYSTEM_EXTRAS.items()}
+  _clock_extras(config, extras)
+  return run_options.ClockOptions(
+      method=name, method_config=_clock_method_config(config, name, extras),
+      system=_clock_system(config, values), local_lr=float(config.local_lr),
+      local_optimizer=extras["local_optimizer"], local_momentum=float(config.local_momentum),
+      polyline_mode=extras["polyline_mode"], call_size_multiple=extras["call_size_multiple"],
+      target_accuracy=(None if extras["target_accuracy"] is None
+                       else float(extras["target_accuracy"])),
+      checkpoint_every_ticks=config.checkpoint_every, eval_batch_size=config.eval_batch_size,
+      label_smoothing=float(config.label_smoothing), unroll=config.engine.unroll,
+      plots=bool(config.plots), algorithm=name, dataset=config.dataset, model=config.model)
+
+
+def _clock_system(config, values: dict) -> sim_config.SystemConfig:
+  """SystemConfig from config.system (its own fields) and the top-level shared fields."""
+  nested = {}
+  for field, cls in (("compute_model", sim_config.ComputeModel),
+                     ("network_model", sim_config.NetworkModel)):
+    given = dict(values.pop(field, {}) or {})
+    if field == "network_model":
+      given.update({k: math.inf for k in _UNLIMITED_BANDWIDTH if given.get(k, 0) is None})
+    nested[field] = registry.typed_values(cls, given, f"system.{field}", prefix="system")
+  top = {k: config[k] for k in _SYSTEM_FROM_TOP}
+  if not isinstance(top["seed"], int) or top["seed"] < 0:
+    raise ConfigError(f"config.seed={top['seed']!r} is not accepted on the simulated clock; "
+                      "accepted: an integer >= 0")
+  allowed = {f.name for f in dataclasses.fields(sim_config.SystemConfig)} - set(top)
+  unknown = sorted(set(values) - allowed)
+  if unknown:
+    raise ConfigError(f"config.system.{unknown[0]} is not a field; accepted: "
+                      f"{', '.join(sorted(allowed | set(_SYSTEM_EXTRAS)))}")
+  return registry.typed_values(sim_config.SystemConfig, {**values, **nested, **top}, "system")
+
+
+def _clock_extras(config, extras: dict) -> None:
+  """The run options of config.system that are not part of the simulated system."""
+  def refuse(field, accepted):
+    raise ConfigError(f"config.system.{field}={extras[field]!r} is not accepted; accepted: "
+                      f"{accepted}")
+  if not isinstance(extras["clock"], bool):
+    refuse("clock", "True or False")
+  optimizer = extras["local_optimizer"]
+  if optimizer not in run_options.LOCAL_OPTIMIZERS:
+    refuse("local_optimizer", ", ".join(map(repr, run_options.LOCAL_OPTIMIZERS)))
+  for field in ("local_momentum", "weight_decay") if optimizer == "adam" else ("weight_decay",):
+    if config[field] != 0:
+      raise ConfigError(f"config.{field}={config[field]!r} is not accepted with "
+                        f"config.system.local_optimizer={optimizer!r}; accepted: 0.0")
+  if extras["polyline_mode"] not in run_options.POLYLINE_MODES:
+    refuse("polyline_mode", ", ".join(map(repr, run_options.POLYLINE_MODES)))
+  multiple = extras["call_size_multiple"]
+  if isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1:
+    refuse("call_size_multiple", "an integer >= 1")
+  target = extras["target_accuracy"]
+  if target is not None and not (isinstance(target, (int, float)) and not isinstance(target, bool)
+                                 and 0.0 < target <= 1.0):
+    refuse("target_accuracy", "None or an accuracy in (0, 1]")
+  if not isinstance(extras["fedprox_variable_epochs"], bool):
+    refuse("fedprox_variable_epochs", "True or False")
+
+
+def _clock_method_config(config, name: str, extras: dict):
+  """The typed config of the method: config.<name> for the clock-only methods; FedAvg and
+  FedProx take their cohort from config.active_ratio and mu from config.fedprox."""
+  if name in registry.CLOCK_METHODS:
+    return registry.typed_values(run_options.METHOD_CONFIGS[name], _section(config, name), name)
+  if config.client_sampling != "fixed":
+    raise ConfigError(f"config.client_sampling={config.client_sampling!r} is not accepted on the "
+                      "simulated clock; accepted: 'fixed' (round(active_ratio * num_clients) "
+                      "clients per round)")
+  cohort = max(1, int(round(config.active_ratio * config.num_clients)))
+  fields = {"clients_per_round": cohort,
+            "compression_precision": extras["baseline_compression_precision"]}
+  if name == "fedprox":
+    hparams = registry.typed_values(registry.SPECS["fedprox"].hparams,
+                                    _section(config, "fedprox"), "fedprox")
+    fields.update(mu=float(hparams.mu),
+                  variable_epochs=extras["fedprox_variable_epochs"])
+  try:
+    return run_options.METHOD_CONFIGS[name](**fields)
+  except ValueError as e:  # the only field a user sets here is the precision
+    raise ConfigError(f"config.system.baseline_{e}") from e

@@ -3,11 +3,12 @@
 The run itself lives in fedjax_lama.run (config -> validation -> RunSpec -> loop):
 `train_and_evaluate` is fedjax_lama.run.pipeline's, `train_many` fedjax_lama.run.many's. The
 functions below build one part of a run straight from a config, for tests, benchmarks and
-tools that assemble a run piece by piece; they read the config through fedjax_lama.run.spec.
+tools that assemble a run piece by piece; they hand the config to fedjax_lama.run.spec (and
+fedjax_lama.config), its only readers, and read nothing of it themselves.
 """
 import ml_collections
 
-from fedjax_lama.engine import plan as plan_lib
+from fedjax_lama import config as config_lib, registry
 from fedjax_lama.errors import TrainingError, WorkdirError
 from fedjax_lama.run import parts as parts_lib, spec as spec_lib, workdir as workdir_lib
 from fedjax_lama.run.pipeline import train_and_evaluate
@@ -16,13 +17,7 @@ from fedjax_lama.run.records import DivergenceError
 from fedjax_lama.run.workdir import RESUMABLE_CHANGES, check_workdir_usable
 
 partition_spec = spec_lib.partition_spec
-
-
-def platform_plan(config):
-  """The engine's plan for JAX's default backend, from config.engine.kernels and
-  config.engine.client_map (as `fedjax_lama.run.spec.build_spec` builds it)."""
-  return plan_lib.plan(kernels=config.engine.kernels,
-                       client_map=config.engine.get("client_map", "auto"))
+platform_plan = spec_lib.platform_plan
 
 
 def check_workdir(workdir: str, config: ml_collections.ConfigDict):
@@ -34,7 +29,22 @@ def check_workdir(workdir: str, config: ml_collections.ConfigDict):
 def run_options(config, fed):
   """The round programs' options of `config` on the federation `fed`."""
   opts = spec_lib.run_options(config, platform_plan(config))
-  return parts_lib.federated_options(opts, config.augmentation, fed)
+  return parts_lib.federated_options(opts, spec_lib.data_spec(config).augmentation, fed)
+
+
+def build_algorithm(config, num_clients: int = 1, mean_client_examples: float = 1.0):
+  """The Algorithm of config.algorithm (the base algorithm under config.schedule) on a
+  federation of `num_clients` clients holding `mean_client_examples` examples on average."""
+  return registry.build_algorithm(config_lib.algorithm_options(config), num_clients,
+                                  mean_client_examples)
+
+
+def uplink_compressor(config):
+  """The uplink compressor of config.compressor ("auto": the algorithm's own)."""
+  return registry.uplink_compressor(config_lib.algorithm_options(config))
+
+
+clock_options = config_lib.clock_options
 
 
 def build_program(config, model, params, model_state, fed, mesh):
@@ -62,6 +72,7 @@ def model_options(config, dataset) -> dict:
 config_json = spec_lib.config_json
 
 __all__ = ["DivergenceError", "RESUMABLE_CHANGES", "TrainingError", "VECTORIZABLE_FIELDS",
-           "WorkdirError", "build_model", "build_program", "check_workdir",
+           "WorkdirError", "build_algorithm", "build_model", "build_program", "check_workdir",
            "check_workdir_usable", "config_json", "load_dataset", "model_options",
-           "partition_spec", "platform_plan", "run_options", "train_and_evaluate", "train_many"]
+           "partition_spec", "platform_plan", "run_options", "train_and_evaluate", "train_many",
+           "uplink_compressor", "clock_options"]

@@ -37,6 +37,7 @@ import numpy as np
 import pytest
 
 from fedjax_lama import checkpointing, compression, registry, training, tree
+from fedjax_lama import config as config_lib
 from fedjax_lama.engine import aggregation, sharding, stages
 from fedjax_lama.engine import traffic as traffic_lib
 from fedjax_lama.engine.algorithm import MODEL_UPLOAD
@@ -76,7 +77,7 @@ def _core_first(names):
 def _refused(name, fedlama=False) -> bool:
   """Algorithms that upload no model displacement for a run stage to wrap (FedADMM; FedSpeed
   with its "active" server average, which the contract's FedLAMA config selects)."""
-  alg = registry.build_algorithm(contract.config_for(name, fedlama),
+  alg = training.build_algorithm(contract.config_for(name, fedlama),
                                  num_clients=helpers.NUM_CLIENTS)
   # Named like a flax model's layers: the personalization methods find their head by name.
   params = {f"Dense_{i}": {"kernel": jnp.zeros((3, 3)), "bias": jnp.zeros((3,))}
@@ -219,7 +220,7 @@ def test_an_uplink_codec_first_is_carried_by_the_chain():
 
 def test_declared_reductions_never_drop_another_uploads_default():
   """An algorithm declaring some aggregates still averages every other upload."""
-  alg = registry.build_algorithm(contract.config_for("fednova"), num_clients=8)
+  alg = training.build_algorithm(contract.config_for("fednova"), num_clients=8)
   got = alg.aggregations_for(["delta", "a"])
   assert set(got) == {"delta", "tau_eff", "a"}
   assert got["delta"] is alg.aggregate["delta"] and got["tau_eff"] is alg.aggregate["tau_eff"]
@@ -228,7 +229,7 @@ def test_declared_reductions_never_drop_another_uploads_default():
 
 @pytest.mark.parametrize("weighting", ["examples", "uniform"])
 def test_the_server_update_sees_the_weighting_of_the_mean(weighting):
-  alg = registry.build_algorithm(contract.config_for("fedavg"), num_clients=8)
+  alg = training.build_algorithm(contract.config_for("fedavg"), num_clients=8)
   sums = aggregation.ChunkSums({"delta": {"w": jnp.ones(2)}}, {}, jnp.asarray(4.0),
                                jnp.asarray(2.0))
   agg, state, scalars = aggregation.RoundAggregation(alg, weighting=weighting).finish(sums, 8)
@@ -242,9 +243,9 @@ def build(config, stage=None, mesh=MESH):
   fed = helpers.tiny_federation()
   model = helpers.TinyMLP()
   params = model.init(jax.random.PRNGKey(config.seed), fed.dataset.train_x[:1])["params"]
-  selection = registry.select(config)
-  algorithm = registry.build_algorithm(config, fed.num_clients, float(np.mean(fed.client_sizes)))
-  compressor = registry.uplink_compressor(config)
+  selection = config_lib.selection(config)
+  algorithm = training.build_algorithm(config, fed.num_clients, float(np.mean(fed.client_sizes)))
+  compressor = training.uplink_compressor(config)
   members = ([] if compression.is_identity(compressor) else [stages.uplink(compressor)])
   members += [stage] if stage is not None else []
   chain = stages.chain(*members) if members else None
@@ -376,7 +377,7 @@ def test_vectorized_runs_with_a_stage_equal_sequential_runs(stage):
             for c, f in zip(configs, feds)]
   opts = [dataclasses.replace(training.run_options(c, f), aggregator=make())
           for c, f in zip(configs, feds)]
-  algorithm = registry.build_algorithm(configs[0], feds[0].num_clients)
+  algorithm = training.build_algorithm(configs[0], feds[0].num_clients)
   sequential = []
   for o, p, f in zip(opts, params, feds):
     state, _ = helpers.run(SyncProgram(o, algorithm, model, p, {}, f, MESH))

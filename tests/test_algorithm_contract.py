@@ -31,7 +31,7 @@ import pytest
 
 from fedjax_lama import algorithms, checkpointing
 from fedjax_lama import config as config_lib
-from fedjax_lama import registry
+from fedjax_lama import registry, training
 from fedjax_lama.engine import cohort as cohort_lib, local, sharding, sync_round
 from tests import test_sharding as helpers
 
@@ -378,7 +378,7 @@ def _padded_variant():
 
 @pytest.mark.parametrize("name", _core_first(NAMES))
 def test_padded_clients_steps_and_examples_change_nothing(name):
-  alg = registry.build_algorithm(config_for(name), num_clients=8)
+  alg = training.build_algorithm(config_for(name), num_clients=8)
   base, padded = _padded_variant()
   want = _engine_round(alg, [base, base])
   got = _engine_round(alg, [padded, padded])

@@ -17,7 +17,7 @@ import pytest
 
 from fedjax_lama import federation, training
 from fedjax_lama import data as fdata
-from fedjax_lama import registry
+from fedjax_lama import config as config_lib
 from fedjax_lama.config import ConfigError, base_config
 from fedjax_lama.engine import local
 from fedjax_lama.simulation import clock_run, engine_adapter, job_packing
@@ -71,7 +71,7 @@ def setup():
 
 def simulate(config, setup):
   fed, model, params = setup
-  sim = clock_run.build_simulator(registry.clock_options(config), fed, model, params)
+  sim = clock_run.build_simulator(training.clock_options(config), fed, model, params)
   sim.run()
   return sim
 
@@ -336,7 +336,7 @@ def test_a_run_started_before_the_clock_sections_existed_still_resumes(tmp_path)
   """config.json of an older run lacks config.system / .fedat / ...: no change at defaults."""
   c = base_config()
   old = training.config_json(c)
-  for name in registry.clock_sections():
+  for name in config_lib.clock_sections():
     del old[name]
   (tmp_path / "config.json").write_text(json.dumps(old))
   training.check_workdir(str(tmp_path), c)

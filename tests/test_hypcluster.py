@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_lama import algorithms, registry, training
+from fedjax_lama import algorithms, training
 from fedjax_lama.algorithms import Common, hypcluster
 from fedjax_lama.engine import (client_store, cohort as cohort_lib, local, personal_eval,
                                 sharding, sync_round)
@@ -151,7 +151,7 @@ def test_refusals_are_named():
   config = contract.config_for("hypcluster")
   config.hypcluster.num_clusters = 0
   with pytest.raises(ValueError, match=r"hypcluster\.num_clusters"):
-    registry.build_algorithm(config, num_clients=8)
+    training.build_algorithm(config, num_clients=8)
 
 
 def test_robust_defences_are_refused():

@@ -15,7 +15,7 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_lama import algorithms, registry
+from fedjax_lama import algorithms, training
 from fedjax_lama.algorithms import Common
 from fedjax_lama.engine import cohort as cohort_lib, sync_round
 from fedjax_lama.engine.algorithm import ServerState
@@ -361,7 +361,7 @@ def test_bad_hyper_parameters_are_named():
   config = contract.config_for("apfl")
   config.apfl.personal_gradient = "both"
   with pytest.raises(ValueError, match=r"apfl\.personal_gradient"):
-    registry.build_algorithm(config, num_clients=8)
+    training.build_algorithm(config, num_clients=8)
 
 
 @pytest.mark.parametrize("name", contract._core_first(NAMES, core=("ditto",)))
@@ -371,7 +371,7 @@ def test_serve_vmaps_over_a_runs_store(placed, name):
   run = placed(name, False)
   program = run["program"]
   params, rows = run["straight"][0].params, run["straight"][1]
-  alg = registry.build_algorithm(contract.config_for(name), num_clients=8)
+  alg = training.build_algorithm(contract.config_for(name), num_clients=8)
   personal, _ = jax.vmap(lambda row: _served(alg, params, row))(rows)
   sampled = np.asarray(run["sampled"])
   never = np.setdiff1d(np.arange(program.store.num_clients), sampled)

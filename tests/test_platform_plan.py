@@ -10,7 +10,6 @@ import pytest
 
 from fedjax_lama import config as config_lib
 from fedjax_lama import data as fdata
-from fedjax_lama import registry
 from fedjax_lama import training
 from fedjax_lama.engine import local, plan as plan_lib, sharding
 from fedjax_lama.errors import ConfigError
@@ -79,7 +78,7 @@ def _one_round(plan):
   model = helpers.TinyMLP()
   params = model.init(jax.random.PRNGKey(config.seed), fed.dataset.train_x[:1])["params"]
   opts = dataclasses.replace(training.run_options(config, fed), platform=plan)
-  program = SyncProgram(opts, registry.build_algorithm(config, fed.num_clients, 1.0),
+  program = SyncProgram(opts, training.build_algorithm(config, fed.num_clients, 1.0),
                         model, params, {}, fed, MESH)
   state, _ = program.run_round(program.init_state(), 0)
   return [np.asarray(sharding.to_host(x)) for x in jax.tree.leaves(

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 import pytest
 
-from fedjax_lama import compression, registry, training
+from fedjax_lama import compression, training
 from fedjax_lama.engine import sharding, stages
 from fedjax_lama.errors import ConfigError
 from fedjax_lama.privacy import accounting, mechanisms
@@ -105,8 +105,8 @@ def _program(config, stage):
   fed = helpers.tiny_federation()
   model = helpers.TinyMLP()
   params = model.init(jax.random.PRNGKey(config.seed), fed.dataset.train_x[:1])["params"]
-  algorithm = registry.build_algorithm(config, fed.num_clients, float(np.mean(fed.client_sizes)))
-  compressor = registry.uplink_compressor(config)
+  algorithm = training.build_algorithm(config, fed.num_clients, float(np.mean(fed.client_sizes)))
+  compressor = training.uplink_compressor(config)
   members = [] if compression.is_identity(compressor) else [stages.uplink(compressor)]
   members += [stage] if stage is not None else []
   opts = dataclasses.replace(training.run_options(config, fed),
@@ -138,7 +138,7 @@ def test_sigma_zero_is_numpy_clip_then_sum_over_the_expected_cohort(sampling):
   assert drawn >= 2
   n = helpers.NUM_CLIENTS
   clip = 0.3
-  options = DpOptions(0.0, clip, privacy_stage.sampling_from_config(config))
+  options = DpOptions(0.0, clip, spec_lib.sampling_options(config))
   leaves, treedef = jax.tree.flatten(deltas)
   norms = np.sqrt(sum(np.sum(np.square(x.reshape(x.shape[0], -1).astype(np.float64)), axis=1)
                       for x in leaves))
@@ -170,7 +170,7 @@ def test_chunked_equals_unchunked_and_a_large_draw_trains_every_sampled_client()
   base = dict(weighting="uniform", client_sampling="bernoulli", active_ratio=0.25)
   one = contract.config_for("fedavg", **base)
   chunked = contract.config_for("fedavg", **base, **{"engine.clients_per_chunk": 3})
-  options = DpOptions(1.0, 0.5, privacy_stage.sampling_from_config(one),
+  options = DpOptions(1.0, 0.5, spec_lib.sampling_options(one),
                       adaptive=AdaptiveClipOptions(count_stddev=2.0))
   p1, outs1, _ = _params_after(one, options)
   p2, outs2, program = _params_after(chunked, options)
@@ -252,7 +252,7 @@ def test_refusals_name_the_field(overrides, message):
 def test_dp_on_the_simulated_clock_is_refused():
   # build_spec passes the run's mode; a clock config valid in every other respect gets here.
   with pytest.raises(ConfigError, match=r"config\.privacy\.enabled=True .*simulated clock"):
-    privacy_stage.options_from_config(dp_config(), "clock")
+    spec_lib.privacy_options(dp_config(), "clock")
 
 
 def test_sigma_zero_reports_no_epsilon():
@@ -310,7 +310,7 @@ def test_privacy_fields_set_while_privacy_is_off_are_refused():
 def test_per_layer_clipping_bounds_every_layer():
   config = contract.config_for("fedavg", weighting="uniform", client_sampling="fixed",
                                active_ratio=0.25, local_lr=1.0)
-  options = DpOptions(0.0, 0.3, privacy_stage.sampling_from_config(config),
+  options = DpOptions(0.0, 0.3, spec_lib.sampling_options(config),
                       clipping="per_layer", layer_split="size")
 
   def moves(stage):

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from fedjax_lama import data as fdata
-from fedjax_lama import federation, registry, training
+from fedjax_lama import federation, training
 from fedjax_lama.engine import evaluate as evaluation
 from fedjax_lama.engine import local, sharding, stages
 from fedjax_lama.engine.algorithm import ClientContext, LocalState
@@ -130,7 +130,7 @@ def _triggered_per_client(spec, fed, client_ids):
     hit = (x[:, 1, 1, 0] == value) & (y == backdoor.target_label)
     return 0.0 * params["w"], (model_state, jnp.sum(hit * example_mask))
 
-  algorithm = registry.build_algorithm(helpers.tiny_config(), fed.num_clients)
+  algorithm = training.build_algorithm(helpers.tiny_config(), fed.num_clients)
   train = jax.jit(local.make_client_train(loss_fn, algorithm, lambda s: 0.1,
                                           poison=opts.poison))
   params = {"w": jnp.zeros(())}

@@ -150,9 +150,9 @@ def test_a_defence_or_an_attack_with_differential_privacy_is_refused(defence, at
   with pytest.raises(ConfigError, match=rf"config\.robust\.defence='{defence}', "
                                         rf"config\.robust\.attack='{attack}' with "
                                         r"config\.privacy\.enabled=True"):
-    robust_stage.read(config, "synchronous")
+    spec_lib.robust_options(config, "synchronous")
   config.privacy.enabled = False
-  assert robust_stage.read(config, "synchronous").defence == defence
+  assert spec_lib.robust_options(config, "synchronous").defence == defence
 
 
 def test_the_simulated_clock_refuses_the_section():
@@ -326,7 +326,7 @@ def test_vectorized_runs_with_an_attack_equal_sequential_runs(attack, tmp_path):
   workdirs = [str(tmp_path / f"vec{s}") for s in (0, 1)]
   together = training.train_many(configs, workdirs)
   assert [o["vectorized_runs"] for o in together] == [2, 2]
-  malicious = [robust_stage.read(c, "synchronous").malicious(c.num_clients) for c in configs]
+  malicious = [spec_lib.robust_options(c, "synchronous").malicious(c.num_clients) for c in configs]
   assert not np.array_equal(*malicious)  # the two seeds' attackers differ
   for config, workdir, summary in zip(configs, workdirs, together):
     alone = str(tmp_path / f"alone{config.seed}")

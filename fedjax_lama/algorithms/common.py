@@ -65,6 +65,9 @@ class Spec:
     why not (its rules are not meaningful per layer), or hp -> one of those (SCAFFOLD's
     option I). A schedule also needs every upload, row and server-state entry shaped like
     the model, which the schedule checks on the built record.
+  carry: whether the local optimizer's state may be carried across rounds
+    (config.local_optimizer_state="carry", under a layer-wise schedule): True, or a string
+    saying why not (FedRep's counts the head's steps from the start of each window).
   """
   name: str
   hparams: type
@@ -74,6 +77,7 @@ class Spec:
   one_step: Optional[Callable[[Any], Optional[str]]] = None
   variant: Optional[Callable[[Any], str]] = None
   layerwise: Union[bool, str, Callable[[Any], Union[bool, str]]] = True
+  carry: Union[bool, str] = True
 
   def make(self, hp: Any, common: Common) -> Algorithm:
     """build(hp, common): the algorithm's record."""

@@ -1,18 +1,17 @@
-"""User-level DP read from config.privacy, and what the run checks and reports about it.
+"""User-level DP in a run: what the run checks and reports about it.
 
-`options_from_config` reads config.privacy once (build_spec) into DpOptions, refusing the
-runs the accountant cannot describe; `mechanisms.user_level_dp(options)` is the stage the
-run's chain holds (run/spec.py `run_chain`). The checks below refuse, before any training,
+run/spec.py `privacy_options` reads config.privacy once into DpOptions (`check_run` refuses
+the runs the accountant cannot describe); `mechanisms.user_level_dp(options)` is the stage
+the run's chain holds (run/spec.py `run_chain`). The checks below refuse, before any training,
 what the noise would not cover; `summary` and `epsilon_after` report the guarantee.
 """
 from typing import Optional
 
 import jax
 
-from fedjax_lama import federation
 from fedjax_lama.engine.algorithm import MODEL_UPLOAD
-from fedjax_lama.errors import ConfigError, HparamError
-from fedjax_lama.privacy.dp_options import (AdaptiveClipOptions, DpOptions, SamplingOptions)
+from fedjax_lama.errors import ConfigError
+from fedjax_lama.privacy.dp_options import DpOptions
 
 # TF Privacy's default noise on the count of unclipped clients: the expected cohort / 20.
 COUNT_STDDEV_PER_CLIENT = 1 / 20
@@ -22,7 +21,7 @@ def _field(name: str) -> str:
   return f"config.privacy.{name}"
 
 
-def _layer_split(text):
+def layer_split(text):
   """"equal", "size" or comma-separated shares "0.25,0.75" as DpOptions takes them."""
   if not isinstance(text, str):
     raise ConfigError(f"{_field('layer_split')}={text!r} is not accepted; accepted: 'equal', "
@@ -36,34 +35,11 @@ def _layer_split(text):
                       "'size' or comma-separated shares C_l^2 / C^2 ('0.25,0.75')") from None
 
 
-def sampling_from_config(config) -> SamplingOptions:
-  """The cohorts the run draws, as the accountant sees them.
-
-  config.client_sampling="bernoulli" is Poisson sampling with q = config.active_ratio (the
-  federation's Bernoulli sampler, the same draws); "fixed" is round(active_ratio N) clients
-  without replacement, accounted as such (replace-one adjacency), never as Poisson.
-  """
-  if config.client_sampling == "bernoulli":
-    return SamplingOptions("poisson", config.num_clients, rate=float(config.active_ratio))
-  sampler = federation.Sampler("fixed", float(config.active_ratio), config.num_clients,
-                              config.seed)
-  return SamplingOptions("fixed", config.num_clients, cohort_size=sampler.cohort_size)
-
-
-def options_from_config(config, mode: str) -> Optional[DpOptions]:
-  """config.privacy as DpOptions (None when off), or one ConfigError naming the field.
-
-  `mode`: the run's mode (run/spec.py MODES). With a target epsilon, sigma is calibrated
-  before training for config.rounds rounds with the configured accountant.
-  """
-  section = config.privacy
-  if not isinstance(section.enabled, bool):
-    raise ConfigError(f"{_field('enabled')}={section.enabled!r} is not accepted; accepted: "
-                      "True or False")
-  if not section.enabled:
-    return None
-  # The accountant reports every evaluation: a missing dp-accounting stops the run here,
-  # before any data is loaded, with its one-line install hint.
+def check_run(mode: str, schedule: str, weighting: str) -> None:
+  """Refuses, before any data is loaded, a run that user-level DP cannot describe: `mode` the
+  run's mode (run/spec.py MODES), `schedule` config.schedule, `weighting` config.weighting.
+  A missing dp-accounting stops the run here too, with its one-line install hint (the
+  accountant reports every evaluation)."""
   from fedjax_lama.privacy import accounting  # pylint: disable=g-import-not-at-top,unused-import
   if mode == "clock":
     raise ConfigError(f"{_field('enabled')}=True is not accepted on the simulated clock "
@@ -74,35 +50,13 @@ def options_from_config(config, mode: str) -> Optional[DpOptions]:
     # synchronises each layer set on its own interval, and every such synchronisation would be
     # a release of its own to compose.
     raise ConfigError(f"{_field('enabled')}=True is not accepted with config.schedule="
-                      f"{config.get('schedule', 'none')!r}: each synchronisation of a layer set "
+                      f"{schedule!r}: each synchronisation of a layer set "
                       "is a separate release that the accountant (one release of the whole "
                       "model per round) would have to count; accepted: config.schedule='none'")
-  if config.weighting != "uniform":
-    raise ConfigError(f"config.weighting={config.weighting!r} is not accepted with "
+  if weighting != "uniform":
+    raise ConfigError(f"config.weighting={weighting!r} is not accepted with "
                       "config.privacy.enabled=True (a client's weight would reveal its data "
                       "size and unbound its effect); accepted: 'uniform'")
-  sigma, target = section.noise_multiplier, section.target_epsilon
-  if (sigma is None) == (target is None):
-    raise ConfigError(f"{_field('noise_multiplier')}={sigma!r} and "
-                      f"{_field('target_epsilon')}={target!r}: set exactly one of them")
-  try:
-    sampling = sampling_from_config(config)
-    adaptive = None
-    if section.adaptive.enabled:
-      count_stddev = section.adaptive.count_stddev
-      if count_stddev is None:
-        count_stddev = COUNT_STDDEV_PER_CLIENT * sampling.expected_cohort
-      adaptive = AdaptiveClipOptions(section.adaptive.target_quantile,
-                                     section.adaptive.learning_rate, float(count_stddev))
-    if target is not None:
-      sigma = accounting.calibrate_noise_multiplier(sampling, target, section.delta,
-                                                    config.rounds, section.accountant)
-    return DpOptions(noise_multiplier=sigma, clip_norm=section.clip_norm, sampling=sampling,
-                     delta=section.delta, clipping=section.clipping,
-                     layer_split=_layer_split(section.layer_split), adaptive=adaptive,
-                     accountant=section.accountant)
-  except HparamError as e:  # its message names privacy.<field>
-    raise ConfigError(f"config.{e}") from None
 
 
 def check_uploads(upload_names, algorithm_name: str, aggregate_names=()) -> None:

@@ -1,6 +1,8 @@
-"""config.robust read once into the run's stages: an upload attack, then a defence.
+"""config.robust, typed (RobustSpec), as the run's stages: an upload attack, then a defence.
 
-    spec = read(config, mode)                      in build_spec; None when both are "none"
+    spec = RobustSpec(...)                         config.robust read and checked once by
+                                                   run/spec.py `robust_options` (None when
+                                                   both are "none")
     run_stages(spec, num_clients)                  [attack, defence] for the run's one chain
                                                    (run/spec.py `run_chain`)
     fed = poisoned(spec, fed)                      label flipping: the malicious clients'
@@ -54,7 +56,7 @@ STAGE_ATTACKS = tuple(name for name, a in attacks.ATTACKS.items() if a.uploads)
 # What every attack reads besides its own options.
 ATTACK_FIELDS = ("malicious_fraction", "malicious_count")
 # Models whose inputs are not images (run/parts.py's table): no trigger can be stamped.
-_NON_IMAGE_MODELS = ("logreg", "lstm_lm")
+NON_IMAGE_MODELS = ("logreg", "lstm_lm")
 # Stream of the host-side draw of each malicious client's poisoned examples.
 STREAM_BACKDOOR = 102
 # Where the trigger starts, in pixels from the top and left edges.
@@ -88,11 +90,11 @@ class Backdoor:
           "label per example (the trigger is a pixel pattern)")
     classes = int(dataset.num_classes)
     if not self.target_label < classes:
-      _fail("target_label", self.target_label,
+      fail("target_label", self.target_label,
             f"a class in [0, {classes}) of config.dataset={dataset.name!r}")
     room = min(x[1], x[2]) - TRIGGER_OFFSET
     if not self.trigger_size <= room:
-      _fail("trigger_size", self.trigger_size,
+      fail("trigger_size", self.trigger_size,
             f"an int in [1, {room}] for the {x[1]}x{x[2]} images of config.dataset="
             f"{dataset.name!r} (the trigger starts {TRIGGER_OFFSET} pixel from the corner)")
 
@@ -144,15 +146,15 @@ class RobustSpec:
                f"gives cohorts of n={n} clients")
 
 
-def _fail(field: str, value, accepted: str):
+def fail(field: str, value, accepted: str):
   raise ConfigError(f"config.robust.{field}={value!r} is not accepted; accepted: {accepted}")
 
 
-def _is_count(x) -> bool:
+def is_count(x) -> bool:
   return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _is_number(x) -> bool:
+def is_number(x) -> bool:
   return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
@@ -160,93 +162,6 @@ def _config_field(field: str) -> str:
   """robust.defences' field names (num_byzantine, trimmed_mean.beta) as config.robust's."""
   last = field.split(".")[-1]
   return "f" if last == "num_byzantine" else last
-
-
-def read(config, mode: str) -> Optional[RobustSpec]:
-  """config.robust checked (ConfigError naming config.robust.<field>); None when it asks for
-  neither a defence nor an attack, so such a run is exactly the run without the section."""
-  section = config.get("robust")
-  if section is None:  # a config written before the section existed
-    return None
-  r = section
-  if r.defence not in DEFENCES:
-    _fail("defence", r.defence, ", ".join(map(repr, DEFENCES)))
-  if r.attack not in ATTACKS:
-    _fail("attack", r.attack, ", ".join(map(repr, ATTACKS)))
-  if r.defence == "none" and r.attack == "none":
-    return None
-  if mode == "clock":
-    raise ConfigError(
-        f"config.robust.defence={r.defence!r}, config.robust.attack={r.attack!r} are not "
-        "accepted on the simulated clock (config.system); accepted: 'none' there (robust "
-        "aggregation runs in synchronous rounds and under the FedLAMA schedule)")
-  # Privacy and robustness do not compose yet: the run has one stage around the model upload.
-  privacy = config.get("privacy")
-  if privacy is not None and privacy.get("enabled", False):
-    raise ConfigError(
-        f"config.robust.defence={r.defence!r}, config.robust.attack={r.attack!r} with "
-        "config.privacy.enabled=True are not accepted yet (the noise of DP-FedAvg is "
-        "calibrated to a clipped mean, not to a robust aggregate or an attacked cohort); "
-        "accepted: config.privacy or config.robust, not both")
-  rule = defences.DEFENCES.get(r.defence)
-  f = r.get("f")
-  if rule is None or rule.bound is None:
-    f = None  # read by no rule of this run (config.check_overrides refuses it when set)
-  elif f is None:
-    raise ConfigError(
-        f"config.robust.f is not set; accepted with config.robust.defence={r.defence!r}: an "
-        f"int >= 0, the Byzantine clients per cohort the rule must tolerate ({r.defence} "
-        f"needs {rule.bound.formula}, {rule.bound.paper}; "
-        f"{_largest_f(r.defence, rule, config)})")
-  elif not (_is_count(f) and f >= 0):
-    _fail("f", f, "an int >= 0 (Byzantine clients per cohort)")
-  hparams = {name: r[name] for name in (rule.options if rule is not None else ())}
-  fraction = count = None
-  if r.attack != "none":
-    fraction_set, count_set = r.malicious_fraction != 0, r.malicious_count != 0
-    if fraction_set == count_set:
-      raise ConfigError(
-          f"config.robust.malicious_fraction={r.malicious_fraction!r} and "
-          f"config.robust.malicious_count={r.malicious_count!r} are not accepted with "
-          f"config.robust.attack={r.attack!r}; accepted: exactly one of them set (> 0)")
-    if fraction_set:
-      if not (_is_number(r.malicious_fraction) and 0 < r.malicious_fraction <= 1):
-        _fail("malicious_fraction", r.malicious_fraction, "a fraction in (0, 1]")
-      fraction = float(r.malicious_fraction)
-    else:
-      if not (_is_count(r.malicious_count) and 0 < r.malicious_count <= config.num_clients):
-        _fail("malicious_count", r.malicious_count,
-              f"an int in [1, config.num_clients={config.num_clients}]")
-      count = r.malicious_count
-  options = {"sign_flip": {"scale": r.scale}, "gaussian": {"std": r.std},
-             "alie": {"z": r.z}, "ipm": {"epsilon": r.epsilon},
-             "backdoor": {"boost": r.get("boost", 0.0)}}.get(r.attack, {})
-  zero_means = {"z": "z_max", "boost": "n / (config.server_lr m), model replacement"}
-  for key, value in options.items():
-    ok = _is_number(value) and (value >= 0 if key in zero_means else value > 0)
-    if not ok:
-      _fail(key, value, f"a number >= 0 (0: {zero_means[key]})" if key in zero_means
-            else "a number > 0")
-  backdoor = _read_backdoor(config) if r.attack == "backdoor" else None
-  if backdoor is not None:  # eta of the replacement boost n / eta (None: the default, 1)
-    options["server_lr"] = 1.0 if config.server_lr is None else float(config.server_lr)
-  spec = RobustSpec(r.defence, f, hparams, r.attack, fraction, count, options, config.seed,
-                    config.client_sampling, float(config.active_ratio), backdoor)
-  run_stages(spec, config.num_clients)  # every refusal before any data is loaded
-  return spec
-
-
-def _largest_f(defence: str, rule: defences.Defence, config) -> str:
-  """What the run's smallest cohort allows of f, for the refusal of an unset f."""
-  spec = RobustSpec(defence, 0, {}, "none", None, None, {}, config.seed,
-                    config.client_sampling, float(config.active_ratio))
-  n, how = spec.smallest_cohort(config.num_clients)
-  options = {name: config.robust[name] for name in rule.options}
-  try:
-    allowed = [g for g in range(n + 1) if rule.bound.holds(n, g, **options)]
-  except HparamError:  # an option the bound reads is itself refused later, naming it
-    allowed = []
-  return (f"{how}, which allows f <= {max(allowed)}" if allowed else how)
 
 
 def fields_read(defence: str, attack: str) -> tuple:
@@ -259,26 +174,6 @@ def fields_read(defence: str, attack: str) -> tuple:
   if attack in attacks.ATTACKS:
     fields += list(ATTACK_FIELDS) + list(attacks.ATTACKS[attack].options)
   return tuple(fields)
-
-
-def _read_backdoor(config) -> Backdoor:
-  """config.robust's backdoor options checked as far as the config allows (the classes and
-  the image size are checked on the data, `Backdoor.check_data`)."""
-  r = config.robust
-  if config.model in _NON_IMAGE_MODELS:
-    raise ConfigError(
-        f"config.robust.attack='backdoor' is not accepted with config.model={config.model!r}"
-        f" on config.dataset={config.dataset!r}, which reads text or tokens; accepted: an "
-        "image dataset and model (the trigger is a pixel pattern)")
-  target, fraction, size = (r.get("target_label", 0), r.get("poison_fraction", 0.5),
-                            r.get("trigger_size", 3))
-  if not (_is_count(target) and target >= 0):
-    _fail("target_label", target, "a class: an int >= 0 below the dataset's classes")
-  if not (_is_number(fraction) and 0 < fraction <= 1):
-    _fail("poison_fraction", fraction, "a fraction in (0, 1]")
-  if not (_is_count(size) and size >= 1):
-    _fail("trigger_size", size, "an int >= 1 (pixels)")
-  return Backdoor(target, float(fraction), size)
 
 
 # ---- the stages ---------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ def _vectorizable(specs) -> bool:
     # The backdoor's poisoning of its clients' batches is a constant of each run's program
     # (RunOptions.poison, from that seed's attackers): one program per run.
     return False
-  if any(s.records.config_json.get("local_test_fraction", 0.0) > 0 for s in specs):
+  if any(s.records.local_test_fraction > 0 for s in specs):
     return False  # personal models and fine-tuning are evaluated by each run's own program
   ignore = set(VECTORIZABLE_FIELDS) | set(workdir_lib.RESUMABLE_CHANGES)
   same = lambda s: {k: v for k, v in s.records.config_json.items() if k not in ignore}

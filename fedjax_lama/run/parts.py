@@ -18,7 +18,7 @@ from fedjax_lama import federation, models, progress, rng
 from fedjax_lama.data import augment
 from fedjax_lama.engine import local, sharding, traffic as traffic_lib
 from fedjax_lama.errors import ConfigError
-from fedjax_lama.privacy import dp_stage as privacy_stage
+from fedjax_lama.privacy import dp_options, dp_stage as privacy_stage
 from fedjax_lama.programs.fedlama import FedLamaProgram
 from fedjax_lama.programs.round_program import RunOptions
 from fedjax_lama.programs.sync import SyncProgram
@@ -225,7 +225,6 @@ def program(spec, parts: Parts, mesh=None):
   if mesh is None:
     mesh = client_mesh(opts.batch_size, parts, chunk_cap(opts))
   algorithm = spec.algorithm.build(fed.num_clients, float(np.mean(fed.client_sizes)))
-  robust_stage.check_algorithm(spec.robust, algorithm, spec.records.algorithm)
   if spec.records.privacy is not None:  # what the noise covers, before any training
     privacy_stage.check_federation(spec.records.privacy, fed.num_clients)
     privacy_stage.check_layer_split(spec.records.privacy, parts.params)

@@ -1,11 +1,15 @@
 """The run specification: a validated config read once into typed parts.
 
-`build_spec(config)` is the one reader of a config after validation: it validates the config
-as given (the file and every command-line override), decides the run's mode once
-("synchronous", "fedlama" or "clock"), and turns every field the run reads into a typed part.
-Everything downstream (the workdir checks, the run's parts, the loop and its records) reads
-the RunSpec. The parts that need the data to exist (the algorithm, whose defaults may depend on
-the clients' number and sizes) are built by the registry from the config captured here.
+`build_spec(config)` is, with validation (fedjax_lama.config, which reads the algorithm's
+choice into the registry's typed options), the one reader of a config: it validates the
+config as given (the file and every command-line override), decides the run's mode once
+("synchronous", "fedlama" or "clock"), and turns every field the run reads into a typed part:
+config.privacy into DpOptions (`privacy_options`), config.robust into a RobustSpec
+(`robust_options`). Everything downstream (the registry, the privacy and robust modules, the
+workdir checks, the run's parts, the loop and its records) reads the RunSpec, never the config
+nor its JSON copy. The algorithm, whose defaults may depend on the clients' number and sizes,
+is built by the registry from its typed options once the federation is known; every check
+that needs no data runs here, before any data is loaded.
 """
 import copy
 import dataclasses
@@ -17,14 +21,14 @@ import ml_collections
 
 from fedjax_lama import compression
 from fedjax_lama import config as config_lib
-from fedjax_lama import federation, registry
+from fedjax_lama import errors, federation, registry
 from fedjax_lama.engine import plan as plan_lib
 from fedjax_lama.engine import stages
 from fedjax_lama.fedlama import options as fedlama_options
-from fedjax_lama.privacy import dp_stage as privacy_stage
+from fedjax_lama.privacy import dp_options, dp_stage as privacy_stage
 from fedjax_lama.privacy import mechanisms
 from fedjax_lama.programs.round_program import LearningRate, RunOptions
-from fedjax_lama.robust import robust_stage
+from fedjax_lama.robust import defences, robust_stage
 from fedjax_lama.simulation import run_options as clock_lib
 
 MODES = ("synchronous", "fedlama", "clock")
@@ -98,6 +102,11 @@ class RecordOptions:
   max_loss_growth: float = config_lib.MAX_LOSS_GROWTH
   # The attack and defence of the run as the figures' titles name them (`robust_label`).
   robust_label: str = ""
+  # config.local_test_fraction: > 0 gives every client a local test part (personal metrics).
+  local_test_fraction: float = 0.0
+  # config.privacy.target_epsilon of a DP run whose sigma was calibrated to it for
+  # config.rounds rounds (None: sigma given, or no DP): such a run cannot be extended.
+  target_epsilon: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,27 +142,43 @@ def build_spec(config: ml_collections.ConfigDict) -> RunSpec:
         f"config must be an ml_collections.ConfigDict (fedjax_lama.config.base_config() or a "
         f"config file's get_config()), got {type(config).__name__}")
   config = copy.deepcopy(config)
-  config_lib.validate(config)
-  clock = registry.runs_on_clock(config)  # FedAT (Chai et al. 2021) and its baselines
-  selection = None if clock else registry.select(config)
+  method = config_lib.validate(config)  # config.algorithm's options, typed
+  clock = method.clock is not None  # FedAT (Chai et al. 2021) and its baselines
+  selection = None if clock else method.algorithm.selection
   mode = "clock" if clock else "fedlama" if selection.fedlama is not None else "synchronous"
-  privacy = privacy_stage.options_from_config(config, mode)  # None: config.privacy is off
-  clock_options = registry.clock_options(config) if clock else None
-  plan = plan_lib.plan(kernels=config.engine.kernels,  # built once; the programs read it
-                       client_map=config.engine.get("client_map", "auto"))
-  robust = robust_stage.read(config, mode)
+  privacy = privacy_options(config, mode)  # None: config.privacy is off
+  plan = platform_plan(config)  # built once; the programs read it
+  robust = robust_options(config, mode)
+  algorithm = None if clock else algorithm_spec(method.algorithm)
+  if robust is not None:  # a defence over the algorithm's own aggregate: before the data loads
+    robust_stage.check_algorithm(robust, algorithm.build(), config.algorithm)
+  records = record_options(config)
   return RunSpec(
       mode=mode, data=data_spec(config), federation=partition_spec(config),
       model=model_spec(config), plan=plan,
-      records=dataclasses.replace(record_options(config), privacy=privacy,
-                                  backdoor=robust.backdoor if robust is not None else None,
-                                  robust_label=robust_label(robust)),
-      algorithm=None if clock else AlgorithmSpec(
-          config.algorithm, selection, functools.partial(registry.build_algorithm, config),
-          registry.uplink_compressor(config)),
-      options=None if clock else run_options(config, plan),
-      clock=dataclasses.replace(clock_options, platform=plan) if clock else None,
+      records=dataclasses.replace(
+          records, privacy=privacy, backdoor=robust.backdoor if robust is not None else None,
+          robust_label=robust_label(robust),
+          target_epsilon=config.privacy.target_epsilon if privacy is not None else None),
+      algorithm=algorithm,
+      options=None if clock else run_options(config, plan, method.algorithm),
+      clock=dataclasses.replace(method.clock, platform=plan) if clock else None,
       robust=robust)
+
+
+def algorithm_spec(options: registry.AlgorithmOptions) -> AlgorithmSpec:
+  """The algorithm of a synchronous run: its typed options (config_lib.algorithm_options),
+  built by the registry once the federation is known."""
+  return AlgorithmSpec(options.name, options.selection,
+                       functools.partial(registry.build_algorithm, options),
+                       registry.uplink_compressor(options))
+
+
+def platform_plan(config) -> plan_lib.PlatformPlan:
+  """The engine's plan for JAX's default backend, from config.engine.kernels and
+  config.engine.client_map."""
+  return plan_lib.plan(kernels=config.engine.kernels,
+                       client_map=config.engine.get("client_map", "auto"))
 
 
 def robust_label(robust: Optional[robust_stage.RobustSpec]) -> str:
@@ -188,7 +213,7 @@ def partition_spec(config) -> federation.PartitionSpec:
       femnist_num_writers=config.femnist_num_writers,
       femnist_writers_per_client=config.femnist_writers_per_client,
       local_test_fraction=config.local_test_fraction,
-      local_split="random" if registry.runs_on_clock(config) else "stratified",
+      local_split="random" if config_lib.runs_on_clock(config) else "stratified",
       dataset_name=config.dataset)
 
 
@@ -212,10 +237,14 @@ def run_chain(spec: RunSpec, num_clients: int) -> Optional[stages.Stage]:
   return stages.chain(*members) if members else None
 
 
-def run_options(config, plan: plan_lib.PlatformPlan) -> RunOptions:
-  """The typed options every round program takes (programs/round_program.py). The sampler's
-  clients and the augmentation are the federation's (`parts.federated_options`), and so is
-  the aggregation chain (`run_chain`)."""
+def run_options(config, plan: plan_lib.PlatformPlan,
+                algorithm: Optional[registry.AlgorithmOptions] = None) -> RunOptions:
+  """The typed options every round program takes (programs/round_program.py); `algorithm`:
+  config.algorithm's typed options (read from `config` if None). The sampler's clients and
+  the augmentation are the federation's (`parts.federated_options`), and so is the
+  aggregation chain (`run_chain`)."""
+  if algorithm is None:
+    algorithm = config_lib.algorithm_options(config)
   on_host = config.engine.get("client_state_on_host", False)
   if not isinstance(on_host, bool):
     raise config_lib.ConfigError(f"config.engine.client_state_on_host={on_host!r} is not "
@@ -231,7 +260,7 @@ def run_options(config, plan: plan_lib.PlatformPlan) -> RunOptions:
                                  config.num_clients, config.seed),
       label_smoothing=config.label_smoothing, unroll=config.engine.unroll,
       clients_per_chunk=config.engine.clients_per_chunk, client_state_on_host=on_host,
-      augment=None, platform=plan, **registry.run_facts(config))
+      augment=None, platform=plan, **registry.run_facts(algorithm))
 
 
 def record_options(config) -> RecordOptions:
@@ -252,4 +281,172 @@ def record_options(config) -> RecordOptions:
                         else config.finetune_lr),
       finetune_layers=config.get("finetune_layers", ""),
       batch_size=config.batch_size, seed=config.seed,
-      max_loss_growth=float(config.max_loss_growth))
+      max_loss_growth=float(config.max_loss_growth),
+      local_test_fraction=float(config.local_test_fraction))
+
+
+# ---- config.privacy and config.robust, read once ------------------------------------------------
+def sampling_options(config) -> dp_options.SamplingOptions:
+  """The cohorts the run draws, as the accountant sees them.
+
+  config.client_sampling="bernoulli" is Poisson sampling with q = config.active_ratio (the
+  federation's Bernoulli sampler, the same draws); "fixed" is round(active_ratio N) clients
+  without replacement, accounted as such (replace-one adjacency), never as Poisson.
+  """
+  if config.client_sampling == "bernoulli":
+    return dp_options.SamplingOptions("poisson", config.num_clients,
+                                      rate=float(config.active_ratio))
+  sampler = federation.Sampler("fixed", float(config.active_ratio), config.num_clients,
+                               config.seed)
+  return dp_options.SamplingOptions("fixed", config.num_clients,
+                                    cohort_size=sampler.cohort_size)
+
+
+def privacy_options(config, mode: str) -> Optional[dp_options.DpOptions]:
+  """config.privacy as DpOptions (None when off), or one ConfigError naming the field.
+
+  `mode`: the run's mode (MODES), which privacy/dp_stage.py `check_run` may refuse. With a
+  target epsilon, sigma is calibrated before training for config.rounds rounds with the
+  configured accountant.
+  """
+  section = config.privacy
+  if not isinstance(section.enabled, bool):
+    raise config_lib.ConfigError(f"config.privacy.enabled={section.enabled!r} is not "
+                                 "accepted; accepted: True or False")
+  if not section.enabled:
+    return None
+  privacy_stage.check_run(mode, config.get("schedule", "none"), config.weighting)
+  sigma, target = section.noise_multiplier, section.target_epsilon
+  if (sigma is None) == (target is None):
+    raise config_lib.ConfigError(f"config.privacy.noise_multiplier={sigma!r} and "
+                                 f"config.privacy.target_epsilon={target!r}: set exactly one "
+                                 "of them")
+  try:
+    sampling = sampling_options(config)
+    adaptive = None
+    if section.adaptive.enabled:
+      count_stddev = section.adaptive.count_stddev
+      if count_stddev is None:
+        count_stddev = privacy_stage.COUNT_STDDEV_PER_CLIENT * sampling.expected_cohort
+      adaptive = dp_options.AdaptiveClipOptions(
+          section.adaptive.target_quantile, section.adaptive.learning_rate, float(count_stddev))
+    if target is not None:
+      from fedjax_lama.privacy import accounting  # pylint: disable=g-import-not-at-top
+      sigma = accounting.calibrate_noise_multiplier(sampling, target, section.delta,
+                                                    config.rounds, section.accountant)
+    return dp_options.DpOptions(
+        noise_multiplier=sigma, clip_norm=section.clip_norm, sampling=sampling,
+        delta=section.delta, clipping=section.clipping,
+        layer_split=privacy_stage.layer_split(section.layer_split), adaptive=adaptive,
+        accountant=section.accountant)
+  except errors.HparamError as e:  # its message names privacy.<field>
+    raise config_lib.ConfigError(f"config.{e}") from None
+
+
+def robust_options(config, mode: str) -> Optional[robust_stage.RobustSpec]:
+  """config.robust checked (ConfigError naming config.robust.<field>); None when it asks for
+  neither a defence nor an attack, so such a run is exactly the run without the section."""
+  section = config.get("robust")
+  if section is None:  # a config written before the section existed
+    return None
+  r = section
+  if r.defence not in robust_stage.DEFENCES:
+    robust_stage.fail("defence", r.defence, ", ".join(map(repr, robust_stage.DEFENCES)))
+  if r.attack not in robust_stage.ATTACKS:
+    robust_stage.fail("attack", r.attack, ", ".join(map(repr, robust_stage.ATTACKS)))
+  if r.defence == "none" and r.attack == "none":
+    return None
+  if mode == "clock":
+    raise config_lib.ConfigError(
+        f"config.robust.defence={r.defence!r}, config.robust.attack={r.attack!r} are not "
+        "accepted on the simulated clock (config.system); accepted: 'none' there (robust "
+        "aggregation runs in synchronous rounds and under the FedLAMA schedule)")
+  # Privacy and robustness do not compose yet: the run has one stage around the model upload.
+  privacy = config.get("privacy")
+  if privacy is not None and privacy.get("enabled", False):
+    raise config_lib.ConfigError(
+        f"config.robust.defence={r.defence!r}, config.robust.attack={r.attack!r} with "
+        "config.privacy.enabled=True are not accepted yet (the noise of DP-FedAvg is "
+        "calibrated to a clipped mean, not to a robust aggregate or an attacked cohort); "
+        "accepted: config.privacy or config.robust, not both")
+  rule = defences.DEFENCES.get(r.defence)
+  f = r.get("f")
+  if rule is None or rule.bound is None:
+    f = None  # read by no rule of this run (config.check_overrides refuses it when set)
+  elif f is None:
+    raise config_lib.ConfigError(
+        f"config.robust.f is not set; accepted with config.robust.defence={r.defence!r}: an "
+        f"int >= 0, the Byzantine clients per cohort the rule must tolerate ({r.defence} "
+        f"needs {rule.bound.formula}, {rule.bound.paper}; "
+        f"{_largest_f(r.defence, rule, config)})")
+  elif not (robust_stage.is_count(f) and f >= 0):
+    robust_stage.fail("f", f, "an int >= 0 (Byzantine clients per cohort)")
+  hparams = {name: r[name] for name in (rule.options if rule is not None else ())}
+  fraction = count = None
+  if r.attack != "none":
+    fraction_set, count_set = r.malicious_fraction != 0, r.malicious_count != 0
+    if fraction_set == count_set:
+      raise config_lib.ConfigError(
+          f"config.robust.malicious_fraction={r.malicious_fraction!r} and "
+          f"config.robust.malicious_count={r.malicious_count!r} are not accepted with "
+          f"config.robust.attack={r.attack!r}; accepted: exactly one of them set (> 0)")
+    if fraction_set:
+      if not (robust_stage.is_number(r.malicious_fraction) and 0 < r.malicious_fraction <= 1):
+        robust_stage.fail("malicious_fraction", r.malicious_fraction, "a fraction in (0, 1]")
+      fraction = float(r.malicious_fraction)
+    else:
+      if not (robust_stage.is_count(r.malicious_count)
+              and 0 < r.malicious_count <= config.num_clients):
+        robust_stage.fail("malicious_count", r.malicious_count,
+                          f"an int in [1, config.num_clients={config.num_clients}]")
+      count = r.malicious_count
+  options = {"sign_flip": {"scale": r.scale}, "gaussian": {"std": r.std},
+             "alie": {"z": r.z}, "ipm": {"epsilon": r.epsilon},
+             "backdoor": {"boost": r.get("boost", 0.0)}}.get(r.attack, {})
+  zero_means = {"z": "z_max", "boost": "n / (config.server_lr m), model replacement"}
+  for key, value in options.items():
+    ok = robust_stage.is_number(value) and (value >= 0 if key in zero_means else value > 0)
+    if not ok:
+      robust_stage.fail(key, value, f"a number >= 0 (0: {zero_means[key]})"
+                        if key in zero_means else "a number > 0")
+  backdoor = _backdoor_options(config) if r.attack == "backdoor" else None
+  if backdoor is not None:  # eta of the replacement boost n / eta (None: the default, 1)
+    options["server_lr"] = 1.0 if config.server_lr is None else float(config.server_lr)
+  spec = robust_stage.RobustSpec(r.defence, f, hparams, r.attack, fraction, count, options,
+                                 config.seed, config.client_sampling,
+                                 float(config.active_ratio), backdoor)
+  robust_stage.run_stages(spec, config.num_clients)  # every refusal before any data is loaded
+  return spec
+
+
+def _largest_f(defence: str, rule, config) -> str:
+  """What the run's smallest cohort allows of f, for the refusal of an unset f."""
+  spec = robust_stage.RobustSpec(defence, 0, {}, "none", None, None, {}, config.seed,
+                                 config.client_sampling, float(config.active_ratio))
+  n, how = spec.smallest_cohort(config.num_clients)
+  options = {name: config.robust[name] for name in rule.options}
+  try:
+    allowed = [g for g in range(n + 1) if rule.bound.holds(n, g, **options)]
+  except errors.HparamError:  # an option the bound reads is itself refused later, naming it
+    allowed = []
+  return (f"{how}, which allows f <= {max(allowed)}" if allowed else how)
+
+
+def _backdoor_options(config) -> robust_stage.Backdoor:
+  """config.robust's backdoor options checked as far as the config allows (the classes and
+  the image size are checked on the data, `Backdoor.check_data`)."""
+  r = config.robust
+  if config.model in robust_stage.NON_IMAGE_MODELS:
+    raise config_lib.ConfigError(
+        f"config.robust.attack='backdoor' is not accepted with config.model={config.model!r}"
+        f" on config.dataset={config.dataset!r}, which reads text or tokens; accepted: an "
+        "image dataset and model (the trigger is a pixel pattern)")
+  target, fraction, size = (r.get("target_label", 0), r.get("poison_fraction", 0.5),
+                            r.get("trigger_size", 3))
+  if not (robust_stage.is_count(target) and target >= 0):
+    robust_stage.fail("target_label", target, "a class: an int >= 0 below the dataset's classes")
+  if not (robust_stage.is_number(fraction) and 0 < fraction <= 1):
+    robust_stage.fail("poison_fraction", fraction, "a fraction in (0, 1]")
+  if not (robust_stage.is_count(size) and size >= 1):
+    robust_stage.fail("trigger_size", size, "an int >= 1 (pixels)")
+  return robust_stage.Backdoor(target, float(fraction), size)

@@ -150,9 +150,8 @@ def check_extension(records, mode: str, old_rounds: int) -> None:
     refuse("config.local_lr_decay='cosine' decays over the total number of local steps")
   if mode == "fedlama" and records.fedlama_total_steps:
     refuse(f"config.fedlama.total_steps={records.fedlama_total_steps} sets the run's length")
-  privacy = records.config_json.get("privacy") or {}
-  if privacy.get("enabled") and privacy.get("target_epsilon") is not None:
-    refuse(f"config.privacy.target_epsilon={privacy['target_epsilon']} calibrated the noise "
+  if records.target_epsilon is not None:
+    refuse(f"config.privacy.target_epsilon={records.target_epsilon} calibrated the noise "
            "for the run's number of rounds")
   if old_rounds % records.eval_every:
     refuse(f"its last round ({old_rounds}) is not a multiple of config.eval_every="
