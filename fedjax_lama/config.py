@@ -22,7 +22,7 @@ from typing import NamedTuple, Optional
 
 import ml_collections
 
-from fedjax_lama import kernels
+from fedjax_lama.kernels import KERNELS
 from fedjax_lama import registry
 from fedjax_lama.algorithms import common
 from fedjax_lama.fedlama import options as fedlama_options
@@ -327,8 +327,8 @@ def validate(c: ml_collections.ConfigDict, num_classes: int | None = None) -> "M
   _one_of(c, "weighting", WEIGHTINGS)
   _one_of(c, "local_lr_decay", LR_DECAYS)
   _one_of(c, "per_client_eval", ("final", "every", "never"))
-  if c.engine.kernels not in kernels.KERNELS:
-    _fail("engine.kernels", c.engine.kernels, ", ".join(map(repr, kernels.KERNELS)))
+  if c.engine.kernels not in KERNELS:
+    _fail("engine.kernels", c.engine.kernels, ", ".join(map(repr, KERNELS)))
   client_map = c.engine.get("client_map", "auto")
   if client_map not in CLIENT_MAPS:
     _fail("engine.client_map", client_map, ", ".join(map(repr, CLIENT_MAPS)))
@@ -516,18 +516,34 @@ def check_overrides(c: ml_collections.ConfigDict, paths) -> None:
 # ---- the config read, typed: what the registry and the simulated clock take -------------------
 class Method(NamedTuple):
   """What config.algorithm runs, read once at validation: a synchronous algorithm's options
-  (the registry builds it once the federation is known) or a run on the simulated clock."""
+  (the registry builds it once the federation is known) and what the run takes beside it, or
+  a run on the simulated clock."""
   algorithm: Optional[registry.AlgorithmOptions]   # None on the simulated clock
+  resolved: Optional[registry.Resolved]            # its compressor and run facts
   clock: Optional[run_options.ClockOptions]        # None in synchronous rounds
 
 
 def method(c) -> Method:
   """config.algorithm and every field it reads, typed and checked (no data needed)."""
   if runs_on_clock(c):
-    return Method(None, clock_options(c))
+    return Method(None, None, clock_options(c))
   options = algorithm_options(c)
-  registry.check(options)
-  return Method(options, None)
+  return Method(options, registry.resolve(options), None)
+
+
+def typed_values(cls, values: dict, path: str, prefix: Optional[str] = None):
+  """cls(**values) with ConfigErrors naming config.<path>.<field> (the dataclass's own message
+  names the field; `prefix` replaces `path` in it for nested sections)."""
+  fields = {f.name for f in dataclasses.fields(cls)}
+  unknown = sorted(set(values) - fields)
+  if unknown:
+    raise ConfigError(f"config.{path}.{unknown[0]} is not a field; accepted: "
+                      f"{', '.join(sorted(fields)) or 'none'}")
+  values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+  try:
+    return cls(**values)
+  except (ValueError, TypeError) as e:  # HparamError, and the simulation's ValueErrors
+    raise ConfigError(f"config.{prefix or path}.{e}") from e
 
 
 def _section(c, name: str) -> dict:
@@ -541,15 +557,22 @@ def runs_on_clock(c) -> bool:
   """Whether the config asks for a run on the simulated clock."""
   system = c.get("system")
   clock = bool(system.get("clock", False)) if system is not None else False
-  return registry.runs_on_clock(c.algorithm, clock)
+  return c.algorithm in registry.CLOCK_METHODS or clock
 
 
 def selection(c) -> registry.Selection:
   """config.algorithm and config.schedule resolved (config.fedlama typed where read)."""
   name, schedule = c.algorithm, c.get("schedule", "none")
+  if schedule not in registry.SCHEDULES:
+    _fail("schedule", schedule, ", ".join(map(repr, registry.SCHEDULES)))
+  if name not in registry.names():
+    _fail("algorithm", name, ", ".join(map(repr, registry.names())))
+  if name in registry.CLOCK_METHODS and schedule != "none":
+    raise ConfigError(f"config.schedule={schedule!r} is not accepted with config.algorithm="
+                      f"{name!r} (a method on the simulated clock); accepted: 'none'")
   fedlama = None
-  if registry.reads_fedlama(name, schedule):
-    fedlama = registry.typed_values(fedlama_options.FedLamaOptions,
+  if name not in registry.CLOCK_METHODS and fedlama_options.NAME in (name, schedule):
+    fedlama = typed_values(fedlama_options.FedLamaOptions,
                                     _section(c, fedlama_options.NAME), fedlama_options.NAME)
   return registry.select(name, schedule, fedlama)
 
@@ -561,7 +584,7 @@ def algorithm_options(c) -> registry.AlgorithmOptions:
   spec = registry.SPECS.get(chosen.base)
   hparams = None
   if spec is not None:  # (a method of the simulated clock has no section here)
-    hparams = registry.typed_values(spec.hparams, _section(c, spec.name), spec.name)
+    hparams = typed_values(spec.hparams, _section(c, spec.name), spec.name)
   server_lr = c.get("server_lr")
   try:
     shared = common.Common(local_momentum=float(c.local_momentum),
@@ -680,7 +703,7 @@ def _clock_system(config, values: dict) -> sim_config.SystemConfig:
     given = dict(values.pop(field, {}) or {})
     if field == "network_model":
       given.update({k: math.inf for k in _UNLIMITED_BANDWIDTH if given.get(k, 0) is None})
-    nested[field] = registry.typed_values(cls, given, f"system.{field}", prefix="system")
+    nested[field] = typed_values(cls, given, f"system.{field}", prefix="system")
   top = {k: config[k] for k in _SYSTEM_FROM_TOP}
   if not isinstance(top["seed"], int) or top["seed"] < 0:
     raise ConfigError(f"config.seed={top['seed']!r} is not accepted on the simulated clock; "
@@ -690,7 +713,7 @@ def _clock_system(config, values: dict) -> sim_config.SystemConfig:
   if unknown:
     raise ConfigError(f"config.system.{unknown[0]} is not a field; accepted: "
                       f"{', '.join(sorted(allowed | set(_SYSTEM_EXTRAS)))}")
-  return registry.typed_values(sim_config.SystemConfig, {**values, **nested, **top}, "system")
+  return typed_values(sim_config.SystemConfig, {**values, **nested, **top}, "system")
 
 
 def _clock_extras(config, extras: dict) -> None:
@@ -724,7 +747,7 @@ def _clock_method_config(config, name: str, extras: dict):
   """The typed config of the method: config.<name> for the clock-only methods; FedAvg and
   FedProx take their cohort from config.active_ratio and mu from config.fedprox."""
   if name in registry.CLOCK_METHODS:
-    return registry.typed_values(run_options.METHOD_CONFIGS[name], _section(config, name), name)
+    return typed_values(run_options.METHOD_CONFIGS[name], _section(config, name), name)
   if config.client_sampling != "fixed":
     raise ConfigError(f"config.client_sampling={config.client_sampling!r} is not accepted on the "
                       "simulated clock; accepted: 'fixed' (round(active_ratio * num_clients) "
@@ -733,7 +756,7 @@ def _clock_method_config(config, name: str, extras: dict):
   fields = {"clients_per_round": cohort,
             "compression_precision": extras["baseline_compression_precision"]}
   if name == "fedprox":
-    hparams = registry.typed_values(registry.SPECS["fedprox"].hparams,
+    hparams = typed_values(registry.SPECS["fedprox"].hparams,
                                     _section(config, "fedprox"), "fedprox")
     fields.update(mu=float(hparams.mu),
                   variable_epochs=extras["fedprox_variable_epochs"])

@@ -3,8 +3,8 @@
 Every algorithm name is written once, in its module's SPECS; the config sections
 (config.<name>.<key>) are made from their Hparams defaults. The registry never reads a
 config: fedjax_lama.config reads config.algorithm, config.schedule and the sections they
-name once, at validation, into typed `AlgorithmOptions` (`typed_values` names the field of a
-value a dataclass refuses), and the registry builds and checks the algorithm from those.
+name once, at validation, into typed `AlgorithmOptions`, and the registry builds and checks
+the algorithm from those.
 What an algorithm cannot do is declared on its Spec (`layerwise`, `carry`), never tested by
 its name here.
 
@@ -15,7 +15,8 @@ default) under that schedule.
 
 Runs on the simulated clock (FedAT, Chai et al. 2021; fedjax_lama.simulation): config.algorithm
 in CLOCK_METHODS (FedAT, TiFL, FedAsync, ASO-Fed, FedBuff) always runs there, and the registry's
-FedAvg and FedProx run there with config.system.clock=True (`runs_on_clock`).
+FedAvg and FedProx run there with config.system.clock=True (fedjax_lama.config reads
+config.system and config.<method> into the simulation's typed options).
 """
 import dataclasses
 from typing import Any, NamedTuple, Optional
@@ -49,22 +50,6 @@ def hparam_defaults() -> dict:
   return sections
 
 
-def typed_values(cls, values: dict, path: str, prefix: Optional[str] = None):
-  """cls(**values) with ConfigErrors naming config.<path>.<field> (the dataclass's own message
-  names the field; `prefix` replaces `path` in it for nested sections). The config's readers
-  (fedjax_lama.config) type every section they hand to the registry with it."""
-  fields = {f.name for f in dataclasses.fields(cls)}
-  unknown = sorted(set(values) - fields)
-  if unknown:
-    raise ConfigError(f"config.{path}.{unknown[0]} is not a field; accepted: "
-                      f"{', '.join(sorted(fields)) or 'none'}")
-  values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
-  try:
-    return cls(**values)
-  except (ValueError, TypeError) as e:  # HparamError, and the simulation's ValueErrors
-    raise ConfigError(f"config.{prefix or path}.{e}") from e
-
-
 class Selection(NamedTuple):
   """What config.algorithm / config.schedule resolve to."""
   base: str                          # the registered algorithm that runs
@@ -73,27 +58,15 @@ class Selection(NamedTuple):
 
 
 def reads_fedlama(name: str, schedule: str) -> bool:
-  """Whether config.algorithm=`name` with config.schedule=`schedule` reads config.fedlama (the
-  schedule, or its alias); ConfigError on an unknown name or schedule, or a schedule over a
-  method of the simulated clock."""
-  if schedule not in SCHEDULES:
-    raise ConfigError(f"config.schedule={schedule!r} is not accepted; accepted: "
-                      f"{', '.join(map(repr, SCHEDULES))}")
-  if name not in names():
-    raise ConfigError(f"config.algorithm={name!r} is not accepted; accepted: "
-                      f"{', '.join(map(repr, names()))}")
-  if name in CLOCK_METHODS:
-    if schedule != "none":
-      raise ConfigError(f"config.schedule={schedule!r} is not accepted with config.algorithm="
-                        f"{name!r} (a method on the simulated clock); accepted: 'none'")
-    return False
-  return fedlama_options.NAME in (name, schedule)
+  """Whether config.algorithm=`name` with config.schedule=`schedule` (both accepted names)
+  reads config.fedlama: the schedule, or its alias."""
+  return name not in CLOCK_METHODS and fedlama_options.NAME in (name, schedule)
 
 
 def select(name: str, schedule: str,
            fedlama: Optional[fedlama_options.FedLamaOptions] = None) -> Selection:
-  """Resolves the algorithm name and schedule (`fedlama`: config.fedlama typed, where
-  `reads_fedlama`); raises ConfigError on unknown names."""
+  """Resolves the accepted algorithm name and schedule (`fedlama`: config.fedlama typed, where
+  `reads_fedlama`); ConfigError on a local algorithm that is not registered."""
   if not reads_fedlama(name, schedule):
     return Selection(name, "none", None)
   base = fedlama.local_algorithm if name == fedlama_options.NAME else name
@@ -188,21 +161,20 @@ def run_facts(options: AlgorithmOptions) -> dict:
           "algorithm_name": spec.run_name(options.hparams)}
 
 
-def check(options: AlgorithmOptions) -> None:
+class Resolved(NamedTuple):
+  """What a run takes from its algorithm's options beside the algorithm (`resolve`)."""
+  compressor: compression.Compressor   # the uplink compressor (`uplink_compressor`)
+  run_facts: dict                      # RunOptions fields (`run_facts`)
+
+
+def resolve(options: AlgorithmOptions) -> Resolved:
   """Every refusal of the algorithm, schedule and compressor that needs no data (the
-  algorithm built on one client)."""
+  algorithm built on one client), and what the run takes beside the algorithm."""
   build_algorithm(options)
-  uplink_compressor(options)
+  compressor = uplink_compressor(options)
   if options.selection.schedule == fedlama_options.NAME and options.compressor.name == "qsgd" and (
       options.compressor.block != "leaf"):
     raise ConfigError(f"config.compressor.block={options.compressor.block!r} is not accepted; "
                       "accepted: 'leaf' with the fedlama schedule (a partial synchronisation "
                       "sends whole leaves)")
-
-
-# ---- runs on the simulated clock (FedAT, Chai et al. 2021) ---------------------------------------------
-# (fedjax_lama.config reads config.system and config.<method> into run_options.ClockOptions.)
-def runs_on_clock(algorithm: str, clock: bool) -> bool:
-  """Whether config.algorithm=`algorithm` with config.system.clock=`clock` runs on the
-  simulated clock."""
-  return algorithm in CLOCK_METHODS or bool(clock)
+  return Resolved(compressor, run_facts(options))

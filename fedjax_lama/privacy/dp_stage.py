@@ -1,8 +1,8 @@
 """User-level DP in a run: what the run checks and reports about it.
 
-run/spec.py `privacy_options` reads config.privacy once into DpOptions (`check_run` refuses
-the runs the accountant cannot describe); `mechanisms.user_level_dp(options)` is the stage
-the run's chain holds (run/spec.py `run_chain`). The checks below refuse, before any training,
+run/spec.py `privacy_options` reads config.privacy once into DpOptions, refusing the runs
+the accountant cannot describe; `mechanisms.user_level_dp(options)` is the stage the run's
+chain holds (run/spec.py `run_chain`). The checks below refuse, before any training,
 what the noise would not cover; `summary` and `epsilon_after` report the guarantee.
 """
 from typing import Optional
@@ -33,30 +33,6 @@ def layer_split(text):
   except ValueError:
     raise ConfigError(f"{_field('layer_split')}={text!r} is not accepted; accepted: 'equal', "
                       "'size' or comma-separated shares C_l^2 / C^2 ('0.25,0.75')") from None
-
-
-def check_run(mode: str, schedule: str, weighting: str) -> None:
-  """Refuses, before any data is loaded, a run that user-level DP cannot describe: `mode` the
-  run's mode (run/spec.py MODES), `schedule` config.schedule, `weighting` config.weighting.
-  A missing dp-accounting stops the run here too, with its one-line install hint (the
-  accountant reports every evaluation)."""
-  from fedjax_lama.privacy import accounting  # pylint: disable=g-import-not-at-top,unused-import
-  if mode == "clock":
-    raise ConfigError(f"{_field('enabled')}=True is not accepted on the simulated clock "
-                      "(its asynchronous updates are not accounted); accepted: synchronous "
-                      "rounds")
-  if mode == "fedlama":
-    # The accountant counts one Gaussian release of the whole model per round; FedLAMA
-    # synchronises each layer set on its own interval, and every such synchronisation would be
-    # a release of its own to compose.
-    raise ConfigError(f"{_field('enabled')}=True is not accepted with config.schedule="
-                      f"{schedule!r}: each synchronisation of a layer set "
-                      "is a separate release that the accountant (one release of the whole "
-                      "model per round) would have to count; accepted: config.schedule='none'")
-  if weighting != "uniform":
-    raise ConfigError(f"config.weighting={weighting!r} is not accepted with "
-                      "config.privacy.enabled=True (a client's weight would reveal its data "
-                      "size and unbound its effect); accepted: 'uniform'")
 
 
 def check_uploads(upload_names, algorithm_name: str, aggregate_names=()) -> None:

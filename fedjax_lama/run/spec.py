@@ -149,29 +149,23 @@ def build_spec(config: ml_collections.ConfigDict) -> RunSpec:
   privacy = privacy_options(config, mode)  # None: config.privacy is off
   plan = platform_plan(config)  # built once; the programs read it
   robust = robust_options(config, mode)
-  algorithm = None if clock else algorithm_spec(method.algorithm)
+  algorithm = None if clock else AlgorithmSpec(
+      config.algorithm, selection, functools.partial(registry.build_algorithm, method.algorithm),
+      method.resolved.compressor)
   if robust is not None:  # a defence over the algorithm's own aggregate: before the data loads
     robust_stage.check_algorithm(robust, algorithm.build(), config.algorithm)
   records = record_options(config)
   return RunSpec(
-      mode=mode, data=data_spec(config), federation=partition_spec(config),
+      mode=mode, data=data_spec(config), federation=_partition(config, mode),
       model=model_spec(config), plan=plan,
       records=dataclasses.replace(
           records, privacy=privacy, backdoor=robust.backdoor if robust is not None else None,
           robust_label=robust_label(robust),
           target_epsilon=config.privacy.target_epsilon if privacy is not None else None),
       algorithm=algorithm,
-      options=None if clock else run_options(config, plan, method.algorithm),
+      options=None if clock else _run_options(config, plan, method.resolved.run_facts),
       clock=dataclasses.replace(method.clock, platform=plan) if clock else None,
       robust=robust)
-
-
-def algorithm_spec(options: registry.AlgorithmOptions) -> AlgorithmSpec:
-  """The algorithm of a synchronous run: its typed options (config_lib.algorithm_options),
-  built by the registry once the federation is known."""
-  return AlgorithmSpec(options.name, options.selection,
-                       functools.partial(registry.build_algorithm, options),
-                       registry.uplink_compressor(options))
 
 
 def platform_plan(config) -> plan_lib.PlatformPlan:
@@ -206,6 +200,10 @@ def data_spec(config) -> DataSpec:
 
 
 def partition_spec(config) -> federation.PartitionSpec:
+  return _partition(config, "clock" if config_lib.runs_on_clock(config) else "synchronous")
+
+
+def _partition(config, mode: str) -> federation.PartitionSpec:
   return federation.PartitionSpec(
       name=config.partition, num_clients=config.num_clients, seed=config.seed,
       dirichlet_concentration=config.dirichlet_concentration,
@@ -213,7 +211,7 @@ def partition_spec(config) -> federation.PartitionSpec:
       femnist_num_writers=config.femnist_num_writers,
       femnist_writers_per_client=config.femnist_writers_per_client,
       local_test_fraction=config.local_test_fraction,
-      local_split="random" if config_lib.runs_on_clock(config) else "stratified",
+      local_split="random" if mode == "clock" else "stratified",
       dataset_name=config.dataset)
 
 
@@ -237,14 +235,15 @@ def run_chain(spec: RunSpec, num_clients: int) -> Optional[stages.Stage]:
   return stages.chain(*members) if members else None
 
 
-def run_options(config, plan: plan_lib.PlatformPlan,
-                algorithm: Optional[registry.AlgorithmOptions] = None) -> RunOptions:
-  """The typed options every round program takes (programs/round_program.py); `algorithm`:
-  config.algorithm's typed options (read from `config` if None). The sampler's clients and
-  the augmentation are the federation's (`parts.federated_options`), and so is the
-  aggregation chain (`run_chain`)."""
-  if algorithm is None:
-    algorithm = config_lib.algorithm_options(config)
+def run_options(config, plan: plan_lib.PlatformPlan) -> RunOptions:
+  """The typed options every round program takes (programs/round_program.py). The sampler's
+  clients and the augmentation are the federation's (`parts.federated_options`), and so is
+  the aggregation chain (`run_chain`)."""
+  return _run_options(config, plan,
+                      registry.run_facts(config_lib.algorithm_options(config)))
+
+
+def _run_options(config, plan: plan_lib.PlatformPlan, run_facts: dict) -> RunOptions:
   on_host = config.engine.get("client_state_on_host", False)
   if not isinstance(on_host, bool):
     raise config_lib.ConfigError(f"config.engine.client_state_on_host={on_host!r} is not "
@@ -260,7 +259,7 @@ def run_options(config, plan: plan_lib.PlatformPlan,
                                  config.num_clients, config.seed),
       label_smoothing=config.label_smoothing, unroll=config.engine.unroll,
       clients_per_chunk=config.engine.clients_per_chunk, client_state_on_host=on_host,
-      augment=None, platform=plan, **registry.run_facts(algorithm))
+      augment=None, platform=plan, **run_facts)
 
 
 def record_options(config) -> RecordOptions:
@@ -305,9 +304,9 @@ def sampling_options(config) -> dp_options.SamplingOptions:
 def privacy_options(config, mode: str) -> Optional[dp_options.DpOptions]:
   """config.privacy as DpOptions (None when off), or one ConfigError naming the field.
 
-  `mode`: the run's mode (MODES), which privacy/dp_stage.py `check_run` may refuse. With a
-  target epsilon, sigma is calibrated before training for config.rounds rounds with the
-  configured accountant.
+  `mode`: the run's mode (MODES); DP is accounted in synchronous rounds only. With a target
+  epsilon, sigma is calibrated before training for config.rounds rounds with the configured
+  accountant.
   """
   section = config.privacy
   if not isinstance(section.enabled, bool):
@@ -315,7 +314,27 @@ def privacy_options(config, mode: str) -> Optional[dp_options.DpOptions]:
                                  "accepted; accepted: True or False")
   if not section.enabled:
     return None
-  privacy_stage.check_run(mode, config.get("schedule", "none"), config.weighting)
+  # The accountant reports every evaluation: a missing dp-accounting stops the run here,
+  # before any data is loaded, with its one-line install hint.
+  from fedjax_lama.privacy import accounting  # pylint: disable=g-import-not-at-top
+  if mode == "clock":
+    raise config_lib.ConfigError(
+        "config.privacy.enabled=True is not accepted on the simulated clock (its asynchronous "
+        "updates are not accounted); accepted: synchronous rounds")
+  if mode == "fedlama":
+    # The accountant counts one Gaussian release of the whole model per round; FedLAMA
+    # synchronises each layer set on its own interval, and every such synchronisation would be
+    # a release of its own to compose.
+    raise config_lib.ConfigError(
+        f"config.privacy.enabled=True is not accepted with config.schedule={config.schedule!r}: "
+        "each synchronisation of a layer set is a separate release that the accountant (one "
+        "release of the whole model per round) would have to count; accepted: "
+        "config.schedule='none'")
+  if config.weighting != "uniform":
+    raise config_lib.ConfigError(
+        f"config.weighting={config.weighting!r} is not accepted with "
+        "config.privacy.enabled=True (a client's weight would reveal its data size and unbound "
+        "its effect); accepted: 'uniform'")
   sigma, target = section.noise_multiplier, section.target_epsilon
   if (sigma is None) == (target is None):
     raise config_lib.ConfigError(f"config.privacy.noise_multiplier={sigma!r} and "
@@ -331,7 +350,6 @@ def privacy_options(config, mode: str) -> Optional[dp_options.DpOptions]:
       adaptive = dp_options.AdaptiveClipOptions(
           section.adaptive.target_quantile, section.adaptive.learning_rate, float(count_stddev))
     if target is not None:
-      from fedjax_lama.privacy import accounting  # pylint: disable=g-import-not-at-top
       sigma = accounting.calibrate_noise_multiplier(sampling, target, section.delta,
                                                     config.rounds, section.accountant)
     return dp_options.DpOptions(
