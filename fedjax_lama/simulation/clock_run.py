@@ -125,7 +125,7 @@ def build_simulator(options: ClockOptions, fed, model, params, *, mesh=None,
   """The simulator of `options` on the federation `fed` (local 80/20 splits required).
 
   Args:
-    options: the typed run options (registry.clock_options).
+    options: the typed run options (config.clock_options).
     fed: the federation; fed.client_test holds every client's local test rows of the
       training arrays (config.local_test_fraction > 0).
     model, params: the flax module and the initial model w0 (shared by every method).

@@ -2,7 +2,7 @@
 
 FedAT (Chai et al., SC'21) and its baselines run
 on the simulated system (simulation/system_config.py). The registry
-(fedjax_lama.registry.clock_options) builds a `ClockOptions` from a config
+(fedjax_lama.config.clock_options) builds a `ClockOptions` from a config
 (config.system.*, config.<method>.*); clock_run.py runs it. Pure dataclasses: importing
 this module pulls in neither JAX nor a config library.
 """
