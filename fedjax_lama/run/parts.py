@@ -18,7 +18,7 @@ from fedjax_lama import federation, models, progress, rng
 from fedjax_lama.data import augment
 from fedjax_lama.engine import local, sharding, traffic as traffic_lib
 from fedjax_lama.errors import ConfigError
-from fedjax_lama.privacy import dp_stage as privacy_stage
+from fedjax_lama.privacy import dp_options, dp_stage as privacy_stage
 from fedjax_lama.programs.fedlama import FedLamaProgram
 from fedjax_lama.programs.round_program import RunOptions
 from fedjax_lama.programs.sync import SyncProgram
