@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_lama import data as fdata
-from fedjax_lama import rng
+from fedjax_lama import models, rng
 from fedjax_lama.engine import reduce as reduce_lib
 from fedjax_lama.engine import stages
 from fedjax_lama.engine.algorithm import MODEL_UPLOAD
@@ -53,8 +53,6 @@ ATTACKS = ("none",) + tuple(attacks.ATTACKS)
 STAGE_ATTACKS = tuple(name for name, a in attacks.ATTACKS.items() if a.uploads)
 # What every attack reads besides its own options.
 ATTACK_FIELDS = ("malicious_fraction", "malicious_count")
-# Models whose inputs are not images (run/parts.py's table): no trigger can be stamped.
-_NON_IMAGE_MODELS = ("logreg", "lstm_lm")
 # Stream of the host-side draw of each malicious client's poisoned examples.
 STREAM_BACKDOOR = 102
 # Where the trigger starts, in pixels from the top and left edges.
@@ -265,7 +263,7 @@ def _read_backdoor(config) -> Backdoor:
   """config.robust's backdoor options checked as far as the config allows (the classes and
   the image size are checked on the data, `Backdoor.check_data`)."""
   r = config.robust
-  if config.model in _NON_IMAGE_MODELS:
+  if fdata.INPUT_IMAGE not in models.inputs(config.model):  # no pixel to stamp a trigger on
     raise ConfigError(
         f"config.robust.attack='backdoor' is not accepted with config.model={config.model!r}"
         f" on config.dataset={config.dataset!r}, which reads text or tokens; accepted: an "
