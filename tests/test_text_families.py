@@ -242,3 +242,153 @@ def test_the_output_layer_is_the_default_head(model_name):
   params = text_model(model_name).init(jax.random.PRNGKey(0),
                                        jnp.zeros((1, SEQ_LEN), jnp.int32))["params"]
   assert layer_partition.classifier_head(params, "config.fedper.personal_layers") == ("Dense_0",)
+
+
+# ---- 8 devices = 1 ----------------------------------------------------------------------------
+SHARDED = [f"{family}-{name}-{model}:5" for model in MODELS
+           for family, name in (("algo", "fedavg"), ("algo", "scaffold"), ("lama", "fedavg"),
+                                ("dp", "fedavg"), ("fedper", "fedper"), ("ditto", "ditto"),
+                                ("median", "fedavg"))]
+
+
+def sharded_case(kind: str, cohort: int, mesh):
+  """One case of the 8-device comparison on the synthetic task (the worker's `case`):
+  "<family>-<algorithm>-<model>" with `cohort` roles per round, clients weighed alike."""
+  family, name, model_name = kind.split("-")
+  overrides = FAMILIES[family][1] if family in FAMILIES else {}
+  config = text_config(name, family == "lama", **{"active_ratio": cohort / NUM_ROLES,
+                                                  "weighting": "uniform", **overrides})
+  program = build(config, model_name, mesh)
+  state, outs = helpers.run(program)
+  server, rows = contract._server_and_rows(program, state)
+  flat = [np.asarray(x) for x in jax.tree.leaves((server, rows))]
+  return flat, [o.train_loss for o in outs], []
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+  return helpers.eight_devices_vs_one(tmp_path_factory.mktemp("text_sharded"), SHARDED,
+                                      module="tests.test_text_families")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SHARDED)
+def test_eight_devices_equal_one(sharded, case):
+  """5 roles per round over 8 devices (padded to 8) equal the 1-device run."""
+  contract._check_sharded(sharded[case])
+
+
+# ---- end to end on Shakespeare by role ----------------------------------------------------------
+def roles_config(tmp_path, model_name, **overrides):
+  """A tiny run on a generated play of 6 roles (tests/test_shakespeare_roles.py), windows of
+  8 characters predicting every next one, each role's last windows its test windows."""
+  c = config_lib.base_config()
+  c.dataset, c.model, c.partition = "shakespeare_roles", model_name, "natural"
+  c.data_dir = str(tmp_path / "data")
+  c.dataset_options = ml_collections.ConfigDict({"seq_len": SEQ_LEN, "split": "sample"})
+  c.model_options = ml_collections.ConfigDict(MODEL_OPTIONS[model_name])
+  c.num_clients, c.active_ratio = 6, 0.5
+  c.rounds, c.local_steps, c.batch_size, c.local_lr = 4, 2, 4, 0.5
+  c.eval_every, c.checkpoint_every, c.eval_batch_size = 2, 2, 64
+  c.plots = False
+  c.update_from_flattened_dict(overrides)
+  return c
+
+
+@pytest.fixture
+def play(tmp_path, monkeypatch):
+  from tests import test_shakespeare_roles as roles  # pylint: disable=g-import-not-at-top
+  roles._write_corpus(tmp_path / "data", monkeypatch,
+                      plays={"gen_gut.txt": roles._generated_play(num_roles=6)})
+  return tmp_path
+
+
+def _metrics(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f]
+  for row in rows:
+    row.pop("wall_seconds")
+  return rows
+
+
+def _final_state(workdir):
+  """The last checkpoint's saved state, as numpy arrays (orbax, no template)."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  manager = ocp.CheckpointManager(os.path.join(workdir, "checkpoints"),
+                                  item_names=("state", "meta"))
+  step = manager.latest_step()
+  restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+  manager.close()
+  return step, restored["state"]
+
+
+@pytest.mark.parametrize("model_name", [
+    "lstm_lm", pytest.param("transformer_lm", marks=pytest.mark.slow)])
+def test_stopped_and_resumed_run_equals_the_uninterrupted_one(play, model_name):
+  """Per-role fine-tuning (2 steps on each role's own training windows before its personal
+  evaluation) in the records; the run stopped after round 2 and resumed gives the same
+  metrics lines, summary and final parameters, bit for bit."""
+  c = roles_config(play, model_name, finetune_steps=2, local_test_fraction=0.25,
+                   per_client_eval="final")
+  full = training.train_and_evaluate(c, str(play / "full"))
+  assert training.train_and_evaluate(c, str(play / "cut"), stop_after_round=1) == {
+      "interrupted_after_round": 1}
+  resumed = training.train_and_evaluate(c, str(play / "cut"))
+  assert _metrics(play / "full") == _metrics(play / "cut")
+  full.pop("wall_seconds"), resumed.pop("wall_seconds")
+  assert full == resumed
+  assert "client_test_accuracy/personal/mean" in full  # the fine-tuned per-role accuracy
+  step_full, state_full = _final_state(play / "full")
+  step_cut, state_cut = _final_state(play / "cut")
+  assert step_full == step_cut == c.rounds - 1
+  assert contract._bits(state_full) == contract._bits(state_cut)
+
+
+def test_natural_partition_progress_line_counts_roles(play, monkeypatch):
+  """The progress line gives the natural partition's clients (one per role), not
+  config.num_clients."""
+  from fedjax_lama import progress  # pylint: disable=g-import-not-at-top
+  from fedjax_lama.run import parts, spec  # pylint: disable=g-import-not-at-top
+  lines = []
+  monkeypatch.setattr(progress, "info", lambda message, *args: lines.append(message % args))
+  c = roles_config(play, "lstm_lm", num_clients=100)
+  prepared = parts.prepare(spec.build_spec(c))
+  roles = len(np.unique(prepared.fed.dataset.train_client_ids))
+  assert prepared.fed.num_clients == roles < 100
+  assert f"partitioning into {roles} clients (natural) ..." in lines, lines
+
+
+# ---- what is refused on text, in one line -------------------------------------------------------
+def _one_line(err) -> str:
+  message = str(err.value)
+  assert "\n" not in message, message
+  return message
+
+
+@pytest.mark.parametrize("model_name", MODELS)
+def test_backdoor_is_refused_on_text(play, model_name):
+  """The backdoor's trigger is a pixel pattern: refused for both text models before any
+  data is read."""
+  c = roles_config(play, model_name, **{"robust.attack": "backdoor",
+                                        "robust.malicious_count": 1})
+  with pytest.raises(config_lib.ConfigError) as err:
+    training.train_and_evaluate(c, str(play / "w"))
+  assert (f"config.robust.attack='backdoor' is not accepted with config.model={model_name!r}"
+          in _one_line(err))
+  assert not (play / "w").exists()
+
+
+def test_dp_refuses_the_lstm_with_batch_norm(play):
+  """lstm_lm's default batch norm keeps running statistics, averaged without clip or noise:
+  DP refuses it in one line (LEAF's LSTM, batch_norm=False, runs: the DP runs above)."""
+  c = roles_config(play, "lstm_lm", weighting="uniform", **{
+      "model_options.batch_norm": True, "privacy.enabled": True,
+      "privacy.noise_multiplier": 0.3})
+  with pytest.raises(config_lib.ConfigError) as err:
+    training.train_and_evaluate(c, str(play / "w"))
+  assert ("config.model='lstm_lm' is not accepted with config.privacy.enabled=True: its "
+          "BatchNorm running statistics" in _one_line(err))
+
+
+if __name__ == "__main__":
+  helpers.worker(sys.argv[1], int(sys.argv[2]), sys.argv[3:], case=sharded_case)
