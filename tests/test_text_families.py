@@ -378,6 +378,15 @@ def test_backdoor_is_refused_on_text(play, model_name):
   assert not (play / "w").exists()
 
 
+@pytest.mark.parametrize("model_name", MODELS)
+def test_label_flipping_is_refused_on_next_token_targets(model_name):
+  config = text_config("fedavg", **{"robust.attack": "label_flip", "robust.malicious_count": 1})
+  with pytest.raises(config_lib.ConfigError) as err:
+    build(config, model_name)
+  assert ("config.robust.attack='label_flip' needs one class label per example, but "
+          f"config.dataset has targets of shape ({SEQ_LEN},) per example" in _one_line(err))
+
+
 def test_dp_refuses_the_lstm_with_batch_norm(play):
   """lstm_lm's default batch norm keeps running statistics, averaged without clip or noise:
   DP refuses it in one line (LEAF's LSTM, batch_norm=False, runs: the DP runs above)."""
