@@ -194,7 +194,8 @@ def worker(out_path, mesh_size, cases, case=None):
   case = case or _case
   devices = int(os.environ["FEDJAX_TEST_CPU_DEVICES"])
   processes = int(os.environ.get("FEDJAX_TEST_NUM_PROCESSES", "1"))
-  jax.config.update("jax_num_cpu_devices", devices)
+  if jax.config.jax_num_cpu_devices != devices:  # unless the caller's module set it first
+    jax.config.update("jax_num_cpu_devices", devices)
   if processes > 1:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(os.environ["FEDJAX_TEST_COORDINATOR"], num_processes=processes,

@@ -21,12 +21,14 @@ What is refused on text is refused with one ConfigError line, checked here.
 The 8-device comparisons run in subprocesses (`python -m tests.test_text_families OUT MESH
 CASE...`, through tests/test_sharding.py's worker).
 """
-import json
 import os
 import sys
 
 import chex
 import jax
+
+if __name__ == "__main__":  # the 8-device worker: its CPU devices set before any device exists
+  jax.config.update("jax_num_cpu_devices", int(os.environ["FEDJAX_TEST_CPU_DEVICES"]))
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -38,6 +40,7 @@ from fedjax_lama import federation, models, training
 from fedjax_lama.engine import sharding
 from tests import test_algorithm_contract as contract
 from tests import test_sharding as helpers
+from tests.test_training import _metrics
 
 MESH = sharding.client_mesh(jax.devices()[:1])
 VOCAB, SEQ_LEN, NUM_ROLES = 11, 8, 12
@@ -301,14 +304,6 @@ def play(tmp_path, monkeypatch):
   roles._write_corpus(tmp_path / "data", monkeypatch,
                       plays={"gen_gut.txt": roles._generated_play(num_roles=6)})
   return tmp_path
-
-
-def _metrics(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    rows = [json.loads(line) for line in f]
-  for row in rows:
-    row.pop("wall_seconds")
-  return rows
 
 
 def _final_state(workdir):
