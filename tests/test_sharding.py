@@ -183,16 +183,19 @@ def _case(kind, cohort, mesh):
   return result, loss, sorted(placed)
 
 
-def worker(out_path, mesh_size, cases):
+def worker(out_path, mesh_size, cases, case=None):
   """Entry point of the subprocesses: every case ("fedavg:7", ...) on a mesh of the first
   `mesh_size` devices (0: all devices of all processes).
 
   FEDJAX_TEST_CPU_DEVICES sets the CPU devices of this process (before any device exists);
   with FEDJAX_TEST_NUM_PROCESSES > 1 it joins a multi-process run (gloo collectives).
+  case(kind, cohort, mesh) -> (params, losses, placement) runs one case (default `_case`).
   """
+  case = case or _case
   devices = int(os.environ["FEDJAX_TEST_CPU_DEVICES"])
   processes = int(os.environ.get("FEDJAX_TEST_NUM_PROCESSES", "1"))
-  jax.config.update("jax_num_cpu_devices", devices)
+  if jax.config.jax_num_cpu_devices != devices:  # unless the caller's module set it first
+    jax.config.update("jax_num_cpu_devices", devices)
   if processes > 1:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(os.environ["FEDJAX_TEST_COORDINATOR"], num_processes=processes,
@@ -200,16 +203,16 @@ def worker(out_path, mesh_size, cases):
   assert jax.device_count() == devices * processes, jax.devices()
   mesh = sharding.client_mesh(jax.devices()[:mesh_size] if mesh_size else None)
   report = {}
-  for case in cases:
-    kind, cohort = case.split(":")
-    params, loss, placed = _case(kind, int(cohort), mesh)
-    report[case] = {"params": [p.tolist() for p in params], "loss": loss, "placed": placed}
+  for name in cases:
+    kind, cohort = name.split(":")
+    params, loss, placed = case(kind, int(cohort), mesh)
+    report[name] = {"params": [p.tolist() for p in params], "loss": loss, "placed": placed}
   if jax.process_index() == 0:
     pathlib.Path(out_path).write_text(json.dumps(report))
 
 
-def _spawn(out, mesh_size, cases, devices=8, processes=1):
-  """Starts the worker (`processes` of them for a multi-process run)."""
+def _spawn(out, mesh_size, cases, devices=8, processes=1, module="tests.test_sharding"):
+  """Starts the worker of `module` (`processes` of them for a multi-process run)."""
   # The cheaper CPU backend optimisation only shortens compilation; every run uses it.
   env = dict(os.environ, JAX_PLATFORMS="cpu", FEDJAX_TEST_CPU_DEVICES=str(devices),
              FEDJAX_TEST_NUM_PROCESSES=str(processes),
@@ -222,7 +225,7 @@ def _spawn(out, mesh_size, cases, devices=8, processes=1):
       sock.bind(("localhost", 0))
       env["FEDJAX_TEST_COORDINATOR"] = f"localhost:{sock.getsockname()[1]}"
   return [subprocess.Popen(
-      [sys.executable, "-m", "tests.test_sharding", str(out), str(mesh_size), *cases], cwd=REPO,
+      [sys.executable, "-m", module, str(out), str(mesh_size), *cases], cwd=REPO,
       env=dict(env, FEDJAX_TEST_PROCESS_ID=str(i)), stdout=subprocess.DEVNULL,
       stderr=subprocess.PIPE, text=True) for i in range(processes)]
 
@@ -246,10 +249,11 @@ def _compare(reference_procs, sharded_procs, out_dir, cases):
   return report
 
 
-def eight_devices_vs_one(out_dir, cases):
-  """The cases on 1 device and on 8, as two concurrent subprocesses with identical flags."""
-  return _compare(_spawn(out_dir / "one.json", 1, cases),
-                  _spawn(out_dir / "many.json", 0, cases), out_dir, cases)
+def eight_devices_vs_one(out_dir, cases, module="tests.test_sharding"):
+  """The cases on 1 device and on 8, as two concurrent subprocesses with identical flags
+  (`module`'s worker runs them)."""
+  return _compare(_spawn(out_dir / "one.json", 1, cases, module=module),
+                  _spawn(out_dir / "many.json", 0, cases, module=module), out_dir, cases)
 
 
 # The default run keeps to the padded cohorts (9 -> 16 and 33 -> 40 slots, a few seconds

@@ -9,8 +9,10 @@ Usage:
 """
 
 from fedjax_lama.models.init import INIT_STYLES
+from fedjax_lama.models.zoo import INPUT_KINDS
 from fedjax_lama.models.zoo import get
+from fedjax_lama.models.zoo import inputs
 from fedjax_lama.models.zoo import names
 from fedjax_lama.models.zoo import options
 
-__all__ = ["INIT_STYLES", "get", "names", "options"]
+__all__ = ["INIT_STYLES", "INPUT_KINDS", "get", "inputs", "names", "options"]

@@ -36,13 +36,19 @@ class _Entry:
 
   `build(num_classes, **options)` also takes `ops` (the layers' plan) when `conv` is
   true, and else `dense` (the Dense layer, with the adapters of option `lora`) when
-  `adapters` is true.
+  `adapters` is true. `inputs` are the input kinds it consumes (INPUT_KINDS).
   """
   build: Callable[..., nn.Module]
   defaults: dict[str, Any]
   summary: str
   conv: bool = True
   adapters: bool = True
+  inputs: tuple[str, ...] = ("image",)
+
+
+# What a model consumes, as fedjax_lama.data names a dataset's `input_kind`: images, bags of
+# words as counts or as token ids, or token sequences (next-token data).
+INPUT_KINDS = ("image", "bow_counts", "bow_tokens", "tokens")
 
 
 def _choice(model: str, option: str, value: Any, accepted: tuple[str, ...]):
@@ -171,7 +177,7 @@ _MODELS: dict[str, _Entry] = {
             num_classes, vocab_size, init_style),
         {"vocab_size": None, "init_style": "keras"},
         "bag-of-words logistic regression; vocab*classes+classes",
-        conv=False, adapters=False),
+        conv=False, adapters=False, inputs=("bow_counts", "bow_tokens")),
     "lstm_lm": _Entry(
         _lstm_lm,
         {"vocab_size": 10_000, "embed_size": 128, "hidden_size": 128,
@@ -181,7 +187,7 @@ _MODELS: dict[str, _Entry] = {
         "batch_norm=False): 818,137 over 81 characters (LEAF's TF model, 80: 817,872; "
         "the FedAvg paper states 866,578, see dense.LSTMLM); tanh_outputs=True over 90 "
         "ids: FedJAX's Shakespeare LSTM",
-        conv=False),
+        conv=False, inputs=("tokens",)),
     "transformer_lm": _Entry(
         _transformer_lm,
         {"vocab_size": None, "width": 128, "depth": 4, "heads": 4, "mlp_ratio": 4,
@@ -189,13 +195,14 @@ _MODELS: dict[str, _Entry] = {
         "decoder-only pre-LayerNorm transformer LM; 81 characters, max_len 80, untied: "
         + ", ".join(f"{name} {transformer.parameter_count(81, **size):,}"
                     for name, size in transformer.SIZES.items())
-        + " (transformer.SIZES)"),
+        + " (transformer.SIZES)", inputs=("tokens",)),
     "mlp": _Entry(
         lambda num_classes, hidden_sizes, dropout, init_style, batch_norm, **ops: (
             dense_models.MLP(num_classes, tuple(hidden_sizes), dropout, init_style,
                              ops["dense"], bool(batch_norm))),
         {"hidden_sizes": (128,), "dropout": 0.0, "init_style": "keras", "batch_norm": False},
-        "small MLP (e.g. the built-in 8x8 digits); batch_norm: a BatchNorm per hidden layer"),
+        "small MLP (e.g. the built-in 8x8 digits); batch_norm: a BatchNorm per hidden layer",
+        inputs=("image", "bow_counts")),
 }
 
 def names() -> list[str]:
@@ -207,6 +214,11 @@ def options(name: str) -> dict[str, Any]:
   """The options `name` accepts, with their defaults (kernels and lora included)."""
   entry = _entry(name)
   return {**entry.defaults, "kernels": "auto", **({"lora": None} if entry.adapters else {})}
+
+
+def inputs(name: str) -> tuple[str, ...]:
+  """The input kinds (INPUT_KINDS) model `name` consumes."""
+  return _entry(name).inputs
 
 
 def _entry(name: str) -> _Entry:

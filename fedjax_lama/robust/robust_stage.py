@@ -55,8 +55,6 @@ ATTACKS = ("none",) + tuple(attacks.ATTACKS)
 STAGE_ATTACKS = tuple(name for name, a in attacks.ATTACKS.items() if a.uploads)
 # What every attack reads besides its own options.
 ATTACK_FIELDS = ("malicious_fraction", "malicious_count")
-# Models whose inputs are not images (run/parts.py's table): no trigger can be stamped.
-NON_IMAGE_MODELS = ("logreg", "lstm_lm")
 # Stream of the host-side draw of each malicious client's poisoned examples.
 STREAM_BACKDOOR = 102
 # Where the trigger starts, in pixels from the top and left edges.

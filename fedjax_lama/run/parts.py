@@ -25,13 +25,6 @@ from fedjax_lama.programs.sync import SyncProgram
 from fedjax_lama.robust import robust_stage
 from fedjax_lama.run import spec as spec_lib
 
-# What each model consumes (fedjax_lama.data.INPUT_KINDS); the others take images only.
-_MODEL_INPUTS = {
-    "logreg": (fdata.INPUT_BOW_COUNTS, fdata.INPUT_BOW_TOKENS),
-    "lstm_lm": (fdata.INPUT_TOKENS,),
-    "transformer_lm": (fdata.INPUT_TOKENS,),
-    "mlp": (fdata.INPUT_IMAGE, fdata.INPUT_BOW_COUNTS),
-}
 # Partitions that read one class label per example.
 _LABEL_PARTITIONS = ("dirichlet", "dirichlet_balanced", "shards", "class_cyclic", "one_class")
 
@@ -52,15 +45,23 @@ def prepare(spec) -> Parts:
   config_lib.check_classes_per_client(data.partition, data.classes_per_client, data.name,
                                       dataset.num_classes)
   validation = None
-  with progress.Phase(f"partitioning into {spec.federation.num_clients} clients "
+  if data.validation_fraction > 0:  # held out before partitioning and normalisation
+    dataset, validation = fdata.split_validation(dataset, data.validation_fraction, data.seed)
+  with progress.Phase(f"partitioning into {client_count(spec.federation, dataset)} clients "
                       f"({spec.federation.name})"):
-    if data.validation_fraction > 0:  # held out before partitioning and normalisation
-      dataset, validation = fdata.split_validation(dataset, data.validation_fraction, data.seed)
     dataset, validation = augment.normalize_dataset(dataset, data.normalization, validation)
     fed = dataclasses.replace(build_federation(spec.federation, dataset), validation=validation)
   with progress.Phase(f"building the model ({spec.model.name})"):
     model, params, model_state = build_model(spec.model, dataset, spec.plan.kernels)
   return Parts(fed, model, params, model_state)
+
+
+def client_count(partition: federation.PartitionSpec, dataset) -> int:
+  """The clients the partition makes: config.num_clients, but for the natural partition one
+  per natural client id of the training split (a role, a writer), whatever num_clients says."""
+  if partition.name == "natural" and dataset.train_client_ids is not None:
+    return len(np.unique(dataset.train_client_ids))
+  return partition.num_clients
 
 
 def load_dataset(data, data_dir: str) -> "fdata.Dataset":
@@ -82,16 +83,12 @@ def load_dataset(data, data_dir: str) -> "fdata.Dataset":
   return _pad_targets(dataset)
 
 
-def _model_inputs(model: str) -> tuple:
-  return _MODEL_INPUTS.get(model, (fdata.INPUT_IMAGE,))
-
-
 def _check_model_and_partition(data, dataset) -> None:
   kind = dataset.input_kind
-  if kind not in _model_inputs(data.model):
-    fits = [m for m in models.names() if kind in _model_inputs(m)]
+  if kind not in models.inputs(data.model):
+    fits = [m for m in models.names() if kind in models.inputs(m)]
     raise ConfigError(
-        f"config.model={data.model!r} takes {'/'.join(_model_inputs(data.model))} inputs, but "
+        f"config.model={data.model!r} takes {'/'.join(models.inputs(data.model))} inputs, but "
         f"config.dataset={data.name!r} gives {kind!r} inputs of shape "
         f"{np.shape(dataset.train_x)[1:]} per example; accepted for this dataset: config.model in "
         f"{', '.join(repr(m) for m in fits)}")
@@ -132,7 +129,7 @@ def build_federation(partition: federation.PartitionSpec, dataset) -> federation
 
 def _dataset_vocab_size(model: str, dataset) -> Optional[int]:
   """The vocabulary size `model` must be built with for `dataset`, or None if none applies."""
-  if model in ("lstm_lm", "transformer_lm"):
+  if models.inputs(model) == (fdata.INPUT_TOKENS,):
     return int(dataset.num_classes)  # token ids and next-token classes share one vocabulary
   if model == "logreg" and dataset.input_kind == fdata.INPUT_BOW_COUNTS:
     return int(np.shape(dataset.train_x)[1])

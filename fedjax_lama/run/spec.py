@@ -21,7 +21,8 @@ import ml_collections
 
 from fedjax_lama import compression
 from fedjax_lama import config as config_lib
-from fedjax_lama import errors, federation, registry
+from fedjax_lama import data as fdata
+from fedjax_lama import errors, federation, models, registry
 from fedjax_lama.engine import plan as plan_lib
 from fedjax_lama.engine import stages
 from fedjax_lama.fedlama import options as fedlama_options
@@ -454,7 +455,7 @@ def _backdoor_options(config) -> robust_stage.Backdoor:
   """config.robust's backdoor options checked as far as the config allows (the classes and
   the image size are checked on the data, `Backdoor.check_data`)."""
   r = config.robust
-  if config.model in robust_stage.NON_IMAGE_MODELS:
+  if fdata.INPUT_IMAGE not in models.inputs(config.model):  # no pixel to stamp a trigger on
     raise config_lib.ConfigError(
         f"config.robust.attack='backdoor' is not accepted with config.model={config.model!r}"
         f" on config.dataset={config.dataset!r}, which reads text or tokens; accepted: an "
