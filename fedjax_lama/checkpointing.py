@@ -57,9 +57,10 @@ class Checkpointer:
     self.directory = os.path.abspath(directory)
     self._manager = ocp.CheckpointManager(
         self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=not read_only,
-                                             read_only=read_only,
-                                             enable_async_checkpointing=False),
+        options=ocp.CheckpointManagerOptions(
+            max_to_keep=None if read_only else max_to_keep, create=not read_only,
+            read_only=read_only, save_interval_steps=0 if read_only else 1,
+            enable_async_checkpointing=False),
         item_names=("state", "meta"))
 
   def latest_step(self) -> Optional[int]:

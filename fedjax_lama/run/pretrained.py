@@ -241,11 +241,12 @@ def export_variables(params: Any, model_state: Any, lora: Optional[lora_lib.LoRA
   return jax.tree.map(np.asarray, variables)
 
 
-def write_export(out: str, variables: dict, info: dict, overwrite: bool = False) -> None:
-  """Writes `out` (flax msgpack of `variables`) and `out.json` (`info` and the format);
-  refuses an existing file unless `overwrite`. Each file is written whole or not at all."""
-  meta = out + JSON_SUFFIX
-  for path in (out, meta):
+def check_writable(out: str, overwrite: bool = False) -> None:
+  """Refuses an export path whose file or JSON exists (unless `overwrite`), is a
+  directory, or lies in no directory."""
+  if not isinstance(out, str) or not out.strip():
+    raise WorkdirError(f"--out={out!r} is not accepted; accepted: a file path")
+  for path in (out, out + JSON_SUFFIX):
     if os.path.isdir(path):
       raise WorkdirError(f"--out={out}: {path} is a directory; accepted: a file path")
     if os.path.exists(path) and not overwrite:
@@ -254,6 +255,14 @@ def write_export(out: str, variables: dict, info: dict, overwrite: bool = False)
   folder = os.path.dirname(os.path.abspath(out))
   if not os.path.isdir(folder):
     raise WorkdirError(f"--out={out}: the directory {folder} does not exist")
+
+
+def write_export(out: str, variables: dict, info: dict, overwrite: bool = False) -> None:
+  """Writes `out` (flax msgpack of `variables`) and `out.json` (`info` and the format);
+  refuses an existing file unless `overwrite` (`check_writable`). Each file is written
+  whole or not at all."""
+  check_writable(out, overwrite)
+  meta = out + JSON_SUFFIX
   try:
     for path, data in ((out, flax.serialization.msgpack_serialize(variables)),
                        (meta, (json.dumps({"format": FORMAT, **info}, indent=2,
