@@ -80,8 +80,8 @@ def _tiny_lm(seed=0, lora=None, **changes):
   model = models.get("transformer_lm", num_classes=81, lora=lora, **options)
   x = jnp.asarray(np.random.default_rng(seed).integers(0, 81, (3, options["max_len"])),
                   jnp.int32)
-  params = model.init({"params": jax.random.PRNGKey(seed), "dropout": jax.random.PRNGKey(0)},
-                      x, train=False)["params"]
+  init = jax.jit(lambda key, x: model.init({"params": key, "dropout": key}, x, train=False))
+  params = init(jax.random.PRNGKey(seed), x)["params"]
   return model, params, x
 
 
