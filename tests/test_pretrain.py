@@ -3,6 +3,7 @@
 The checkpoints are read back here with orbax directly (not through the reader under test),
 and the LoRA model's outputs are compared with the plain model's on the merged parameters.
 """
+import functools
 import hashlib
 import os
 
@@ -76,12 +77,20 @@ def _assert_same(a, b):
 
 
 def _tiny_lm(seed=0, lora=None, **changes):
-  options = {**TINY_TF, **changes}
-  model = models.get("transformer_lm", num_classes=81, lora=lora, **options)
+  """(model, params, tokens) of a tiny transformer (built once per setting: tests only read
+  them)."""
+  return _built(seed, None if lora is None else tuple(sorted(lora.items())),
+                tuple(sorted(changes.items())))
+
+
+@functools.lru_cache(maxsize=None)
+def _built(seed, lora, changes):
+  options = {**TINY_TF, **dict(changes)}
+  model = models.get("transformer_lm", num_classes=81, lora=lora and dict(lora), **options)
   x = jnp.asarray(np.random.default_rng(seed).integers(0, 81, (3, options["max_len"])),
                   jnp.int32)
-  init = jax.jit(lambda key, x: model.init({"params": key, "dropout": key}, x, train=False))
-  params = init(jax.random.PRNGKey(seed), x)["params"]
+  params = model.init({"params": jax.random.PRNGKey(seed), "dropout": jax.random.PRNGKey(0)},
+                      x, train=False)["params"]
   return model, params, x
 
 
