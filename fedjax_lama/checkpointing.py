@@ -17,6 +17,7 @@ from typing import Any, Optional
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging as absl_logging
 
 from fedjax_lama.errors import CheckpointError, WorkdirError
 
@@ -55,13 +56,19 @@ class Checkpointer:
     """read_only: another run's checkpoints (config.init_from, the export), read and never
     written, cleaned or created."""
     self.directory = os.path.abspath(directory)
-    self._manager = ocp.CheckpointManager(
-        self.directory,
-        options=ocp.CheckpointManagerOptions(
-            max_to_keep=None if read_only else max_to_keep, create=not read_only,
-            read_only=read_only, save_interval_steps=0 if read_only else 1,
-            enable_async_checkpointing=False),
-        item_names=("state", "meta"))
+    verbosity = absl_logging.get_verbosity()
+    if read_only:  # orbax would warn that a read-only directory is read only
+      absl_logging.set_verbosity(absl_logging.ERROR)
+    try:
+      self._manager = ocp.CheckpointManager(
+          self.directory,
+          options=ocp.CheckpointManagerOptions(
+              max_to_keep=None if read_only else max_to_keep, create=not read_only,
+              read_only=read_only, save_interval_steps=0 if read_only else 1,
+              enable_async_checkpointing=False),
+          item_names=("state", "meta"))
+    finally:
+      absl_logging.set_verbosity(verbosity)
 
   def latest_step(self) -> Optional[int]:
     return self._manager.latest_step()

@@ -22,7 +22,7 @@ from fedjax_lama.config import base_config
 from fedjax_lama.data import gutenberg
 from fedjax_lama.engine import evaluate as evaluation
 from fedjax_lama.engine.algorithm import ServerState
-from fedjax_lama.errors import ConfigError, WorkdirError
+from fedjax_lama.errors import ConfigError, DataError, WorkdirError
 from fedjax_lama.models import lora as lora_lib
 from fedjax_lama.run import parts as parts_lib, pretrained, spec as spec_lib
 from fedjax_lama.training import train_and_evaluate
@@ -185,7 +185,7 @@ def test_paths_that_hold_no_checkpoint_are_refused(tmp_path):
   (tmp_path / "empty").mkdir()
   (tmp_path / "stray.msgpack").write_bytes(b"not msgpack")
   for path, expected in ((tmp_path / "missing", ConfigError), (tmp_path / "empty", ConfigError),
-                         (tmp_path / "stray.msgpack", pretrained.DataError)):
+                         (tmp_path / "stray.msgpack", DataError)):
     with pytest.raises(expected) as err:
       pretrained.load(str(path))
     assert str(path) in _one_line(err)

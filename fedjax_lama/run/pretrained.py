@@ -109,8 +109,8 @@ def _server_state(state: dict, where: str) -> dict:
   if server is None and isinstance(state.get("fedlama"), dict):
     server = state["fedlama"].get("server")
   if not isinstance(server, dict) or "params" not in server:
-    raise DataError(f"{where}: not a checkpoint of a run with rounds (no server state with "
-                    f"params; a run on the simulated clock keeps none)")
+    raise DataError(f"{where}: holds no server state with params; accepted: a checkpoint "
+                    f"of a run with rounds (those of runs on the simulated clock are not read)")
   return server
 
 
