@@ -45,14 +45,14 @@ def export(workdir: str, out: str, overwrite: bool = False) -> dict:
   except ConfigError as e:
     raise WorkdirError(f"--workdir={workdir} holds no checkpoint yet; train it first") from e
   pretrained.check_writable(out, overwrite)  # before anything is read
-  model = pretrained.load(os.path.join(directory, str(step)))  # adapters merged
+  latest = pretrained.load(os.path.join(directory, str(step)))  # adapters merged
   data = spec_lib.data_spec(config)
   dataset = parts_lib.load_dataset(data, federation.resolve_data_dir(data.data_dir))
   # The run's model as it built it, without the adapters.
-  plain = dataclasses.replace(spec_lib.model_spec(config), options=dict(model.options))
+  plain = dataclasses.replace(spec_lib.model_spec(config), options=dict(latest.options))
   options = parts_lib.model_options(plain, dataset, "auto")
   _, fresh, fresh_stats = parts_lib.build_model(plain, dataset, "auto")
-  params, stats = pretrained.initial_params(fresh, fresh_stats, model)  # checks the tree
+  params, stats = pretrained.initial_params(fresh, fresh_stats, latest, "--workdir")
   info = {"model": config.model, "num_classes": int(dataset.num_classes),
           "options": {k: v for k, v in options.items() if k != "kernels"},
           "input_shape": list(dataset.train_x.shape[1:]),

@@ -92,12 +92,22 @@ def _built(lora, changes):
   return model, init, options["max_len"]
 
 
-def _write_run(workdir, params, model_options, model_state=None, step=3):
+def _trained_adapters(params, seed=0):
+  """`params` with every B moved off zero, as training moves it."""
+  rng = np.random.default_rng(seed)
+  return jax.tree_util.tree_map_with_path(
+      lambda p, a: a + 0.05 * rng.standard_normal(a.shape).astype(a.dtype)
+      if p[-1].key == "lora_b" else a, params)
+
+
+def _write_run(workdir, params, model_options, model_state=None, step=3, **changes):
   """A workdir as a run writes it: config.json and one checkpoint of the server state."""
   os.makedirs(workdir)
   c = base_config()
   c.dataset, c.model = "milton", "transformer_lm"
   c.model_options = ml_collections.ConfigDict(model_options)
+  for key, value in changes.items():
+    c[key] = value
   metrics.write_json(os.path.join(workdir, "config.json"), spec_lib.config_json(c))
   ckpt = checkpointing.Checkpointer(os.path.join(workdir, "checkpoints"))
   ckpt.save(step, {"server": ServerState(params, model_state or {}, {}, {}), "rows": {}},
@@ -195,10 +205,7 @@ def test_paths_that_hold_no_checkpoint_are_refused(tmp_path):
 def test_merged_export_is_read_by_the_plain_model(tmp_path):
   lora = lora_lib.LoRA.parse(LORA)
   lora_model, params, x = _tiny_lm(seed=2, lora=LORA)
-  rng = np.random.default_rng(0)
-  params = jax.tree_util.tree_map_with_path(  # trained adapters: B != 0
-      lambda p, a: a + 0.05 * rng.standard_normal(a.shape).astype(a.dtype)
-      if p[-1].key == "lora_b" else a, params)
+  params = _trained_adapters(params)
   info = {"model": "transformer_lm", "num_classes": 81, "options": TINY_TF,
           "input_shape": [TINY_TF["max_len"]], "input_dtype": "int32"}
   out = str(tmp_path / "merged.msgpack")
@@ -338,3 +345,21 @@ def test_pretrain_milton_lowers_the_loss_then_federates(milton_dir, tmp_path):
   _assert_same(fed_parts.params, server["params"])
   result = train_and_evaluate(fed, str(tmp_path / "fed"))
   assert np.isfinite(result["final_test_loss"])
+
+
+def test_export_of_a_lora_run_is_merged(milton_dir, tmp_path):
+  """experiments.export on a LoRA run's workdir (its layout written here as a run writes
+  it): the file is the merged model, which the plain transformer reads."""
+  lora_model, params, x = _tiny_lm(seed=3, lora=LORA)
+  params = _trained_adapters(params, seed=1)
+  _write_run(str(tmp_path / "run"), params, {**TINY_TF, "lora": LORA}, data_dir=milton_dir,
+             partition="iid",
+             dataset_options=ml_collections.ConfigDict({"seq_len": 12, "stride": 12}))
+  out = str(tmp_path / "merged.msgpack")
+  info = export_cli.export(str(tmp_path / "run"), out)
+  assert info["lora_merged"]["rank"] == 2 and info["round"] == 4
+  model, variables, info = pretrained.read_export(out)
+  assert info["options"] == TINY_TF and model.dense.keywords["lora"] is None
+  np.testing.assert_allclose(jax.jit(model.apply)(variables, x),
+                             jax.jit(lora_model.apply)({"params": params}, x),
+                             rtol=1e-5, atol=1e-5)

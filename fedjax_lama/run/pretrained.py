@@ -78,7 +78,10 @@ def workdir_config(workdir: str) -> Optional[ml_collections.ConfigDict]:
     raise DataError(f"{path} cannot be read ({e}); it is the config of the run whose "
                     "parameters are read") from e
   config = config_lib.base_config()
-  config.update(config_lib.rename_old_fields(given))
+  try:
+    config.update(config_lib.rename_old_fields(given))
+  except (TypeError, ValueError, AttributeError) as e:
+    raise DataError(f"{path} is not a run's config ({type(e).__name__}: {e})") from e
   return config
 
 
@@ -154,8 +157,9 @@ def _load_export(path: str) -> Pretrained:
                     f"({type(e).__name__})") from e
   if not isinstance(variables, dict) or not isinstance(variables.get("params"), dict):
     raise DataError(f"{path}: holds no 'params'; not a file written by experiments.export")
-  return Pretrained(variables["params"], variables.get("batch_stats") or {}, path,
-                    info["model"], info["options"])
+  as_arrays = lambda tree: jax.tree.map(np.asarray, tree or {})
+  return Pretrained(as_arrays(variables["params"]), as_arrays(variables.get("batch_stats")),
+                    path, info["model"], info["options"])
 
 
 def read_export_info(path: str) -> dict:
@@ -182,10 +186,10 @@ def _kind(leaf) -> str:
   return f"{np.dtype(leaf.dtype).name}{list(leaf.shape)}"
 
 
-def _check_fits(expected: dict, given: dict, what: str, source: str, hint: str) -> None:
+def _check_fits(expected: dict, given: dict, what: str, head: str, hint: str) -> None:
   """`given` {path: array} has exactly the leaves of `expected` {path: array}, each of its
-  shape and dtype; else one ConfigError naming the first parameter that differs."""
-  head = f"config.init_from={source}"
+  shape and dtype; else one ConfigError, starting with `head`, naming the first parameter
+  that differs."""
   for path, leaf in expected.items():
     name = "/".join(path)
     if path not in given:
@@ -205,17 +209,19 @@ def _flat(tree) -> dict:
   return dict(zip(leaf_paths(tree), jax.tree.leaves(tree)))
 
 
-def initial_params(params: Any, model_state: Any, pretrained: Pretrained) -> tuple[Any, Any]:
+def initial_params(params: Any, model_state: Any, pretrained: Pretrained,
+                   field: str = "config.init_from") -> tuple[Any, Any]:
   """(params, model_state) of a run that starts from `pretrained` (module docstring):
   its leaves in place of the fresh ones, as jax arrays of the same values; a model with
-  LoRA adapters keeps its fresh adapters over the pretrained base (`lora.with_base`)."""
-  hint = pretrained.describe()
+  LoRA adapters keeps its fresh adapters over the pretrained base (`lora.with_base`).
+  A mismatch names `field`={pretrained.source}."""
+  hint, head = pretrained.describe(), f"{field}={pretrained.source}"
   fresh = _flat(params)
   base = {p: x for p, x in fresh.items() if p[-1] not in (lora_lib.ADAPTER_A,
                                                           lora_lib.ADAPTER_B)}
-  _check_fits(base, _flat(pretrained.params), "parameter", pretrained.source, hint)
-  _check_fits(_flat(model_state), _flat(pretrained.model_state), "BatchNorm statistic",
-              pretrained.source, hint)
+  _check_fits(base, _flat(pretrained.params), "parameter", head, hint)
+  _check_fits(_flat(model_state), _flat(pretrained.model_state), "BatchNorm statistic", head,
+              hint)
   on_device = lambda tree: jax.tree.map(jnp.asarray, tree)
   start = pretrained.params
   if len(base) < len(fresh):  # adapters: the checkpoint is their base
@@ -280,12 +286,15 @@ def read_export(path: str) -> tuple[Any, dict, dict]:
   those of that model (ConfigError naming the first that is not)."""
   pretrained = _load_export(path)
   info = read_export_info(path)
-  model = models.get(info["model"], num_classes=info["num_classes"], **info["options"])
+  try:
+    model = models.get(info["model"], num_classes=info["num_classes"], **info["options"])
+  except (TypeError, ValueError, KeyError) as e:
+    raise DataError(f"{path}{JSON_SUFFIX}: its model cannot be built ({e})") from e
   sample = jnp.zeros([1] + list(info["input_shape"]), info["input_dtype"])
   shapes = jax.eval_shape(lambda x: model.init({"params": jax.random.PRNGKey(0),
                                                 "dropout": jax.random.PRNGKey(0)},
                                                x, train=False), sample)
   expected_stats = shapes.get("batch_stats", {})
-  params, stats = initial_params(shapes["params"], expected_stats, pretrained)
+  params, stats = initial_params(shapes["params"], expected_stats, pretrained, "export file")
   variables = {"params": params, **({"batch_stats": stats} if jax.tree.leaves(stats) else {})}
   return model, variables, info
