@@ -16,9 +16,10 @@ bits per character, next-character accuracy).
 Models (the string after the file name):
   default  `transformer_lm` of the text study (configs/text_study.py:transformer): width 64,
            2 blocks of 4 heads, learned positions over 80, 115,665 parameters; 60 rounds of
-           50 steps of batch 32 (3,000 steps, 7.7 M characters, about five passes over the
-           training windows). Its checkpoint starts the text study's transformer runs
-           (--config.init_from=<this workdir>).
+           50 steps of batch 32 (3,000 steps, 7.7 M characters, about six passes over the
+           15,150 training windows): test loss 1.90 nats, 2.75 bits per character,
+           next-character accuracy 0.450 on the 1,680 held-out windows. Its checkpoint
+           starts the text study's transformer runs (--config.init_from=<this workdir>).
   lstm     the text study's character LSTM (57,625 parameters), same schedule.
   tiny     a transformer of width 16, one block, 20-character windows, 4 rounds of 10
            steps: the tests' smoke size.
