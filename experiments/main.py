@@ -83,7 +83,20 @@ def parse_flags(argv):
     fail(str(e) if isinstance(e, (flags.Error, ValueError)) else f"{type(e).__name__}: {e}", e)
 
 
-def main(argv):
+def _train(config, workdir) -> dict:
+  from fedjax_lama import training  # pylint: disable=g-import-not-at-top
+  return training.train_and_evaluate(config, workdir)
+
+
+def _final_line(summary: dict) -> str:
+  return (f"final_test_accuracy={summary['final_test_accuracy']:.4f} "
+          f"best_test_accuracy={summary['best_test_accuracy']:.4f} "
+          f"wall_seconds={summary['wall_seconds']:.1f} workdir={FLAGS.workdir}")
+
+
+def main(argv, train=_train, final_line=_final_line):
+  """The command: `train(config, workdir)` -> summary, then `final_line(summary)` printed
+  (experiments/pretrain.py runs it with its own)."""
   if len(argv) > 1:
     fail(f"unexpected arguments: {' '.join(argv[1:])}")
   if distributed.misuse():
@@ -94,19 +107,17 @@ def main(argv):
   cpu_devices.split_cpu()
   distributed.initialize()
   # Imported here so that --help answers without loading JAX.
-  from fedjax_lama import config as config_lib, training  # pylint: disable=g-import-not-at-top
+  from fedjax_lama import config as config_lib  # pylint: disable=g-import-not-at-top
   from fedjax_lama.errors import FedjaxLamaError  # pylint: disable=g-import-not-at-top
   try:
     # A field the command line set that the run never reads is named before any other
     # problem; train_and_evaluate then validates every field before any data is loaded.
     config_lib.check_overrides(FLAGS.config, override_paths(sys.argv))
-    summary = training.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    summary = train(FLAGS.config, FLAGS.workdir)
   except FedjaxLamaError as e:
     fail(str(e), e)
   if distributed.is_primary():
-    print(f"final_test_accuracy={summary['final_test_accuracy']:.4f} "
-          f"best_test_accuracy={summary['best_test_accuracy']:.4f} "
-          f"wall_seconds={summary['wall_seconds']:.1f} workdir={FLAGS.workdir}")
+    print(final_line(summary))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ import os
 from typing import Any, Optional
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging as absl_logging
 
 from fedjax_lama.errors import CheckpointError, WorkdirError
 
@@ -50,13 +52,23 @@ def _os_error(e: BaseException) -> Optional[OSError]:
 
 class Checkpointer:
 
-  def __init__(self, directory: str, max_to_keep: int = 2):
+  def __init__(self, directory: str, max_to_keep: int = 2, read_only: bool = False):
+    """read_only: another run's checkpoints (config.init_from, the export), read and never
+    written, cleaned or created."""
     self.directory = os.path.abspath(directory)
-    self._manager = ocp.CheckpointManager(
-        self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
-                                             enable_async_checkpointing=False),
-        item_names=("state", "meta"))
+    verbosity = absl_logging.get_verbosity()
+    if read_only:  # orbax would warn that a read-only directory is read only
+      absl_logging.set_verbosity(absl_logging.ERROR)
+    try:
+      self._manager = ocp.CheckpointManager(
+          self.directory,
+          options=ocp.CheckpointManagerOptions(
+              max_to_keep=None if read_only else max_to_keep, create=not read_only,
+              read_only=read_only, save_interval_steps=0 if read_only else 1,
+              enable_async_checkpointing=False),
+          item_names=("state", "meta"))
+    finally:
+      absl_logging.set_verbosity(verbosity)
 
   def latest_step(self) -> Optional[int]:
     return self._manager.latest_step()
@@ -127,6 +139,20 @@ class Checkpointer:
                             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
                             f"{self._advice(step)}") from e
     return out["state"], out["meta"]
+
+  def restore_tree(self, step: int) -> tuple[Any, dict]:
+    """The state of `step` as saved, without a target (nested dicts of host arrays; a
+    NamedTuple comes back as a dict of its fields), after `verify`: what another run reads
+    from this one's checkpoint, whose structure it does not hold."""
+    self.verify(step)
+    try:
+      out = self._manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointError(f"checkpoint {self.step_dir(step)} cannot be restored "
+                            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+                            ) from e
+    return jax.tree.map(np.asarray, out["state"]), out["meta"]
 
   def restore_meta(self, step: int) -> dict:
     """The JSON record of one step alone (to learn the state's structure before restoring it)."""

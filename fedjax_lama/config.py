@@ -127,6 +127,12 @@ def base_config() -> ml_collections.ConfigDict:
   # Model.
   c.model = "mlp"
   c.model_options = ml_collections.ConfigDict()
+  # The run's initial parameters: "" the model's own initialization from config.seed, else
+  # a path to another run's parameters (fedjax_lama/run/pretrained.py): its workdir (the
+  # latest checkpoint), one of its checkpoints/<step> directories, or a file written by
+  # experiments.export. With the model option lora they are the base; the adapters start
+  # fresh (B = 0).
+  c.init_from = ""
   # Local training.
   c.rounds = 50
   c.local_steps = 10
@@ -320,6 +326,9 @@ def validate(c: ml_collections.ConfigDict, num_classes: int | None = None) -> "M
   _check_options(c)
   if isinstance(c.seed, bool) or not isinstance(c.seed, int) or c.seed < 0:
     _fail("seed", c.seed, "an integer >= 0")
+  if not isinstance(c.init_from, str):
+    _fail("init_from", c.init_from, "'' (the model's own initialization) or a path: a run's "
+          "workdir, one of its checkpoints/<step> directories, or an export file")
   _one_of(c, "dataset", DATASETS)
   _one_of(c, "data_source", DATA_SOURCES)
   _one_of(c, "partition", PARTITIONS)

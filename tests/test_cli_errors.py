@@ -56,6 +56,8 @@ CASES = [
      ["{no_get_config}", "get_config"]),
     ("config_file_missing", ["--config={missing}"], ["{missing}", "no such file"]),
     ("seed_negative", ["--config.seed=-1"], ["config.seed=-1"]),
+    ("init_from_missing", ["--config.init_from={missing}"],
+     ["config.init_from={missing}", "no such file"]),
     ("num_clients_larger_than_data", ["--config.num_clients=5000"],
      ["config.num_clients=5000"]),
     ("workdir_is_a_file", ["--workdir={afile}"], ["{afile}", "is a file"]),

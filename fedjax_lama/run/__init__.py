@@ -8,4 +8,6 @@
   pipeline.py  train_and_evaluate(config, workdir): the pipeline on one page, and the loop
                of synchronous rounds.
   many.py      train_many: runs of one config trained together.
+  pretrained.py  another run's parameters: where a run starts from (config.init_from) and
+               the merged export of a run's model as plain parameters.
 """

@@ -23,7 +23,7 @@ from fedjax_lama.programs.fedlama import FedLamaProgram
 from fedjax_lama.programs.round_program import RunOptions
 from fedjax_lama.programs.sync import SyncProgram
 from fedjax_lama.robust import robust_stage
-from fedjax_lama.run import spec as spec_lib
+from fedjax_lama.run import pretrained as pretrained_lib, spec as spec_lib
 
 # Partitions that read one class label per example.
 _LABEL_PARTITIONS = ("dirichlet", "dirichlet_balanced", "shards", "class_cyclic", "one_class")
@@ -39,6 +39,10 @@ class Parts(NamedTuple):
 def prepare(spec) -> Parts:
   """Data, federation and model of a RunSpec."""
   data = spec.data
+  pretrained = None
+  if spec.model.init_from:  # read before the data: a wrong path stops at once
+    with progress.Phase(f"reading the initial parameters from {spec.model.init_from}"):
+      pretrained = pretrained_lib.load(spec.model.init_from)
   data_dir = federation.resolve_data_dir(data.data_dir)
   with progress.Phase(f"loading data: {data.name} from {data_dir}"):
     dataset = load_dataset(data, data_dir)
@@ -53,6 +57,8 @@ def prepare(spec) -> Parts:
     fed = dataclasses.replace(build_federation(spec.federation, dataset), validation=validation)
   with progress.Phase(f"building the model ({spec.model.name})"):
     model, params, model_state = build_model(spec.model, dataset, spec.plan.kernels)
+  if pretrained is not None:  # config.init_from: the model starts from those parameters
+    params, model_state = pretrained_lib.initial_params(params, model_state, pretrained)
   return Parts(fed, model, params, model_state)
 
 

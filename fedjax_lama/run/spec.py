@@ -57,6 +57,7 @@ class ModelSpec:
   options: dict                # config.model_options; the vocabulary is the dataset's if unset
   seed: int
   dataset: str                 # named in the errors of a model that does not fit the data
+  init_from: str = ""          # config.init_from: another run's parameters ("": none)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,7 +219,7 @@ def _partition(config, mode: str) -> federation.PartitionSpec:
 
 def model_spec(config) -> ModelSpec:
   options = dict(config.model_options.to_dict()) if config.model_options else {}
-  return ModelSpec(config.model, options, config.seed, config.dataset)
+  return ModelSpec(config.model, options, config.seed, config.dataset, config.init_from)
 
 
 def run_chain(spec: RunSpec, num_clients: int) -> Optional[stages.Stage]:

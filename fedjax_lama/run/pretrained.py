@@ -1,0 +1,300 @@
+"""Another run's parameters: where a run starts from (config.init_from) and the merged export.
+
+Pretrain, then federate: a central run (one client holding a public corpus,
+experiments/pretrain.py) writes checkpoints like every run; `config.init_from` starts any
+run from them, and `export` writes a run's model as plain parameters with a small JSON of
+the model that reads them.
+
+`load(path)` reads the parameters a path holds, as `Pretrained`:
+* a run's workdir (its latest checkpoint), or one of its `checkpoints/<step>` directories:
+  the server's global model (`ServerState.params` and its BatchNorm statistics), checked
+  against the step's checksums and never written to (the checkpoints are read-only);
+* an export file written by `export` (flax msgpack) beside its JSON (`<file>.json`).
+A run trained with LoRA adapters (the model option lora in its config.json) is read as its
+model: every adapted kernel merged, W + (alpha / r) A B (`lora.merged`).
+
+`initial_params(params, model_state, pretrained)` is the run's start: the pretrained
+parameters in place of the model's fresh ones, leaf for leaf, bit for bit. A model with LoRA
+adapters takes them as its base (`lora.with_base`) and keeps its fresh adapters (B = 0, so
+its first forward pass is the pretrained model's). A parameter missing on either side, or of
+another shape or dtype, stops with one ConfigError naming the path and that parameter.
+
+The merged export (experiments/export.py): a run's model as plain parameters of the model
+built without the lora option (`export_variables`, adapters merged by `lora.merged`),
+written as `out` (flax msgpack of the params and any BatchNorm statistics) and `out.json`
+(the model's name, number of classes, options and input shape) by `write_export`, which
+refuses an existing file unless asked; `read_export` turns them back into (model,
+variables) for the model's own `apply`.
+"""
+import dataclasses
+import json
+import os
+from typing import Any, Optional
+
+import flax.serialization
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from fedjax_lama import checkpointing, models
+from fedjax_lama import config as config_lib
+from fedjax_lama.errors import ConfigError, DataError, WorkdirError
+from fedjax_lama.models import lora as lora_lib
+from fedjax_lama.tree import leaf_paths
+
+FORMAT = "fedjax_lama.export/1"   # the JSON's "format": what `read_export` accepts
+JSON_SUFFIX = ".json"
+_ACCEPTED = ("accepted: a run's workdir (with checkpoints/), one of its checkpoints/<step> "
+             "directories, or a file written by experiments.export (with its .json beside it)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Pretrained:
+  """Parameters read from `source`, with what is known of the model that trained them."""
+  params: dict                 # nested dicts of numpy arrays (LoRA adapters merged)
+  model_state: dict            # BatchNorm statistics ({} for a model without them)
+  source: str                  # the path read (a checkpoint step directory, or a file)
+  model: Optional[str] = None  # the model's name, where known (config.json, export JSON)
+  options: Optional[dict] = None  # its model options
+
+  def describe(self) -> str:
+    if self.model is None:
+      return ""
+    given = {k: v for k, v in (self.options or {}).items() if k != "kernels"}
+    return f" (it holds config.model={self.model!r} with model_options {given})"
+
+
+# ---- reading -------------------------------------------------------------------------------
+def workdir_config(workdir: str) -> Optional[ml_collections.ConfigDict]:
+  """The config of the run in `workdir` (its config.json over today's defaults), or None."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.isfile(path):
+    return None
+  try:
+    with open(path) as f:
+      given = json.load(f)
+  except (OSError, ValueError) as e:
+    raise DataError(f"{path} cannot be read ({e}); it is the config of the run whose "
+                    "parameters are read") from e
+  config = config_lib.base_config()
+  try:
+    config.update(config_lib.rename_old_fields(given))
+  except (TypeError, ValueError, AttributeError) as e:
+    raise DataError(f"{path} is not a run's config ({type(e).__name__}: {e})") from e
+  return config
+
+
+def checkpoint_of(path: str) -> tuple[str, int]:
+  """(checkpoints directory, step) that `path` names: a workdir (its latest step), a
+  checkpoints directory, or one step directory. Raises ConfigError otherwise."""
+  path = os.path.abspath(path)
+  candidates = [(os.path.join(path, "checkpoints"), None), (path, None)]
+  parent, name = os.path.split(path)
+  if name.isdigit():
+    candidates.insert(0, (parent, int(name)))
+  for directory, step in candidates:
+    if not os.path.isdir(directory):
+      continue
+    steps = sorted(int(n) for n in os.listdir(directory)
+                   if n.isdigit() and os.path.isdir(os.path.join(directory, n)))
+    if step is None and steps:
+      return directory, steps[-1]
+    if step is not None and step in steps:
+      return directory, step
+  raise ConfigError(f"config.init_from={path} holds no checkpoint; {_ACCEPTED}")
+
+
+def _server_state(state: dict, where: str) -> dict:
+  """The global model's server state in a round program's checkpointed state: sync
+  programs keep it under "server", FedLAMA's under "fedlama"."""
+  server = state.get("server")
+  if server is None and isinstance(state.get("fedlama"), dict):
+    server = state["fedlama"].get("server")
+  if not isinstance(server, dict) or "params" not in server:
+    raise DataError(f"{where}: holds no server state with params; accepted: a checkpoint "
+                    f"of a run with rounds (those of runs on the simulated clock are not read)")
+  return server
+
+
+def load(path: str) -> Pretrained:
+  """The parameters `path` holds (module docstring). Nothing there is written."""
+  if not isinstance(path, str) or not path.strip():
+    raise ConfigError(f"config.init_from={path!r} is not accepted; {_ACCEPTED}")
+  path = os.path.expanduser(path)
+  if os.path.isfile(path):
+    return _load_export(path)
+  if not os.path.exists(path):
+    raise ConfigError(f"config.init_from={path}: no such file or directory; {_ACCEPTED}")
+  directory, step = checkpoint_of(path)
+  ckpt = checkpointing.Checkpointer(directory, read_only=True)
+  try:
+    state, _ = ckpt.restore_tree(step)
+  finally:
+    ckpt.close()
+  where = ckpt.step_dir(step)
+  server = _server_state(state, where)
+  config = workdir_config(os.path.dirname(directory))
+  model = options = None
+  params = server["params"]
+  if config is not None:
+    model, options = config.model, config.model_options.to_dict()
+    lora = lora_lib.LoRA.parse(options.get("lora"), "model_options.lora")
+    if lora is not None:  # the run's model is its base with the adapters merged
+      params = jax.tree.map(np.asarray, lora_lib.merged(params, lora))
+      options = {k: v for k, v in options.items() if k != "lora"}
+  return Pretrained(params, server.get("model_state") or {}, where, model, options)
+
+
+def _load_export(path: str) -> Pretrained:
+  info = read_export_info(path)
+  with open(path, "rb") as f:
+    raw = f.read()
+  try:
+    variables = flax.serialization.msgpack_restore(raw)
+  except Exception as e:  # pylint: disable=broad-except
+    raise DataError(f"{path}: not a parameter file written by experiments.export "
+                    f"({type(e).__name__})") from e
+  if not isinstance(variables, dict) or not isinstance(variables.get("params"), dict):
+    raise DataError(f"{path}: holds no 'params'; not a file written by experiments.export")
+  as_arrays = lambda tree: jax.tree.map(np.asarray, tree or {})
+  return Pretrained(as_arrays(variables["params"]), as_arrays(variables.get("batch_stats")),
+                    path, info["model"], info["options"])
+
+
+def read_export_info(path: str) -> dict:
+  """The JSON beside an export file (`path` + ".json"), checked."""
+  meta = path + JSON_SUFFIX
+  try:
+    with open(meta) as f:
+      info = json.load(f)
+  except FileNotFoundError as e:
+    raise DataError(f"{meta}: missing; an export file is read with the JSON written beside "
+                    f"it (experiments.export); {_ACCEPTED}") from e
+  except (OSError, ValueError) as e:
+    raise DataError(f"{meta} cannot be read ({e})") from e
+  if not isinstance(info, dict) or info.get("format") != FORMAT or not all(
+      k in info for k in ("model", "num_classes", "options", "input_shape", "input_dtype")):
+    raise DataError(f"{meta}: not the JSON of an export (format {FORMAT!r} with model, "
+                    f"num_classes, options, input_shape, input_dtype)")
+  return info
+
+
+# ---- the start of a run ----------------------------------------------------------------------
+def _kind(leaf) -> str:
+  """"float32[64, 256]": a leaf's dtype and shape (arrays and jax.ShapeDtypeStruct)."""
+  return f"{np.dtype(leaf.dtype).name}{list(leaf.shape)}"
+
+
+def _check_fits(expected: dict, given: dict, what: str, head: str, hint: str) -> None:
+  """`given` {path: array} has exactly the leaves of `expected` {path: array}, each of its
+  shape and dtype; else one ConfigError, starting with `head`, naming the first parameter
+  that differs."""
+  for path, leaf in expected.items():
+    name = "/".join(path)
+    if path not in given:
+      raise ConfigError(f"{head} has no {what} {name!r}, which the model has "
+                        f"({_kind(leaf)}){hint}")
+    have = given[path]
+    if _kind(have) != _kind(leaf):
+      raise ConfigError(f"{head}: {what} {name!r} is {_kind(have)} there; the model "
+                        f"expects {_kind(leaf)}{hint}")
+  for path in given:
+    if path not in expected:
+      raise ConfigError(f"{head} has the {what} {'/'.join(path)!r}, which the model does not "
+                        f"have{hint}")
+
+
+def _flat(tree) -> dict:
+  return dict(zip(leaf_paths(tree), jax.tree.leaves(tree)))
+
+
+def initial_params(params: Any, model_state: Any, pretrained: Pretrained,
+                   field: str = "config.init_from") -> tuple[Any, Any]:
+  """(params, model_state) of a run that starts from `pretrained` (module docstring):
+  its leaves in place of the fresh ones, as jax arrays of the same values; a model with
+  LoRA adapters keeps its fresh adapters over the pretrained base (`lora.with_base`).
+  A mismatch names `field`={pretrained.source}."""
+  hint, head = pretrained.describe(), f"{field}={pretrained.source}"
+  fresh = _flat(params)
+  base = {p: x for p, x in fresh.items() if p[-1] not in (lora_lib.ADAPTER_A,
+                                                          lora_lib.ADAPTER_B)}
+  _check_fits(base, _flat(pretrained.params), "parameter", head, hint)
+  _check_fits(_flat(model_state), _flat(pretrained.model_state), "BatchNorm statistic", head,
+              hint)
+  on_device = lambda tree: jax.tree.map(jnp.asarray, tree)
+  start = pretrained.params
+  if len(base) < len(fresh):  # adapters: the checkpoint is their base
+    start = lora_lib.with_base(params, start)
+  if not jax.tree.leaves(model_state):
+    return on_device(start), model_state
+  # The model's own tree structure for the statistics (the checkpoint's are plain dicts).
+  stats = jax.tree.unflatten(jax.tree.structure(model_state),
+                             [_flat(pretrained.model_state)[p] for p in _flat(model_state)])
+  return on_device(start), on_device(stats)
+
+
+# ---- the merged export -----------------------------------------------------------------------
+def export_variables(params: Any, model_state: Any, lora: Optional[lora_lib.LoRA]) -> dict:
+  """{"params": ..., "batch_stats": ...} of the model without adapters: the adapters merged
+  into their kernels (`lora.merged`) when `lora` is given, else the params as they are;
+  numpy leaves."""
+  if lora is not None:
+    params = lora_lib.merged(params, lora)
+  variables = {"params": params}
+  if jax.tree.leaves(model_state):
+    variables["batch_stats"] = model_state
+  return jax.tree.map(np.asarray, variables)
+
+
+def check_writable(out: str, overwrite: bool = False) -> None:
+  """Refuses an export path whose file or JSON exists (unless `overwrite`), is a
+  directory, or lies in no directory."""
+  if not isinstance(out, str) or not out.strip():
+    raise WorkdirError(f"--out={out!r} is not accepted; accepted: a file path")
+  for path in (out, out + JSON_SUFFIX):
+    if os.path.isdir(path):
+      raise WorkdirError(f"--out={out}: {path} is a directory; accepted: a file path")
+    if os.path.exists(path) and not overwrite:
+      raise WorkdirError(f"--out={out}: {path} exists; choose another --out or pass "
+                         "--overwrite")
+  folder = os.path.dirname(os.path.abspath(out))
+  if not os.path.isdir(folder):
+    raise WorkdirError(f"--out={out}: the directory {folder} does not exist")
+
+
+def write_export(out: str, variables: dict, info: dict, overwrite: bool = False) -> None:
+  """Writes `out` (flax msgpack of `variables`) and `out.json` (`info` and the format);
+  refuses an existing file unless `overwrite` (`check_writable`). Each file is written
+  whole or not at all."""
+  check_writable(out, overwrite)
+  meta = out + JSON_SUFFIX
+  try:
+    for path, data in ((out, flax.serialization.msgpack_serialize(variables)),
+                       (meta, (json.dumps({"format": FORMAT, **info}, indent=2,
+                                          sort_keys=True) + "\n").encode())):
+      with open(path + ".tmp", "wb") as f:
+        f.write(data)
+      os.replace(path + ".tmp", path)
+  except OSError as e:
+    raise WorkdirError(f"--out={out} cannot be written ({e.strerror or e})") from e
+
+
+def read_export(path: str) -> tuple[Any, dict, dict]:
+  """(model, variables, info) of an export file: the zoo model its JSON names, built
+  without adapters, and the variables its `apply` takes. The file's parameters must be
+  those of that model (ConfigError naming the first that is not)."""
+  pretrained = _load_export(path)
+  info = read_export_info(path)
+  try:
+    model = models.get(info["model"], num_classes=info["num_classes"], **info["options"])
+  except (TypeError, ValueError, KeyError) as e:
+    raise DataError(f"{path}{JSON_SUFFIX}: its model cannot be built ({e})") from e
+  sample = jnp.zeros([1] + list(info["input_shape"]), info["input_dtype"])
+  shapes = jax.eval_shape(lambda x: model.init({"params": jax.random.PRNGKey(0),
+                                                "dropout": jax.random.PRNGKey(0)},
+                                               x, train=False), sample)
+  expected_stats = shapes.get("batch_stats", {})
+  params, stats = initial_params(shapes["params"], expected_stats, pretrained, "export file")
+  variables = {"params": params, **({"batch_stats": stats} if jax.tree.leaves(stats) else {})}
+  return model, variables, info
