@@ -121,7 +121,7 @@ class SyncProgram(ProgramBase):
       # A stage's state is passed only when there is one (the call is otherwise unchanged).
       with_state = (agg_state,) if agg_state else ()
       sums, new_rows, stats = self.train_chunk(server, rows, self.data_x, self.data_y, cohort,
-                                               round_idx, *with_state)
+                                               round_idx, *with_state, frozen=self.frozen)
       if store is not None:
         store.scatter(packed.client_ids, packed.client_mask, new_rows)
       totals = (self._first_chunk(sums, stats) if totals is None else
@@ -159,7 +159,7 @@ class SyncProgram(ProgramBase):
 
   def eval_params(self, state):
     server = state["server"]
-    return self.reporter.eval_params(server), server.model_state
+    return self.whole(self.reporter.eval_params(server)), server.model_state
 
   def local_steps_done(self, round_idx: int) -> int:
     return (round_idx + 1) * self.num_steps

@@ -231,7 +231,8 @@ def run_options(config, plan: plan_lib.PlatformPlan) -> RunOptions:
                                  config.num_clients, config.seed),
       label_smoothing=config.label_smoothing, unroll=config.engine.unroll,
       clients_per_chunk=config.engine.clients_per_chunk, client_state_on_host=on_host,
-      augment=None, platform=plan, **registry.run_facts(config))
+      augment=None, platform=plan, trainable=config_lib.trainable_names(config),
+      **registry.run_facts(config))
 
 
 def record_options(config) -> RecordOptions:
