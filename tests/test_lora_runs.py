@@ -185,6 +185,7 @@ def test_the_frozen_base_is_an_argument_never_a_per_client_copy(data_dir, client
   assert not any(np.size(c) in sizes and np.ndim(c) == 2 for c in jaxpr.consts)
 
 
+@pytest.mark.slow  # two programs' compilations: about 35 s on two shared cores
 def test_chunked_rounds_equal_one_chunk(data_dir):
   results = []
   for per_chunk in (0, 3):
@@ -262,7 +263,7 @@ def test_averaging_a_and_b_is_not_averaging_ba_but_ffa_lora_is_exact(data_dir):
           {k: f"{v:.2e}" for k, v in errors.items()})
     assert errors
     if trainable == "lora":
-      # Measured: relative errors of a few percent on every adapted layer.
+      # Measured: 12 % to 48 % per layer after 4 local steps at rate 1; FFA-LoRA ~6e-8.
       assert min(errors.values()) > 1e-3, errors
     else:
       assert max(errors.values()) < 1e-5, errors
@@ -297,12 +298,13 @@ def _personal_config(data_dir, on_host):
   """FedPer over the trainable set "lora,Dense_0": the output layer shared and averaged, the
   block's adapters personal (each client's own, in the client store)."""
   c = lora_config(data_dir, algorithm="fedper", trainable="lora,Dense_0", rounds=4,
-                  local_test_fraction=0.0, per_client_eval="every", eval_every=2)
+                  local_test_fraction=0.25, per_client_eval="every", eval_every=2)
   c.fedper.personal_layers = "block_0"
   c.engine.client_state_on_host = on_host
   return c
 
 
+@pytest.mark.slow  # three runs each: about 90 s on two shared cores
 @pytest.mark.parametrize("on_host", [False, True])
 def test_personal_adapters_resume_exactly(data_dir, tmp_path, on_host):
   c = _personal_config(data_dir, on_host)
@@ -319,8 +321,9 @@ def test_personal_adapters_resume_exactly(data_dir, tmp_path, on_host):
   assert "client_test_accuracy/personal/mean" in records[0][-1]
   assert whole["num_frozen_parameters"] > whole["num_parameters"]
   # The personal adapters never travel: only the output layer is counted.
-  assert set(whole["comm_floats_up_per_layer"]) == {"Dense_0/kernel", "Dense_0/bias"} or all(
-      v == 0 for k, v in whole["comm_floats_up_per_layer"].items() if k.startswith("block_0"))
+  up = whole["comm_floats_up_per_layer"]
+  assert all(v == 0 for k, v in up.items() if k.startswith("block_0")), up
+  assert up["Dense_0/kernel"] > 0 and up["Dense_0/bias"] > 0
 
 
 def test_personal_adapters_live_in_the_store(data_dir):
