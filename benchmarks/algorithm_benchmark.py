@@ -93,10 +93,10 @@ class _Timed:
     train_chunk = getattr(program, "train_chunk", None)
     if train_chunk is not None:  # a synchronous program: keep its first call's arguments
 
-      def recorded(*args):
+      def recorded(*args, **kwargs):  # kwargs: a LoRA run's frozen base
         if self.first_args is None:
           self.first_args = args
-        return train_chunk(*args)
+        return train_chunk(*args, **kwargs)
 
       self.jitted, program.train_chunk = train_chunk, recorded
 

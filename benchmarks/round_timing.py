@@ -42,10 +42,10 @@ def build(config, dataset):
 
 def _recording(fn, box: list):
   """`fn`, keeping the arguments of its first call in `box` (for its compiled memory)."""
-  def recorded(*args):
+  def recorded(*args, **kwargs):  # kwargs: a LoRA run's frozen base
     if not box:
       box.append(args)
-    return fn(*args)
+    return fn(*args, **kwargs)
   return recorded
 
 

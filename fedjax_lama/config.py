@@ -133,6 +133,11 @@ def base_config() -> ml_collections.ConfigDict:
   # experiments.export. With the model option lora they are the base; the adapters start
   # fresh (B = 0).
   c.init_from = ""
+  # The parameters the run trains, aggregates and sends (models/lora.py `trainable_set`):
+  # "" is every parameter, or the adapters under model_options.lora; else comma-separated
+  # names: "lora", "lora_a", "lora_b" (FFA-LoRA: B only), "bias", "norm", layer names or
+  # globs ("Dense_0", "*/attention/*"). The rest stays frozen, one copy per device.
+  c.trainable = ""
   # Local training.
   c.rounds = 50
   c.local_steps = 10
@@ -305,13 +310,35 @@ def _check_options(c) -> None:
       raise ConfigError(f"config.model_options.{key} is not an option of config.model="
                         f"{c.model!r}; {closest(key, accepted)} (remove the others, e.g. "
                         f"use a config written for {c.model!r})")
-  if (c.get("model_options") or {}).get("lora") is not None:
-    # The engine trains every parameter; training only the trainable set (the adapters over
-    # a frozen shared base) is not wired in yet, and adapters trained with their base
-    # would only be a larger full fine-tuning.
-    raise ConfigError("config.model_options.lora is not accepted by runs yet: the engine "
-                      "does not train a trainable set; accepted: None (LoRA is available "
-                      "from the library, fedjax_lama.models.lora)")
+  _check_trainable(c)
+
+
+# ---- the trainable set (LoRA adapters over a frozen base, models/lora.py) ----------------
+def uses_lora(c) -> bool:
+  return (c.get("model_options") or {}).get("lora") is not None
+
+
+def trainable_names(c) -> str:
+  """The trainable set config.trainable declares: "lora" (the adapters) when it is "" under
+  config.model_options.lora, "" (every parameter) otherwise."""
+  given = c.get("trainable", "")
+  return given if given.strip() else ("lora" if uses_lora(c) else "")
+
+
+def _check_trainable(c) -> None:
+  """config.trainable: a string of names (the model's layers are only known once it is
+  built: a name that selects nothing stops there, listing them); runs on the simulated
+  clock train every parameter."""
+  given = c.get("trainable", "")
+  if not isinstance(given, str):
+    _fail("trainable", given, "a string: '' (the adapters under config.model_options.lora, "
+          "else every parameter) or comma-separated names: 'lora', 'lora_a', 'lora_b' "
+          "(FFA-LoRA), 'bias', 'norm', layer names or globs")
+  if (given.strip() or uses_lora(c)) and registry.runs_on_clock(c):
+    what = "config.model_options.lora" if uses_lora(c) else f"config.trainable={given!r}"
+    raise ConfigError(f"{what} is not accepted on the simulated clock (config.algorithm="
+                      f"{c.algorithm!r}), which trains every parameter; accepted: synchronous "
+                      f"rounds or the fedlama schedule")
 
 
 def validate(c: ml_collections.ConfigDict, num_classes: int | None = None) -> "Method":
@@ -418,7 +445,7 @@ MODE_FIELDS = {
         "finetune_steps", "finetune_lr", "finetune_layers",
         "weighting", "server_lr", "weight_decay", "local_lr_decay", "local_lr_warmup_steps",
         "local_lr_decay_steps", "local_lr_decay_factor", "validation_fraction", "compressor",
-        "engine.clients_per_chunk", "engine.client_state_on_host", "robust"),
+        "engine.clients_per_chunk", "engine.client_state_on_host", "robust", "trainable"),
     # A cohort drawn as a fraction of the clients (synchronous rounds, and FedAvg / FedProx
     # on the simulated clock); FedAT, TiFL, FedAsync and ASO-Fed set their own.
     "a cohort of config.active_ratio": ("client_sampling", "active_ratio"),

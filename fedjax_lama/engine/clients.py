@@ -96,14 +96,18 @@ class ClientPhase:
 
   def train(self, state: LocalState, ctx: ClientContext, data_x, data_y, cohort: Cohort, keys,
             step_offset, key_offset=0, *, reduce_group: Optional[Callable] = None, extras=None,
-            begins: bool = True):
+            begins: bool = True, frozen=None):
     """(final, stats) stacked over the clients; with `reduce_group(final, stats, ctx,
     extras) -> (kept, sums)`, each group of clients is handed to it as it finishes and
     (kept stacked over the clients, sums added) is returned (`local.vmap_clients`).
-    `begins`: these steps begin the clients' round (the personalized start applies)."""
+    `begins`: these steps begin the clients' round (the personalized start applies).
+    `frozen`: the parameters outside the trainable set (a LoRA run's base), one copy
+    broadcast to every client and read by the loss (`local.bind_frozen`); None or {}
+    when every parameter trains. The state's params are the trainable set."""
     batch = local.ClientBatch(cohort.indices, cohort.example_mask, cohort.step_mask, keys)
     return self._train[bool(begins)](state, ctx, data_x, data_y, batch, step_offset,
-                                     key_offset, reduce_group=reduce_group, extras=extras)
+                                     key_offset, reduce_group=reduce_group, extras=extras,
+                                     frozen=frozen)
 
   def info(self, stats: local.StepStats, cohort: Cohort, step_offset) -> ClientInfo:
     lr0 = jnp.broadcast_to(jnp.asarray(self.learning_rate(step_offset), jnp.result_type(float)),

@@ -16,8 +16,21 @@ from fedjax_lama.engine import plan as plan_lib
 from fedjax_lama.engine.algorithm import Algorithm, ClientContext, LocalState
 from fedjax_lama.tree import PyTree, tree_where
 
-# loss_fn(params, model_state, x, y, example_mask, key) -> (loss, (new_model_state, num_correct))
+# loss_fn(params, model_state, x, y, example_mask, key[, frozen])
+#   -> (loss, (new_model_state, num_correct))
+# `frozen`: the parameters that do not train (a LoRA run's base, models/lora.py), given to
+# a loss built over a trainable set (`make_loss_fn(..., merge=...)`); the engine passes it
+# only when it has leaves (`bind_frozen`), so a six-argument loss runs as it always did.
 LossFn = Callable[..., tuple[jax.Array, tuple[PyTree, jax.Array]]]
+
+
+def bind_frozen(loss_fn: LossFn, frozen: PyTree) -> LossFn:
+  """The six-argument loss of `loss_fn` over the trainable set with the frozen rest
+  `frozen`: `loss_fn` itself when `frozen` has no leaves (every parameter trains)."""
+  if not jax.tree.leaves(frozen):
+    return loss_fn
+  return lambda params, model_state, x, y, example_mask, key: loss_fn(
+      params, model_state, x, y, example_mask, key, frozen)
 
 
 def jit_training(fn: Callable, plan: Optional[plan_lib.PlatformPlan] = None,
@@ -114,8 +127,17 @@ def token_losses(logits: jax.Array, y: jax.Array, label_smoothing: float = 0.0) 
 
 
 def make_loss_fn(model, has_model_state: bool, label_smoothing: float = 0.0,
-                 pad_id: Optional[int] = None) -> LossFn:
+                 pad_id: Optional[int] = None, merge: Optional[Callable] = None,
+                 remat: bool = False) -> LossFn:
   """Masked mean cross-entropy of a flax module in training mode.
+
+  merge: (trainable, frozen) -> the model's parameters (models/lora.py
+  `TrainableSet.merge`): the loss then takes the trainable set as `params` and the frozen
+  rest as a seventh argument `frozen`, and merges them inside, so that a gradient is taken
+  over the trainable set alone and the frozen leaves are an input of the traced program
+  (never a per-client copy under the client vmap). None: `params` are the whole model.
+  remat: recompute the forward pass in the backward one (`jax.checkpoint` over the
+  loss) instead of keeping its activations (docs/performance.md, "LoRA").
 
   Labels y [B] (one class per example): the mean over real examples
   (example_mask), `num_correct` counts examples.
@@ -133,7 +155,9 @@ def make_loss_fn(model, has_model_state: bool, label_smoothing: float = 0.0,
   otherwise (Reddit's padded rows).
   """
 
-  def loss_fn(params, model_state, x, y, example_mask, key):
+  def loss_fn(params, model_state, x, y, example_mask, key, frozen=None):
+    if merge is not None:
+      params = merge(params, {} if frozen is None else frozen)
     variables = {"params": params, **({"batch_stats": model_state} if has_model_state else {})}
     rngs = {"dropout": key} if key is not None else {}
     if has_model_state:
@@ -158,7 +182,7 @@ def make_loss_fn(model, has_model_state: bool, label_smoothing: float = 0.0,
     correct = jnp.sum((jnp.argmax(logits, -1) == y) * example_mask)
     return loss, (new_state, correct)
 
-  return loss_fn
+  return jax.checkpoint(loss_fn) if remat else loss_fn
 
 
 def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
@@ -166,8 +190,10 @@ def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
                       augment: Optional[Callable[[jax.Array, jax.Array], jax.Array]] = None,
                       unroll: int | bool = 1, poison: Optional[Callable] = None,
                       begins: bool = True):
-  """Builds `client_train(state, ctx, data_x, data_y, batch, step_offset, key_offset=0)
-  -> (state, StepStats summed over steps)` for ONE client (`batch`: its ClientBatch).
+  """Builds `client_train(state, ctx, data_x, data_y, batch, step_offset, key_offset=0,
+  frozen=None) -> (state, StepStats summed over steps)` for ONE client (`batch`: its
+  ClientBatch). `frozen`: the parameters outside the trainable set (`bind_frozen`), read
+  by the loss and never moved; the state's params are the trainable set.
 
   With `begins` (a call that starts the client's round; False for the later spans of a
   round split into several calls, FedLAMA's sub-rounds), `algorithm.start` (the
@@ -196,8 +222,9 @@ def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
   start = algorithm.start if begins else None
 
   def client_train(state: LocalState, ctx: ClientContext, data_x, data_y, batch: ClientBatch,
-                   step_offset, key_offset=0):
+                   step_offset, key_offset=0, frozen=None):
     num_steps = batch.indices.shape[0]
+    bound_loss = bind_frozen(loss_fn, frozen)
     keys = jax.vmap(lambda s: jax.random.fold_in(batch.key, s))(
         key_offset + jnp.arange(num_steps))
 
@@ -216,7 +243,7 @@ def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
       def loss_at(params):
         # Step 0's batch exactly as step 0 trains on it (traced only if the start asks).
         x0, y0 = step_batch(batch.indices[0], keys[0])
-        return loss_fn(params, given.model_state, x0, y0, batch.example_mask[0], keys[0])[0]
+        return bound_loss(params, given.model_state, x0, y0, batch.example_mask[0], keys[0])[0]
 
       state = start(state, ctx, loss_at)
 
@@ -225,7 +252,7 @@ def make_client_train(loss_fn: LossFn, algorithm: Algorithm,
       idx, emask, smask, k, s = inp
       x, y = step_batch(idx, k)
       value_and_grad = jax.value_and_grad(
-          lambda p: loss_fn(p, carry.model_state, x, y, emask, k), has_aux=True)
+          lambda p: bound_loss(p, carry.model_state, x, y, emask, k), has_aux=True)
       (loss, (new_model_state, correct_count)), grads, opt_state = grad_oracle(
           value_and_grad, carry.params, ctx, carry.opt_state)
       direction, new_opt = local_tx.update(grads, opt_state, carry.params, ctx=ctx)
@@ -345,19 +372,21 @@ def vmap_clients(client_train, shared_per_client: bool = False, client_map: Opti
   afterwards.
   """
   state_axes = LocalState(0, 0, 0) if state_axes is None else state_axes
-  in_axes = (state_axes, context_axes(shared_per_client), None, None, 0, None, None)
+  # The training data, the offsets and the frozen parameters are broadcast: one copy for
+  # every client.
+  in_axes = (state_axes, context_axes(shared_per_client), None, None, 0, None, None, None)
   vmapped = jax.vmap(client_train, in_axes=in_axes)
 
   def vmapped_reduced(state, ctx, data_x, data_y, batch, step_offset, key_offset=0,
-                      reduce_group=None, extras=None):
-    out = vmapped(state, ctx, data_x, data_y, batch, step_offset, key_offset)
+                      reduce_group=None, extras=None, frozen=None):
+    out = vmapped(state, ctx, data_x, data_y, batch, step_offset, key_offset, frozen)
     return out if reduce_group is None else reduce_group(*out, ctx, extras)
 
   if resolve_client_map(client_map) == "vmap":
     return vmapped_reduced
 
   def scanned(state, ctx, data_x, data_y, batch, step_offset, key_offset=0, reduce_group=None,
-              extras=None):
+              extras=None, frozen=None):
     num = batch.indices.shape[0]
     # Fields every client shares are closed over, not scanned.
     common = state._replace(**{f: None for f, a in zip(state._fields, state_axes) if a == 0})
@@ -366,7 +395,7 @@ def vmap_clients(client_train, shared_per_client: bool = False, client_map: Opti
     one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype),
                                  mapped[:-1])
     rest = jax.tree.map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)),
-                                  (data_x, data_y, step_offset, key_offset))
+                        (data_x, data_y, step_offset, key_offset, frozen))
 
     def with_common(st):
       return LocalState(*(c if a is None else o for c, o, a in zip(common, st, state_axes)))
@@ -374,15 +403,15 @@ def vmap_clients(client_train, shared_per_client: bool = False, client_map: Opti
     def with_shared(cx):
       return cx if shared_per_client else cx._replace(shared=ctx.shared)
 
-    def one_client(st, cx, bt, dx, dy, so, ko):
-      return client_train(with_common(st), with_shared(cx), dx, dy, bt, so, ko)
+    def one_client(st, cx, bt, dx, dy, so, ko, fz):
+      return client_train(with_common(st), with_shared(cx), dx, dy, bt, so, ko, fz)
 
     client_jaxpr, client_out = jax.make_jaxpr(one_client, return_shape=True)(*one, *rest)
     width = scan_group(num, _jaxpr_bytes(client_jaxpr.jaxpr), budget=scan_group_bytes,
                        devices=devices)
     if width >= num:
       return vmapped_reduced(state, ctx, data_x, data_y, batch, step_offset, key_offset,
-                             reduce_group, extras)
+                             reduce_group, extras, frozen)
     split = lambda a: jnp.swapaxes(a.reshape((width, num // width) + a.shape[1:]), 0, 1)
     merge = lambda a: jnp.swapaxes(a, 0, 1).reshape((num,) + a.shape[2:])
 
@@ -393,10 +422,11 @@ def vmap_clients(client_train, shared_per_client: bool = False, client_map: Opti
         # One client per iteration: no vmap at all, so convolutions keep their plain
         # (ungrouped) form, the one XLA:CPU runs fast inside loops (fedjax_lama/kernels).
         one = jax.tree.map(lambda a: a[0], (st, cx, bt))
-        out = one_client(*one, data_x, data_y, step_offset, key_offset)
+        out = one_client(*one, data_x, data_y, step_offset, key_offset, frozen)
         out = jax.tree.map(lambda a: a[None], out)
       else:
-        out = vmapped(with_common(st), group_ctx, data_x, data_y, bt, step_offset, key_offset)
+        out = vmapped(with_common(st), group_ctx, data_x, data_y, bt, step_offset, key_offset,
+                      frozen)
       return (out, None) if reduce_group is None else reduce_group(*out, group_ctx, ex)
 
     def body(sums, xs):

@@ -183,6 +183,11 @@ class PersonalEvaluator:
     finetune_frozen: params -> a params-shaped tree of Python bools, True on the leaves
       fine-tuning leaves alone (engine.algorithm.freeze; the head-only fine-tuning of
       FedBABU freezes the body); None: fine-tuning moves every leaf.
+    trainable: the run's trainable set (models/lora.py `TrainableSet`; None: every
+      parameter trains). The model's parameters given to the evaluator are then split
+      once: the algorithm's serve, its rows, loss_fn and fine-tuning work on the trainable
+      set, and each personal model is evaluated merged with the frozen rest, which every
+      client of a chunk reads from one broadcast copy.
   """
 
   def __init__(self, eval_fn, mesh, *, test_x, test_y, test_parts, clients_per_chunk: int,
@@ -191,7 +196,7 @@ class PersonalEvaluator:
                finetune_lr: float = 0.0, batch_size: int = 1, seed: int = 0,
                unroll: int = 1, eval_batch_size: Optional[int] = None,
                max_padding: float = MAX_PADDING, max_widths: int = MAX_WIDTHS,
-               finetune_frozen: Optional[Callable] = None):
+               finetune_frozen: Optional[Callable] = None, trainable=None):
     if finetune_steps < 0:
       raise ValueError(f"finetune_steps={finetune_steps!r}; accepted: an integer >= 0")
     if finetune_steps and (loss_fn is None or train_parts is None):
@@ -225,28 +230,32 @@ class PersonalEvaluator:
     else:
       client_train = None
     self.has_personal_model = serve is not None or self.finetune_steps > 0
+    self.trainable = trainable
+    whole = (lambda p, frozen: p) if trainable is None else trainable.merge
 
-    def one_client(params, model_state, server, row, test_x, test_y, indices, mask, train_x,
-                   train_y, batch, num_examples, client_id, own_indices, own_mask):
+    def one_client(params, frozen, model_state, server, row, test_x, test_y, indices, mask,
+                   train_x, train_y, batch, num_examples, client_id, own_indices, own_mask):
       if serve is None:
         own, own_state = params, model_state
       else:
         def loss_at(candidate):
           # The mean loss over the client's training part (traced only if serve asks).
-          loss, _, count = _example_outcomes(eval_fn, candidate, server.model_state, train_x,
-                                             train_y, own_indices, own_mask)
+          loss, _, count = _example_outcomes(eval_fn, whole(candidate, frozen),
+                                             server.model_state, train_x, train_y,
+                                             own_indices, own_mask)
           return jnp.sum(loss) / jnp.maximum(jnp.sum(count), 1.0)
         own, own_state = serve(server, row, loss_at)
       if client_train is not None:
         ctx = ClientContext({"params": own}, row, num_examples, client_id)
         final, _ = client_train(LocalState(own, own_state, tuner.local.init_state(ctx)), ctx,
-                                train_x, train_y, batch, 0)
+                                train_x, train_y, batch, 0, frozen=frozen)
         own, own_state = final.params, final.model_state
-      return _example_outcomes(eval_fn, own, own_state, test_x, test_y, indices, mask)
+      return _example_outcomes(eval_fn, whole(own, frozen), own_state, test_x, test_y,
+                               indices, mask)
 
-    def chunk_fn(params, model_state, server, rows, test_x, test_y, indices, mask, train_x,
-                 train_y, batch, num_examples, client_ids, own_indices, own_mask):
-      per_client = lambda *a: one_client(params, model_state, server, *a)
+    def chunk_fn(params, frozen, model_state, server, rows, test_x, test_y, indices, mask,
+                 train_x, train_y, batch, num_examples, client_ids, own_indices, own_mask):
+      per_client = lambda *a: one_client(params, frozen, model_state, server, *a)
       return jax.vmap(per_client, in_axes=(0, None, None, 0, 0, None, None, 0, 0, 0, 0, 0))(
           rows, test_x, test_y, indices, mask, train_x, train_y, batch, num_examples,
           client_ids, own_indices, own_mask)
@@ -323,6 +332,9 @@ class PersonalEvaluator:
     if serves and server is None:
       raise ValueError("this evaluator serves each client its own model: pass the server state")
     test_x, test_y = self._test_on_mesh()
+    # The trainable set (what serve and fine-tuning move) and the frozen rest.
+    own_params, frozen = (self.trainable.split(params) if self.trainable is not None
+                          else (params, {}))
     sums = [np.zeros(self.num_clients) for _ in ClientSums._fields]
     for ids, real, width in self.layout:
       indices, mask = self.indices[ids, :width], self.mask[ids, :width]
@@ -342,8 +354,8 @@ class PersonalEvaluator:
       reads_train = self.finetunes or (serves and self._serve_reads_loss)
       train_x, train_y = self._train_data() if reads_train else (None, None)
       outcomes = jax.device_get(self._chunk(
-          params, model_state, server if serves else None, rows, test_x, test_y, *mapped[:2],
-          train_x, train_y, *mapped[2:]))
+          own_params, frozen, model_state, server if serves else None, rows, test_x, test_y,
+          *mapped[:2], train_x, train_y, *mapped[2:]))
       # Each client's examples in order, summed as evaluate_parts sums them.
       sizes = self.mask[ids[:real]].sum(axis=1).astype(np.int64)
       first = np.arange(width)[None, :] < sizes[:, None]

@@ -1,7 +1,7 @@
 """One synchronous round of any algorithm, as the two jitted pieces every round program shares.
 
-    sums, rows, stats = train_chunk(server, rows, data, cohort, round[, agg_state])  # per chunk
-    server = server_update(server, sums added over the chunks[, agg_state])          # once
+    sums, rows, stats = train_chunk(server, rows, data, cohort, round[, agg_state, frozen])
+    server = server_update(server, sums added over the chunks[, agg_state])      # once
 
 `train_chunk` runs the clients (engine/clients.py's ClientPhase), applies the run's
 aggregation chain to their uploads (the uplink codec, then the chain's client part) and
@@ -47,7 +47,9 @@ def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, learning_rate: C
   alone); its state, `aggregation.RoundAggregation.init`, is passed
   as `agg_state` to both functions. server_update(server, sums) gives the new server state;
   server_update(server, sums, agg_state, round_idx) gives (server, agg_state, scalars); the
-  round index keys the stages' server-side draws. poison: a data attack on the clients'
+  round index keys the stages' server-side draws. `frozen` (train_chunk's last argument):
+  the parameters outside the trainable set, which the server state's params are (a LoRA
+  run's base, models/lora.py; engine/clients.py `ClientPhase.train`). poison: a data attack on the clients'
   batches inside the local step (local.make_client_train).
   """
   phase = ClientPhase(loss_fn, algorithm, learning_rate, unroll=unroll,
@@ -57,7 +59,7 @@ def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, learning_rate: C
                                      name=name)
 
   def train_chunk(server: ServerState, rows, data_x, data_y, cohort: Cohort, round_idx,
-                  agg_state=None):
+                  agg_state=None, frozen=None):
     num = cohort.indices.shape[0]
     ctx = client_contexts(algorithm.shared(server), rows, cohort)
     state = fresh_states(algorithm, ctx, server.model_state, num, batched=False)
@@ -81,7 +83,7 @@ def make_round_fns(loss_fn: local.LossFn, algorithm: Algorithm, learning_rate: C
     per_client = cohort._replace(indices=None, example_mask=None, step_mask=None)
     (rows, stats, stacks), sums = phase.train(state, ctx, data_x, data_y, cohort, keys,
                                               step_offset, reduce_group=finish_and_reduce,
-                                              extras=(per_client, weights))
+                                              extras=(per_client, weights), frozen=frozen)
     return sums._replace(stacks=stacks), rows, stats
 
   def server_update(server: ServerState, sums: ChunkSums, agg_state=None, round_idx=0):

@@ -6,6 +6,7 @@ import math
 
 import jax
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 import jax.numpy as jnp
 
 from fedjax_lama.kernels import shapes
@@ -59,17 +60,26 @@ def _small_kernel_dot(x: Array, kernel: Array) -> Array:
   return x @ kernel
 
 
-def _small_kernel_dot_fwd(x: Array, kernel: Array):
-  return x @ kernel, (x, kernel)
+# Both products take symbolic zeros: a kernel that is not differentiated (a LoRA run's
+# frozen base, models/lora.py) gets no gradient, and its input x is not kept for one.
+# Without it the backward pass computed every frozen kernel's gradient for nothing, per
+# client under the client vmap, behind optimization barriers XLA does not remove.
+def _small_kernel_dot_fwd(x, kernel):
+  x, kernel, wanted = x.value, kernel.value, kernel.perturbed
+  return x @ kernel, (x if wanted else None, kernel)
 
 
 def _small_kernel_dot_bwd(residuals, dy: Array):
   x, kernel = residuals
-  dkernel = lax.optimization_barrier(lax.optimization_barrier(dy.T) @ x).T
+  if isinstance(dy, SymbolicZero):
+    return None, None
+  dkernel = None
+  if x is not None:
+    dkernel = lax.optimization_barrier(lax.optimization_barrier(dy.T) @ x).T
   return dy @ kernel.T, dkernel
 
 
-_small_kernel_dot.defvjp(_small_kernel_dot_fwd, _small_kernel_dot_bwd)
+_small_kernel_dot.defvjp(_small_kernel_dot_fwd, _small_kernel_dot_bwd, symbolic_zeros=True)
 
 
 @jax.custom_vjp
@@ -81,18 +91,26 @@ def _wide_kernel_dot(x: Array, kernel: Array) -> Array:
   optimization barriers so XLA keeps these operand orders, the products ran 1.3x and 2x
   faster (benchmarks/conv/RULES.md). The kernel's gradient x^T dy is left as XLA makes it.
   """
-  return _wide_kernel_dot_fwd(x, kernel)[0]
+  return _wide_product(x, kernel)
 
 
-def _wide_kernel_dot_fwd(x: Array, kernel: Array):
+def _wide_product(x: Array, kernel: Array) -> Array:
   x_t = lax.optimization_barrier(x.T)
-  return lax.dot_general(kernel, x_t, (((0,), (0,)), ((), ()))).T, (x, kernel)
+  return lax.dot_general(kernel, x_t, (((0,), (0,)), ((), ()))).T
+
+
+def _wide_kernel_dot_fwd(x, kernel):
+  wanted = kernel.perturbed
+  x, kernel = x.value, kernel.value
+  return _wide_product(x, kernel), (x if wanted else None, kernel)
 
 
 def _wide_kernel_dot_bwd(residuals, dy: Array):
   x, kernel = residuals
+  if isinstance(dy, SymbolicZero):
+    return None, None
   dx = lax.optimization_barrier(kernel @ lax.optimization_barrier(dy.T)).T
-  return dx, x.T @ dy
+  return dx, (x.T @ dy if x is not None else None)
 
 
-_wide_kernel_dot.defvjp(_wide_kernel_dot_fwd, _wide_kernel_dot_bwd)
+_wide_kernel_dot.defvjp(_wide_kernel_dot_fwd, _wide_kernel_dot_bwd, symbolic_zeros=True)

@@ -133,6 +133,10 @@ class TransformerLM(nn.Module):
   tied_output: bool = False
   init_style: str = "flax"
   dense: Any = param_layers.Dense
+  # Rematerialise each block (`nn.remat`, jax.checkpoint): the backward pass recomputes a
+  # block's activations from its input instead of keeping them, so a step holds one
+  # block's activations at a time plus every block's input (docs/performance.md, "LoRA").
+  remat: bool = False
 
   @nn.compact
   def __call__(self, x: Array, train: bool = False) -> Array:
@@ -148,8 +152,9 @@ class TransformerLM(nn.Module):
                          name="position_embed")
     h = tokens(x) + positions(jnp.arange(x.shape[1]))[None]
     h = nn.Dropout(self.dropout)(h, deterministic=not train)
+    block = nn.remat(Block, static_argnums=(2,)) if self.remat else Block
     for i in range(self.depth):
-      h = Block(self.width, self.heads, self.mlp_ratio, self.dropout, self.init_style,
+      h = block(self.width, self.heads, self.mlp_ratio, self.dropout, self.init_style,
                 self.dense, name=f"block_{i}")(h, train)
     h = nn.LayerNorm(epsilon=LAYER_NORM_EPSILON, name="final_norm")(h)
     if self.tied_output:

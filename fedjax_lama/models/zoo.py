@@ -99,7 +99,7 @@ def _lstm_lm(num_classes, vocab_size, embed_size, hidden_size, dropout, num_laye
 
 
 def _transformer_lm(num_classes, vocab_size, width, depth, heads, mlp_ratio, max_len,
-                    dropout, tied_output, init_style, **ops):
+                    dropout, tied_output, init_style, remat, **ops):
   vocab_size = num_classes if vocab_size is None else vocab_size
   for option, value in (("vocab_size", vocab_size), ("width", width), ("depth", depth),
                         ("heads", heads), ("mlp_ratio", mlp_ratio), ("max_len", max_len)):
@@ -112,8 +112,10 @@ def _transformer_lm(num_classes, vocab_size, width, depth, heads, mlp_ratio, max
     raise ValueError(f"model 'transformer_lm': tied_output=True reads the logits from the "
                      f"token embedding, so vocab_size={vocab_size} must equal the number "
                      f"of classes {num_classes}")
+  _choice("transformer_lm", "remat", remat, (True, False))
   return transformer.TransformerLM(num_classes, vocab_size, width, depth, heads, mlp_ratio,
-                                   max_len, dropout, tied_output, init_style, ops["dense"])
+                                   max_len, dropout, tied_output, init_style, ops["dense"],
+                                   remat)
 
 
 def _lenet(variant):
@@ -191,7 +193,8 @@ _MODELS: dict[str, _Entry] = {
     "transformer_lm": _Entry(
         _transformer_lm,
         {"vocab_size": None, "width": 128, "depth": 4, "heads": 4, "mlp_ratio": 4,
-         "max_len": 80, "dropout": 0.0, "tied_output": False, "init_style": "flax"},
+         "max_len": 80, "dropout": 0.0, "tied_output": False, "init_style": "flax",
+         "remat": False},
         "decoder-only pre-LayerNorm transformer LM; 81 characters, max_len 80, untied: "
         + ", ".join(f"{name} {transformer.parameter_count(81, **size):,}"
                     for name, size in transformer.SIZES.items())

@@ -106,6 +106,7 @@ class FedLamaProgram(ProgramBase):
           f"config.local_epochs={opts.local_epochs} is not accepted with the fedlama schedule "
           "(intervals are counted in local steps: config.fedlama.base_interval); accepted: 0")
     super().__init__(opts, algorithm, model, params, model_state, fed, mesh)
+    params = self.params  # the trainable set: the layers the schedule synchronises
     self.phi, self.rule = int(fl.phi), fl.interval_rule
     self.unit = sel.interval_unit(fl.base_interval, self.phi, self.rule)
     self.window_steps = sel.window_length(fl.base_interval, self.phi, self.rule)
@@ -216,9 +217,10 @@ class FedLamaProgram(ProgramBase):
     return jax.tree.unflatten(self.params_def, leaves)
 
   def _window(self, state: FedLamaState, rows, agg_state, data_x, data_y,
-              cohorts: cohort_lib.Cohort, window):
+              cohorts: cohort_lib.Cohort, window, frozen):
     """cohorts: leaves [phi, C, unit, ...] (client fields [phi, C]). agg_state: the run
-    stage's state, updated at every sub-round that synchronises some layer."""
+    stage's state, updated at every sub-round that synchronises some layer. frozen: the
+    parameters outside the trainable set (ProgramBase), broadcast to every slot."""
     fl, alg = self.fl, self.algorithm
     mult = state.multipliers
     intervals = (mult * self.unit).astype(jnp.float32)
@@ -245,7 +247,7 @@ class FedLamaProgram(ProgramBase):
       # (Algorithm.start) puts their own layers in (every layer synchronised at the last
       # window's end, so the others are the server's).
       slots, st = self.phase.train(slots, ctx, data_x, data_y, c, keys, step0, key_offset,
-                                   begins=r == 0)
+                                   begins=r == 0, frozen=frozen)
       stats_sum = stats_sum + jnp.stack([jnp.sum(st.loss_sum), jnp.sum(st.correct),
                                          jnp.sum(st.count), 0.0])
       since_steps = since_steps + st.steps[:, None]
@@ -369,7 +371,7 @@ class FedLamaProgram(ProgramBase):
     counts_before = np.asarray(fstate.sync_counts)
     agg_state = state.get("aggregation", {})
     fstate, rows, agg_state, stats, _, _, scalars = self.window_fn(
-        fstate, rows, agg_state, self.data_x, self.data_y, cohorts, window)
+        fstate, rows, agg_state, self.data_x, self.data_y, cohorts, window, self.frozen)
     if store is not None:
       store.scatter(ids, mask, rows)
     stats = np.asarray(stats)
@@ -417,7 +419,7 @@ class FedLamaProgram(ProgramBase):
 
   def eval_params(self, state):
     server = state["fedlama"].server
-    return self.reporter.eval_params(server), server.model_state
+    return self.whole(self.reporter.eval_params(server)), server.model_state
 
   def server_state(self, state):
     return state["fedlama"].server

@@ -11,22 +11,25 @@ Programs take typed options (`RunOptions`), never a config: the training entry p
 builds them.
 """
 import dataclasses
+import hashlib
 from typing import Callable, NamedTuple, Optional
 
 import jax
 import numpy as np
 import optax
 
-from fedjax_lama import compression
+from fedjax_lama import compression, errors
 from fedjax_lama import data as fdata
 from fedjax_lama import federation
 from fedjax_lama.algorithms.common import ONE_STEP_KINDS
-from fedjax_lama.engine import aggregation, client_store, evaluate, local
+from fedjax_lama.engine import aggregation, client_store, evaluate, local, sharding
 from fedjax_lama.engine import plan as plan_lib
 from fedjax_lama.engine import stages
 from fedjax_lama.engine import cohort as cohort_lib
 from fedjax_lama.engine import traffic as traffic_lib
 from fedjax_lama.engine.algorithm import report_model
+from fedjax_lama.models import lora
+from fedjax_lama.tree import leaf_paths
 
 
 class RoundOutput(NamedTuple):
@@ -117,6 +120,10 @@ class RunOptions:
   # on the malicious clients' examples, robust_stage.with_poison): poison(x, y, indices,
   # client_id) -> (x, y); None: the clients train on their data as it is.
   poison: Optional[Callable] = None
+  # The trainable set (models/lora.py `trainable_set`: config.trainable, "lora" by default
+  # under config.model_options.lora): the parameters the algorithm trains, aggregates and
+  # sends; the rest is frozen, one copy per device (`ProgramBase`). "": every parameter.
+  trainable: str = ""
 
   def __post_init__(self):
     if self.one_step is not None and self.one_step not in ONE_STEP_KINDS:
@@ -165,6 +172,16 @@ def pack(opts: RunOptions, fed, ids, round_idx: int, num_clients_padded: int,
                           packed.num_examples.astype(np.float32))
 
 
+def trainable_part(names: str, params) -> Optional[lora.TrainableSet]:
+  """The trainable set `names` declares on `params` (models/lora.py `trainable_set`; a
+  name that selects nothing stops with one line naming config.trainable and the model's
+  layers); None when every parameter trains ("", or names that select every leaf)."""
+  if not names:
+    return None
+  chosen = lora.trainable_set(params, names, field="config.trainable")
+  return None if all(chosen.mask) else chosen
+
+
 def with_steps(opts: RunOptions, steps: int) -> RunOptions:
   """The same run in steps mode with `steps` local steps (FedLAMA packs windows so)."""
   return dataclasses.replace(opts, local_steps=steps, local_epochs=0)
@@ -193,7 +210,13 @@ class Reporter:
 
 class ProgramBase:
   """What every round program shares, built by one constructor: the run's options,
-  algorithm, federation and mesh; the model's loss and evaluation; the algorithm's report
+  algorithm, federation and mesh; the trainable set and the frozen rest of the model's
+  parameters (`opts.trainable`): `params` are the trainable set, which the algorithm
+  trains, aggregates and sends (its "params" everywhere: server optimizers, control
+  variates, rows, DP, defences, codecs, FedLAMA's layers), and `frozen` the rest,
+  replicated once per device and handed to the jitted training as an argument, never
+  per client (`whole(params)` puts them back together for evaluation); the model's loss
+  and evaluation; the algorithm's report
   (`Reporter`), traffic and per-client row template; the aggregation of its uploads with the
   run's chain (`RoundAggregation`, which refuses an algorithm the chain cannot wrap before any
   training) and the chain's uplink codec with the bits one client sends; the per-client store
@@ -207,13 +230,20 @@ class ProgramBase:
 
   def __init__(self, opts: RunOptions, algorithm, model, params, model_state, fed, mesh):
     self.opts, self.algorithm, self.fed, self.mesh = opts, algorithm, fed, mesh
+    self.trainable = trainable_part(opts.trainable, params)
+    frozen = {}
+    if self.trainable is not None:
+      params, frozen = self.trainable.split(params)
+    self.frozen = sharding.replicate(frozen, mesh) if frozen else {}
     self.params, self.model_state = params, model_state
     self.has_state = bool(jax.tree.leaves(model_state))
     self.plan = platform_plan(opts)
     self.eval_every = opts.eval_every
     self.reporter = Reporter(algorithm.server.report)
     # Also fine-tunes personal models before evaluation.
-    self.loss_fn = local.make_loss_fn(model, self.has_state, opts.label_smoothing)
+    self.loss_fn = local.make_loss_fn(
+        model, self.has_state, opts.label_smoothing,
+        merge=self.trainable.merge if self.trainable is not None else None)
     self.eval_fn = evaluate.make_eval_fn(model, self.has_state)
     self.row_template = algorithm.row_init(params) if algorithm.row_init is not None else {}
     self.traffic = traffic_lib.traffic(algorithm, algorithm.server.init(params, model_state),
@@ -225,6 +255,12 @@ class ProgramBase:
     codec = self.aggregation.codec
     self.compressor = codec if codec is not None else compression.identity()
     self.bits_up_per_client = traffic_lib.uplink_bits(self.traffic, self.compressor)
+
+  def whole(self, params):
+    """The model's parameters: the trainable set `params` with the frozen rest (no copy)."""
+    if self.trainable is None:
+      return params
+    return self.trainable.merge(params, self.frozen)
 
   def _new_store(self, row_template):
     """A store whose rows all start as the template; its rows for the initial state ({},
@@ -258,8 +294,29 @@ class ProgramBase:
     """The ServerState of `state`, which per-client evaluation hands the algorithm's serve."""
     return state["server"]
 
+  # A checkpoint holds the trainable set; the frozen rest is derived again from the config
+  # (the model's initialisation from config.seed) when a run resumes. Its digest, written
+  # beside the checkpoint, says whether it is the one the run trained on.
+  FROZEN_DIGEST = "frozen_sha256"
+
+  def frozen_digest(self) -> str:
+    if getattr(self, "_frozen_digest", None) is None:
+      digest = hashlib.sha256()
+      for path, leaf in zip(leaf_paths(self.frozen), jax.device_get(jax.tree.leaves(
+          self.frozen))):
+        leaf = np.ascontiguousarray(leaf)
+        digest.update(("/".join(path) + str(leaf.dtype) + str(leaf.shape)).encode())
+        digest.update(leaf.tobytes())
+      self._frozen_digest = digest.hexdigest()
+    return self._frozen_digest
+
   def host_state(self) -> dict:
-    return {}
+    return {self.FROZEN_DIGEST: self.frozen_digest()} if self.frozen else {}
 
   def load_host_state(self, d: dict) -> None:
-    del d
+    given = d.get(self.FROZEN_DIGEST)
+    if given is not None and given != self.frozen_digest():
+      raise errors.ConfigError(
+          "the checkpoint's frozen parameters (the base under the trainable set, "
+          "config.trainable) are not the ones this config derives (config.seed, the model "
+          "and its options); accepted: the config the run was started with")

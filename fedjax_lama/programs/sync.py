@@ -118,10 +118,12 @@ class SyncProgram(ProgramBase):
       packed = pack(self.opts, self.fed, group, round_idx, self.chunk_size, self.num_steps)
       cohort = sharding.shard_clients(packed, self.mesh)
       rows = store.gather(packed.client_ids) if store is not None else {}
-      # A stage's state is passed only when there is one (the call is otherwise unchanged).
+      # A stage's state and the frozen parameters are passed only when there are some (the
+      # call is otherwise unchanged).
       with_state = (agg_state,) if agg_state else ()
+      with_frozen = {"frozen": self.frozen} if self.frozen else {}
       sums, new_rows, stats = self.train_chunk(server, rows, self.data_x, self.data_y, cohort,
-                                               round_idx, *with_state)
+                                               round_idx, *with_state, **with_frozen)
       if store is not None:
         store.scatter(packed.client_ids, packed.client_mask, new_rows)
       totals = (self._first_chunk(sums, stats) if totals is None else
@@ -159,7 +161,7 @@ class SyncProgram(ProgramBase):
 
   def eval_params(self, state):
     server = state["server"]
-    return self.reporter.eval_params(server), server.model_state
+    return self.whole(self.reporter.eval_params(server)), server.model_state
 
   def local_steps_done(self, round_idx: int) -> int:
     return (round_idx + 1) * self.num_steps

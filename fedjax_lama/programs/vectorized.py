@@ -73,6 +73,10 @@ class VectorizedSyncProgram(ProgramBase):
         raise ValueError(f"run {i} differs from run 0 in "
                          f"{differ or 'the learning rate decay or sampling'}; vectorized runs "
                          "may differ only in seed and local learning rate")
+    if base.trainable:
+      raise ValueError(f"RunOptions.trainable={base.trainable!r}: vectorized runs train every "
+                       "parameter (each run's frozen base would be its own); run them one by "
+                       "one")
     super().__init__(base, algorithm, model, params_list[0], model_state_list[0], feds[0],
                      mesh)
     self.opts_list, self.feds = list(opts_list), feds

@@ -19,6 +19,8 @@ def _vectorizable(specs) -> bool:
     return False
   if any(s.records.local_test_fraction > 0 for s in specs):
     return False  # personal models and fine-tuning are evaluated by each run's own program
+  if any(s.options.trainable for s in specs):
+    return False  # each seed's frozen base is its own (models/lora.py): one program per run
   ignore = set(VECTORIZABLE_FIELDS) | set(workdir_lib.RESUMABLE_CHANGES)
   same = lambda s: {k: v for k, v in s.records.config_json.items() if k not in ignore}
   return all(same(s) == same(specs[0]) for s in specs[1:])

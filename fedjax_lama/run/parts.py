@@ -17,6 +17,7 @@ from fedjax_lama import data as fdata
 from fedjax_lama import federation, models, progress, rng
 from fedjax_lama.data import augment
 from fedjax_lama.engine import local, sharding, traffic as traffic_lib
+from fedjax_lama.models import lora
 from fedjax_lama.errors import ConfigError
 from fedjax_lama.privacy import dp_options, dp_stage as privacy_stage
 from fedjax_lama.programs.fedlama import FedLamaProgram
@@ -190,6 +191,9 @@ def build_model(model_spec, dataset, kernels: str):
   sample = jnp.asarray(dataset.train_x[:1])
   key = rng.root_key(model_spec.seed)
   variables = model.init({"params": key, "dropout": key}, sample, train=False)
+  adapters = lora.LoRA.parse(options.get("lora"), "config.model_options.lora")
+  if adapters is not None:  # every target adapts a layer, else one line listing them
+    lora.check_targets(adapters, variables["params"], "config.model_options.lora.targets")
   return model, variables["params"], variables.get("batch_stats", {})
 
 
@@ -228,21 +232,29 @@ def program(spec, parts: Parts, mesh=None):
   if mesh is None:
     mesh = client_mesh(opts.batch_size, parts, chunk_cap(opts))
   algorithm = spec.algorithm.build(fed.num_clients, float(np.mean(fed.client_sizes)))
-  if spec.records.privacy is not None:  # what the noise covers, before any training
-    privacy_stage.check_federation(spec.records.privacy, fed.num_clients)
-    privacy_stage.check_layer_split(spec.records.privacy, parts.params)
-    row = algorithm.row_init(parts.params) if algorithm.row_init is not None else {}
-    uploads = traffic_lib.traffic(
-        algorithm, algorithm.server.init(parts.params, parts.model_state), row)
-    privacy_stage.check_uploads(uploads.upload_shapes, spec.records.algorithm,
-                                algorithm.aggregations_for(uploads.upload_shapes))
-    privacy_stage.check_model_state(parts.model_state, spec.model.name)
-    # What the noise does to the averaged update, before the first round: a setting whose
-    # noise outweighs any update says so here rather than in a loss that grows for hours.
-    progress.info("%s", dp_options.noise_statement(
-        spec.records.privacy, sum(int(np.size(x)) for x in jax.tree.leaves(parts.params))))
   fedlama = spec.algorithm.selection.fedlama
   if fedlama is not None:
-    return FedLamaProgram(opts, fedlama, algorithm, parts.model, parts.params, parts.model_state,
-                          fed, mesh)
-  return SyncProgram(opts, algorithm, parts.model, parts.params, parts.model_state, fed, mesh)
+    built = FedLamaProgram(opts, fedlama, algorithm, parts.model, parts.params,
+                           parts.model_state, fed, mesh)
+  else:
+    built = SyncProgram(opts, algorithm, parts.model, parts.params, parts.model_state, fed,
+                        mesh)
+  if spec.records.privacy is not None:  # what the noise covers, before any training
+    # The program's params: the trainable set, what the clients send and the noise covers.
+    check_privacy(spec, algorithm, fed, built.params, parts.model_state)
+  return built
+
+
+def check_privacy(spec, algorithm, fed, params, model_state) -> None:
+  """DP's checks of the run (config.privacy) on the parameters the clients send."""
+  privacy_stage.check_federation(spec.records.privacy, fed.num_clients)
+  privacy_stage.check_layer_split(spec.records.privacy, params)
+  row = algorithm.row_init(params) if algorithm.row_init is not None else {}
+  uploads = traffic_lib.traffic(algorithm, algorithm.server.init(params, model_state), row)
+  privacy_stage.check_uploads(uploads.upload_shapes, spec.records.algorithm,
+                              algorithm.aggregations_for(uploads.upload_shapes))
+  privacy_stage.check_model_state(model_state, spec.model.name)
+  # What the noise does to the averaged update, before the first round: a setting whose
+  # noise outweighs any update says so here rather than in a loss that grows for hours.
+  progress.info("%s", dp_options.noise_statement(
+      spec.records.privacy, sum(int(np.size(x)) for x in jax.tree.leaves(params))))

@@ -32,7 +32,8 @@ def train_rounds(spec, parts: parts_lib.Parts, workdir: str, extended: Optional[
                  stop_after_round: Optional[int]) -> dict:
   """Synchronous rounds (FedLAMA's schedule included) of the round program, recorded."""
   program = parts_lib.program(spec, parts)
-  run = records_lib.Run(spec.records, workdir, program, parts.fed, parts.params)
+  # The program's params: the trainable set, what travels and is counted (models/lora.py).
+  run = records_lib.Run(spec.records, workdir, program, parts.fed, program.params)
   state = run.restore(program.init_state(), extended_from=extended)
   try:
     for round_idx in range(run.start_round, program.num_rounds):

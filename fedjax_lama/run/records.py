@@ -393,7 +393,8 @@ def make_personal_evaluator(options, program, fed, eval_batch_size: Optional[int
   return personal_eval.PersonalEvaluator(
       program.eval_fn, program.mesh, test_x=test_x, test_y=test_y, test_parts=fed.client_test,
       clients_per_chunk=max(1, eval_batch_size // width), eval_batch_size=eval_batch_size,
-      serve=algorithm.serve if algorithm is not None else None, **finetune)
+      serve=algorithm.serve if algorithm is not None else None,
+      trainable=getattr(program, "trainable", None), **finetune)
 
 
 def finetune_frozen(layers: str):
@@ -442,6 +443,9 @@ def _summary(options, records, ledger, program, state, wall_seconds) -> dict:
       **ledger.totals(), "comm_floats_up_per_layer": dict(zip(ledger.names, ledger.up.tolist())),
       "comm_floats_down_per_layer": dict(zip(ledger.names, ledger.down.tolist())),
   }
+  frozen = getattr(program, "frozen", {})
+  if jax.tree.leaves(frozen):  # the base under a trainable set: never sent, not counted above
+    summary["num_frozen_parameters"] = int(sum(np.size(x) for x in jax.tree.leaves(frozen)))
   if "backdoor_accuracy" in last:
     attacked = [r["backdoor_accuracy"] for r in records]
     summary.update(final_backdoor_accuracy=attacked[-1], best_backdoor_accuracy=max(attacked))

@@ -261,7 +261,8 @@ def _run_options(config, plan: plan_lib.PlatformPlan, run_facts: dict) -> RunOpt
                                  config.num_clients, config.seed),
       label_smoothing=config.label_smoothing, unroll=config.engine.unroll,
       clients_per_chunk=config.engine.clients_per_chunk, client_state_on_host=on_host,
-      augment=None, platform=plan, **run_facts)
+      augment=None, platform=plan, trainable=config_lib.trainable_names(config),
+      **run_facts)
 
 
 def record_options(config) -> RecordOptions:
