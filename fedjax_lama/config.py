@@ -334,7 +334,7 @@ def _check_trainable(c) -> None:
     _fail("trainable", given, "a string: '' (the adapters under config.model_options.lora, "
           "else every parameter) or comma-separated names: 'lora', 'lora_a', 'lora_b' "
           "(FFA-LoRA), 'bias', 'norm', layer names or globs")
-  if (given.strip() or uses_lora(c)) and registry.runs_on_clock(c):
+  if (given.strip() or uses_lora(c)) and runs_on_clock(c):
     what = "config.model_options.lora" if uses_lora(c) else f"config.trainable={given!r}"
     raise ConfigError(f"{what} is not accepted on the simulated clock (config.algorithm="
                       f"{c.algorithm!r}), which trains every parameter; accepted: synchronous "

@@ -363,3 +363,27 @@ def test_export_of_a_lora_run_is_merged(milton_dir, tmp_path):
   np.testing.assert_allclose(jax.jit(model.apply)(variables, x),
                              jax.jit(lora_model.apply)({"params": params}, x),
                              rtol=1e-5, atol=1e-5)
+
+
+def test_export_of_a_lora_run_trained_by_the_engine(milton_dir, tmp_path):
+  """A LoRA run's checkpoint holds its trainable set only (the adapters); the export derives
+  the frozen base again from the run's config and merges: the plain model reading the file
+  computes the LoRA model with the run's initial base and the checkpoint's adapters."""
+  config = pretrain_milton.get_config("tiny")
+  config.data_dir, config.num_clients, config.rounds = milton_dir, 2, 1
+  config.model_options.lora = LORA
+  workdir = str(tmp_path / "lora_run")
+  train_and_evaluate(config, workdir)
+  _, server = _read_server(workdir)
+  assert {p[-1] for p in pretrained._flat(server["params"])} <= {"lora_a", "lora_b"}
+  start = parts_lib.prepare(spec_lib.build_spec(config))
+  part = lora_lib.trainable_set(start.params, "lora")
+  trained = part.merge(server["params"], part.split(start.params)[1])
+  out = str(tmp_path / "merged.msgpack")
+  info = export_cli.export(workdir, out)
+  assert info["lora_merged"]["rank"] == LORA["rank"]
+  model, variables, _ = pretrained.read_export(out)
+  x = jnp.asarray(np.asarray(start.fed.dataset.test_x[:4]), jnp.int32)
+  np.testing.assert_allclose(jax.jit(model.apply)(variables, x),
+                             jax.jit(start.model.apply)({"params": trained}, x),
+                             rtol=1e-5, atol=1e-5)

@@ -138,12 +138,34 @@ def load(path: str) -> Pretrained:
   model = options = None
   params = server["params"]
   if config is not None:
+    params = _with_frozen(config, params, where)
     model, options = config.model, config.model_options.to_dict()
     lora = lora_lib.LoRA.parse(options.get("lora"), "model_options.lora")
     if lora is not None:  # the run's model is its base with the adapters merged
       params = jax.tree.map(np.asarray, lora_lib.merged(params, lora))
       options = {k: v for k, v in options.items() if k != "lora"}
   return Pretrained(params, server.get("model_state") or {}, where, model, options)
+
+
+def _with_frozen(config, params: dict, where: str) -> dict:
+  """The whole parameter tree of a run whose checkpoint holds only its trainable set
+  (config.trainable, the adapters under LoRA): the frozen rest is the run's start, derived
+  again from its config as its own resume derives it (the model's initialisation from
+  config.seed, or its config.init_from), so its data must be readable. A checkpoint that
+  holds every parameter is returned as it is."""
+  names = config_lib.trainable_names(config)
+  if not names:
+    return params
+  from fedjax_lama.run import parts as parts_lib, spec as spec_lib  # pylint: disable=g-import-not-at-top
+  start = parts_lib.prepare(spec_lib.build_spec(config)).params
+  part = lora_lib.trainable_set(start, names, "config.trainable")
+  if jax.tree.structure(params) == jax.tree.structure(start):
+    return params
+  _, frozen = part.split(start)
+  try:
+    return jax.tree.map(np.asarray, part.merge(params, frozen))
+  except ValueError as e:
+    raise DataError(f"{where}: {e}") from e
 
 
 def _load_export(path: str) -> Pretrained:
