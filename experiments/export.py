@@ -24,9 +24,6 @@ from absl import app, flags
 from experiments.main import fail  # also defines the required --workdir
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("out", None, "The parameter file to write (FILE and FILE.json).")
-flags.DEFINE_bool("overwrite", False, "Replace an existing FILE and FILE.json.")
-flags.mark_flags_as_required(["out"])
 
 
 def export(workdir: str, out: str, overwrite: bool = False) -> dict:
@@ -80,4 +77,9 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  # Defined here, not at import: the tests import `export` beside other commands that define
+  # their own --out.
+  flags.DEFINE_string("out", None, "The parameter file to write (FILE and FILE.json).")
+  flags.DEFINE_bool("overwrite", False, "Replace an existing FILE and FILE.json.")
+  flags.mark_flags_as_required(["out"])
   app.run(main)

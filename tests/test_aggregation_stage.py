@@ -487,6 +487,7 @@ def eight_rest(tmp_path_factory):
                        _cases([n for n in NAMES if n not in CORE]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", _cases(CORE))
 def test_eight_devices_equal_one(eight_core, case):
   check_eight_equal_one(*eight_core, case)

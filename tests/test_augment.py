@@ -46,6 +46,7 @@ def test_crop_flip_is_deterministic_in_its_key():
   assert not np.array_equal(a, c)
 
 
+@pytest.mark.slow
 def test_crop_flip_offsets_and_flips_are_uniform():
   """Over many draws the offsets are uniform on 0..8 and half the images flip."""
   x = jnp.zeros((1, 4, 4, 1)).at[0, 0, 0, 0].set(1.0)  # a marker pixel shows the offset

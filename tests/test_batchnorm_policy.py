@@ -48,6 +48,7 @@ def _init(model, x):
   return v["params"], v["batch_stats"]
 
 
+@pytest.mark.slow
 def test_sync_round_averages_running_stats_with_the_aggregation_weights():
   model = TinyBN()
   data_x, data_y = _data()

@@ -18,6 +18,7 @@ from fedjax_lama import training
 from fedjax_lama.run import parts as parts_lib
 from fedjax_lama.programs.sync import SyncProgram
 from tests import test_sharding
+from tests.conftest import counting_compilations
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
@@ -57,7 +58,8 @@ class CompileLog:
   def run(self, config, workdir):
     jax.monitoring.register_event_duration_secs_listener(self.listener)
     try:
-      training.train_and_evaluate(config, workdir)
+      with counting_compilations():
+        training.train_and_evaluate(config, workdir)
     finally:
       jax.monitoring.unregister_event_duration_listener(self.listener)
     return {r: names for r, names in self.by_round.items() if r >= 1}

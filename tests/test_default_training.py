@@ -54,6 +54,7 @@ def test_default_config_has_local_momentum():
   assert set(REFUSED) <= set(registry.SPECS)
 
 
+@pytest.mark.slow
 def test_scaffold_training_loss_falls_on_the_default_config(tmp_path):
   """SCAFFOLD (option II, the default) at local momentum 0.9: 10 rounds, finite and falling."""
   summary = training.train_and_evaluate(_config("scaffold", 10), str(tmp_path))

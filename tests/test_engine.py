@@ -178,6 +178,7 @@ def test_scatter_rows_touches_only_real_clients():
 
 @pytest.mark.parametrize("name", ["scaffold", pytest.param("feddyn", marks=pytest.mark.slow),
                                   pytest.param("fedadmm", marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_folded_round_equals_reducing_the_stacked_clients(name):
   """make_round_fns folds each group of clients into the round's sums as it finishes
   (`ClientPhase.train(..., reduce_group=)`). Its sums (MEAN and SUM reductions,

@@ -241,6 +241,7 @@ def test_interrupted_then_resumed_run_equals_uninterrupted(runs, setup):
   assert tree_equal(a["method_state"]["tier_models"], b["method_state"]["tier_models"])
 
 
+@pytest.mark.slow
 def test_dropped_out_clients_never_report_again(whole_run, setup):
   state = clock_run.latest_state(whole_run[0], setup[2])
   log = state["event_log"]

@@ -76,6 +76,7 @@ def test_carried_local_optimizer_state_keeps_each_slots_momentum(tmp_path):
   _assert_same_run(tmp_path / "reset0.0", tmp_path / "carry0.0")
 
 
+@pytest.mark.slow
 def test_all_layers_at_phi_is_fedavg_long_interval(tmp_path):
   s = training.train_and_evaluate(_config(**{"fedlama.phi": 4, "fedlama.fixed_multipliers": 4}),
                                   str(tmp_path / "l"))
@@ -84,6 +85,7 @@ def test_all_layers_at_phi_is_fedavg_long_interval(tmp_path):
   assert s["comm_ratio"] == pytest.approx(0.25)
 
 
+@pytest.mark.slow
 def test_accelerate_with_phi_one_is_fedavg(tmp_path):
   training.train_and_evaluate(
       _config(**{"fedlama.phi": 1, "fedlama.interval_rule": "accelerate"}), str(tmp_path / "l"))
@@ -127,6 +129,7 @@ def test_fedprox_composes_with_fedlama(tmp_path):
   assert s["final_test_loss"] != plain["final_test_loss"]
 
 
+@pytest.mark.slow
 def test_module_granularity_groups_kernel_and_bias(tmp_path):
   s = training.train_and_evaluate(_config(**{"fedlama.layer_granularity": "module"}), str(tmp_path))
   assert len(s["fedlama_layer_names"]) == 3  # three Dense modules of the MLP

@@ -422,6 +422,7 @@ def test_masked_surplus_steps_change_nothing(name):
 
 
 # ---- communication ----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_communication_is_two_vectors_each_way():
   """The run's ledger (train_and_evaluate) for fedlamb; the declared traffic of fedams and
   fedavg: 2d floats up and down per participant and round, twice FedAvg's d."""

@@ -42,6 +42,7 @@ def test_no_perturbation_and_prox_off_is_fedavg_bitwise(hparams):
     assert bits(got.params) == bits(want.params)
 
 
+@pytest.mark.slow
 def test_rho_zero_all_clients_is_the_projects_feddyn():
   """2.2, last paragraph: FedDyn with alpha = 1/lam (uniform weights) under partial
   participation. clip_mode="none" is bitwise. clip_mode="reference" regroups the same

@@ -300,6 +300,7 @@ def test_fedlama_needs_one_cohort_per_window_for_a_personal_start():
     helpers.build(c, sharding.client_mesh(jax.devices()[:1]))
 
 
+@pytest.mark.slow
 def test_fedlama_over_fedper_never_synchronises_the_head():
   """phi = 2: the body's layers follow FedLAMA's intervals, the head never leaves a client
   (no synchronisation, no traffic) and each client's head is in its row."""
@@ -402,6 +403,7 @@ def test_fedlama_counts_the_shared_tensors_of_a_partly_personal_module():
   assert set(heads) == {"kernel"}
 
 
+@pytest.mark.slow
 def test_per_client_evaluation_under_fedlama_serves_each_client_its_head(tmp_path):
   """Through train_and_evaluate with the FedLAMA schedule: the evaluator reads the schedule's
   server state and rows, and each client's model is its own head on the shared body (the

@@ -285,6 +285,7 @@ def test_round_trip_exceeds_exact_bound_by_ulps():
 # --- against the `polyline` package ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cross_check_with_polyline_package():
   polyline = pytest.importorskip("polyline")
   rng = random.Random(20240601)

@@ -6,6 +6,7 @@ import os
 
 import jax
 import numpy as np
+import pytest
 
 from fedjax_lama import training
 from tests import test_sharding as helpers
@@ -48,6 +49,7 @@ def test_programs_evaluate_the_reported_params():
   assert set(plain_outs[-1].extra) == {"clients"}
 
 
+@pytest.mark.slow
 def test_vectorized_runs_report_each_runs_scalars_and_params():
   """The vectorized program reports per run what each run's own program reports."""
   from fedjax_lama.programs.vectorized import VectorizedSyncProgram  # pylint: disable=g-import-not-at-top

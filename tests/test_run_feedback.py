@@ -95,6 +95,7 @@ def test_huge_learning_rate_stops_with_a_truthful_line(tmp_path):
   _check_truthful(message, tmp_path)
 
 
+@pytest.mark.slow
 def test_fedlama_schedule_divergence_is_caught(tmp_path):
   c = tiny_config(schedule="fedlama", local_lr=1e30, **{"fedlama.total_steps": 24,
                                                         "fedlama.base_interval": 2})

@@ -560,6 +560,7 @@ def _generated_play(num_roles=4, lines=14):
   return "\n".join(out) + "\n"
 
 
+@pytest.mark.slow
 def test_train_and_evaluate_on_built_roles(tmp_path, monkeypatch):
   _write_corpus(tmp_path / "data", monkeypatch, plays={"gen_gut.txt": _generated_play()})
   c = text_config(tmp_path, dataset="shakespeare_roles", model="lstm_lm", rounds=2,

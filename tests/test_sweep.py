@@ -16,6 +16,7 @@ def _mtime(workdir):
   return os.path.getmtime(os.path.join(workdir, "metrics.jsonl"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("together", [True, False])
 def test_divergence_is_recorded_reused_and_spares_the_other_runs(tmp_path, together):
   # Runs differing only in local_lr train together; a different local_steps forces the

@@ -319,7 +319,8 @@ def _final_state(workdir):
 
 
 @pytest.mark.parametrize("model_name", [
-    "lstm_lm", pytest.param("transformer_lm", marks=pytest.mark.slow)])
+    pytest.param("lstm_lm", marks=pytest.mark.slow),
+    pytest.param("transformer_lm", marks=pytest.mark.slow)])
 def test_stopped_and_resumed_run_equals_the_uninterrupted_one(play, model_name):
   """Per-role fine-tuning (2 steps on each role's own training windows before its personal
   evaluation) in the records; the run stopped after round 2 and resumed gives the same

@@ -408,6 +408,7 @@ def _last_record(workdir):
     return [json.loads(line) for line in f][-1]
 
 
+@pytest.mark.slow
 def test_transformer_trains_under_fedavg_with_the_next_token_metrics(tmp_path):
   c = _text_config(tmp_path, model_options={"depth": 1})
   summary = training.train_and_evaluate(c, str(tmp_path / "w"))

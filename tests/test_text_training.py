@@ -136,6 +136,7 @@ def _records(workdir):
 # ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sentiment140_logreg_counts_and_tokens_train_alike(tmp_path):
   _write_sentiment140(tmp_path / "data" / "sentiment140")
   out = {}

@@ -67,6 +67,7 @@ def test_the_options_are_known_to_this_xla():
 
 @pytest.mark.parametrize("model_name", [pytest.param("leaf_cnn", marks=pytest.mark.slow),
                                         "mnist_mlp"])
+@pytest.mark.slow
 def test_the_options_leave_an_engine_round_bit_for_bit_unchanged(model_name, monkeypatch):
   """A FedAvg round of the engine (the benchmark's workload: 4 clients x 3 steps x 8) gives
   the same parameters, bit for bit, compiled with the options and without."""

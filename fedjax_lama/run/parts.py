@@ -21,7 +21,7 @@ from fedjax_lama.models import lora
 from fedjax_lama.errors import ConfigError
 from fedjax_lama.privacy import dp_options, dp_stage as privacy_stage
 from fedjax_lama.programs.fedlama import FedLamaProgram
-from fedjax_lama.programs.round_program import RunOptions
+from fedjax_lama.programs.round_program import RunOptions, trainable_part
 from fedjax_lama.programs.sync import SyncProgram
 from fedjax_lama.robust import robust_stage
 from fedjax_lama.run import pretrained as pretrained_lib, spec as spec_lib
@@ -232,6 +232,11 @@ def program(spec, parts: Parts, mesh=None):
   if mesh is None:
     mesh = client_mesh(opts.batch_size, parts, chunk_cap(opts))
   algorithm = spec.algorithm.build(fed.num_clients, float(np.mean(fed.client_sizes)))
+  if spec.records.privacy is not None:  # what the noise covers, before any training
+    # On the parameters the clients send: the trainable set (the program's params).
+    trainable = trainable_part(opts.trainable, parts.params)
+    sent = trainable.split(parts.params)[0] if trainable is not None else parts.params
+    check_privacy(spec, algorithm, fed, sent, parts.model_state)
   fedlama = spec.algorithm.selection.fedlama
   if fedlama is not None:
     built = FedLamaProgram(opts, fedlama, algorithm, parts.model, parts.params,
@@ -239,9 +244,6 @@ def program(spec, parts: Parts, mesh=None):
   else:
     built = SyncProgram(opts, algorithm, parts.model, parts.params, parts.model_state, fed,
                         mesh)
-  if spec.records.privacy is not None:  # what the noise covers, before any training
-    # The program's params: the trainable set, what the clients send and the noise covers.
-    check_privacy(spec, algorithm, fed, built.params, parts.model_state)
   return built
 
 

@@ -154,18 +154,24 @@ def _with_frozen(config, params: dict, where: str) -> dict:
   config.seed, or its config.init_from), so its data must be readable. A checkpoint that
   holds every parameter is returned as it is."""
   names = config_lib.trainable_names(config)
-  if not names:
+  if not names or _holds_frozen(params, names):
     return params
   from fedjax_lama.run import parts as parts_lib, spec as spec_lib  # pylint: disable=g-import-not-at-top
   start = parts_lib.prepare(spec_lib.build_spec(config)).params
   part = lora_lib.trainable_set(start, names, "config.trainable")
-  if jax.tree.structure(params) == jax.tree.structure(start):
-    return params
   _, frozen = part.split(start)
   try:
     return jax.tree.map(np.asarray, part.merge(params, frozen))
   except ValueError as e:
     raise DataError(f"{where}: {e}") from e
+
+
+def _holds_frozen(params: dict, names: str) -> bool:
+  """Whether `params` hold leaves outside the trainable set `names` (a whole model)."""
+  try:
+    return bool(jax.tree.leaves(lora_lib.trainable_set(params, names).split(params)[1]))
+  except ConfigError:  # a name selects nothing in them: not only the trainable set
+    return True
 
 
 def _load_export(path: str) -> Pretrained:
