@@ -285,6 +285,7 @@ def _cohort_config(name, clients, **overrides):
                              **overrides)
 
 
+@pytest.mark.slow
 def test_median_of_two_clients_is_their_unweighted_mean_and_of_three_is_not():
   two = _cohort_config("fedavg", 2)
   med, _ = helpers.run(build(two, median_stage()))
@@ -409,6 +410,7 @@ def test_fedlama_with_phi_one_and_a_stage_is_the_synchronous_run(stage):
 @pytest.mark.parametrize("stage", sorted(STAGES))
 @pytest.mark.parametrize("name", [n if n == "fedavg" else pytest.param(n, marks=pytest.mark.slow)
                                   for n in contract.LAYERWISE])
+@pytest.mark.slow
 def test_fedlama_runs_the_stage_per_synchronised_layer_set(name, stage):
   config = contract.config_for(name, fedlama=True, active_ratio=0.25)
   if _refused(name, fedlama=True):

@@ -585,6 +585,7 @@ def test_fedpaq_and_fedcom_with_identity_compression_are_fedavg():
 
 
 @pytest.mark.parametrize("nesterov", [False, True])
+@pytest.mark.slow
 def test_effective_step_of_a_span_split_in_two_calls(nesterov):
   """The per-leaf count of the FedLAMA schedule: the effective step of steps 1..5 in one call
   equals that of steps 1..3 plus steps 4..5 continued from the unit momentum of the first

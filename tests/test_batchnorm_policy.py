@@ -110,6 +110,7 @@ def _leaves(t):
 
 
 @pytest.mark.parametrize("bn", ["window", "round"])
+@pytest.mark.slow
 def test_fedlama_averages_stats_into_every_slot_and_the_global_model(bn):
   program, params, stats = _program(_config("fedlama", bn=bn))
   state, out = program.run_round(program.init_state(), 0)

@@ -80,6 +80,7 @@ def test_bits_formula(s, block):
 
 
 @pytest.mark.parametrize("block", ["leaf", "global"])
+@pytest.mark.slow
 def test_lattice_levels_and_zero_block(block):
   tree = {"w": jax.random.normal(jax.random.PRNGKey(1), (4, 6)), "z": jnp.zeros(5)}
   s = 5

@@ -140,6 +140,7 @@ def test_scan_groups_follow_the_mesh_not_the_process():
 @pytest.mark.parametrize("name,shape,split", [("mlp", (8, 8, 1), False),
                                                ("mnist_mlp", (28, 28, 1), True),
                                                ("mnist_cnn", (28, 28, 1), True)])
+@pytest.mark.slow
 def test_step_bytes_puts_the_measured_models_on_their_side(name, shape, split):
   """mlp on 8x8 digits lost with the split (0.86x to 0.89x); mnist_mlp (1.13x) and
   mnist_cnn (1.58x) gained."""

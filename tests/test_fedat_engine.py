@@ -168,6 +168,7 @@ def test_engine_trainer_equals_a_per_job_reference_loop(setup):
   assert not tree_equal(results[0].model, results[2].model)
 
 
+@pytest.mark.slow
 def test_padding_and_bucketing_do_not_change_results(setup):
   _, _, params = setup
   start = perturbed(params, 0.05, 3)
@@ -255,6 +256,7 @@ def test_dropped_out_clients_never_report_again(whole_run, setup):
   assert uploads and all(t < dropouts.get(c, np.inf) for t, c in uploads)
 
 
+@pytest.mark.slow
 def test_metrics_keys_summary_and_virtual_time_plot(runs):
   whole = runs[0]
   record = records(whole)[-1]

@@ -242,6 +242,7 @@ def test_a_flax_model_with_zero_biases_stays_finite(zero_norm):
 
 # ---- the server's v_hat ------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["fedams", "fedlamb"])
+@pytest.mark.slow
 def test_server_v_hat_is_the_running_max_of_the_masked_mean(name):
   rng = np.random.default_rng(3)
   with jax.enable_x64(True):

@@ -318,6 +318,7 @@ def test_config_defaults_follow_the_reference_code():
 
 # ---- end to end --------------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["active", "all_clients"])
+@pytest.mark.slow
 def test_end_to_end_run_sends_one_model_each_way(tmp_path, mode):
   c = default.get_config()
   c.algorithm = "fedspeed"

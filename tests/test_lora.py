@@ -101,6 +101,7 @@ def test_zero_b_is_the_base_model_bit_for_bit(name):
 
 
 @pytest.mark.parametrize("name", ["mlp", "transformer_lm"])
+@pytest.mark.slow
 def test_initialised_adapters_leave_the_base_initialisation_as_it_is(name):
   """From the same key the base leaves are the base model's, A random, B zero."""
   base, adapted = _models(name)

@@ -228,6 +228,7 @@ def test_init_is_a_function_of_the_key(name):
 
 @pytest.mark.parametrize("name,shape", [
     ("resnet18_gn", CIFAR), ("wrn28_10", CIFAR)])
+@pytest.mark.slow
 def test_output_shapes_of_big_models_abstractly(name, shape):
   model = models.get(name, 100)
   x = jax.ShapeDtypeStruct((2,) + shape, jnp.float32)

@@ -59,6 +59,7 @@ def _summary(workdir):
 
 # ---- the reported guarantee --------------------------------------------------------------------
 @pytest.mark.parametrize("sampling", ["bernoulli", "fixed"])
+@pytest.mark.slow
 def test_reported_epsilon_equals_accountings(tmp_path, sampling):
   c = dp_config(client_sampling=sampling)
   summary = training.train_and_evaluate(c, str(tmp_path))
@@ -183,6 +184,7 @@ def test_chunked_equals_unchunked_and_a_large_draw_trains_every_sampled_client()
 
 # ---- algorithms ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["fedavg", "fedavgm", "fedadam", "fedprox"])
+@pytest.mark.slow
 def test_algorithms_that_upload_the_delta_alone_accept_dp(name):
   config = contract.config_for(name, weighting="uniform", client_sampling="bernoulli",
                                active_ratio=0.25, num_clients=helpers.NUM_CLIENTS)

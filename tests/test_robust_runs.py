@@ -217,6 +217,7 @@ def test_an_interrupted_run_resumes_from_its_workdir(tmp_path):
 # ---- attacks ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("attack", ["alie", "label_flip", "backdoor"] + [
     pytest.param(a, marks=pytest.mark.slow) for a in ("sign_flip", "gaussian", "ipm")])
+@pytest.mark.slow
 def test_an_attack_without_defence_moves_the_model(attack):
   honest, _ = helpers.run(helpers.build(robust_config(rounds=1), MESH))
   program = helpers.build(robust_config("none", attack, rounds=1), MESH)

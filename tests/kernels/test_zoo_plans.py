@@ -27,6 +27,7 @@ from tests.test_models import _sample
     pytest.param("fedspeed_lenet", False, marks=pytest.mark.slow),
     ("mlp", True),  # `dense_dot`'s small-kernel gradient on CPU.
     ("mnist_mlp", True)])
+@pytest.mark.slow
 def test_patches_matches_lax_outputs_and_gradients(name, with_grads):
   x = _sample(name, batch=3)
   ref_model = models.get(name, 10, kernels="lax")
@@ -45,6 +46,7 @@ def test_patches_matches_lax_outputs_and_gradients(name, with_grads):
                                  atol=1e-4 * float(jnp.max(jnp.abs(r))) + 1e-6)
 
 
+@pytest.mark.slow
 def test_vmapped_scan_with_patches_equals_per_step_loop_with_lax():
   """jit(vmap(scan)) under "patches" reproduces FedJAX's per-step loop."""
   clients, steps, batch, lr = 2, 3, 4, 0.05
