@@ -11,7 +11,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 
 from configs import pretrain_milton
@@ -26,6 +25,7 @@ from fedjax_lama.errors import ConfigError, DataError, WorkdirError
 from fedjax_lama.models import lora as lora_lib
 from fedjax_lama.run import parts as parts_lib, pretrained, spec as spec_lib
 from fedjax_lama.training import train_and_evaluate
+from tests import test_text_families as text_families
 
 TINY_TF = {"width": 16, "depth": 1, "heads": 2, "max_len": 12, "vocab_size": 81}
 LORA = {"rank": 2, "alpha": 4.0, "targets": "*"}
@@ -58,12 +58,8 @@ def _files(root) -> dict:
 
 def _read_server(workdir):
   """(step, server state) of a workdir's latest checkpoint, read with orbax directly."""
-  manager = ocp.CheckpointManager(os.path.join(workdir, "checkpoints"),
-                                  item_names=("state", "meta"))
-  step = manager.latest_step()
-  state = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-  manager.close()
-  return step, jax.tree.map(np.asarray, state["state"]["server"])
+  step, state = text_families.final_state(workdir)
+  return step, jax.tree.map(np.asarray, state["server"])
 
 
 def _assert_same(a, b):

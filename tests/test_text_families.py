@@ -307,7 +307,7 @@ def play(tmp_path, monkeypatch):
   return tmp_path
 
 
-def _final_state(workdir):
+def final_state(workdir):
   """The last checkpoint's saved state, as numpy arrays (orbax, no template)."""
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   manager = ocp.CheckpointManager(os.path.join(workdir, "checkpoints"),
@@ -335,8 +335,8 @@ def test_stopped_and_resumed_run_equals_the_uninterrupted_one(play, model_name):
   full.pop("wall_seconds"), resumed.pop("wall_seconds")
   assert full == resumed
   assert "client_test_accuracy/personal/mean" in full  # the fine-tuned per-role accuracy
-  step_full, state_full = _final_state(play / "full")
-  step_cut, state_cut = _final_state(play / "cut")
+  step_full, state_full = final_state(play / "full")
+  step_cut, state_cut = final_state(play / "cut")
   assert step_full == step_cut == c.rounds - 1
   assert contract._bits(state_full) == contract._bits(state_cut)
 
