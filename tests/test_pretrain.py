@@ -91,7 +91,7 @@ def _built(lora, changes):
 def _trained_adapters(params, seed=0):
   """`params` with every B moved off zero, as training moves it."""
   rng = np.random.default_rng(seed)
-  return jax.tree_util.tree_map_with_path(
+  return jax.tree.map_with_path(
       lambda p, a: a + 0.05 * rng.standard_normal(a.shape).astype(a.dtype)
       if p[-1].key == "lora_b" else a, params)
 
@@ -211,7 +211,7 @@ def test_merged_export_is_read_by_the_plain_model(tmp_path):
   np.testing.assert_allclose(model.apply(variables, x), lora_model.apply({"params": params}, x),
                              rtol=1e-5, atol=1e-5)
   # B = 0: the export is the base itself, and reads as the base model does.
-  zero_b = jax.tree_util.tree_map_with_path(
+  zero_b = jax.tree.map_with_path(
       lambda p, a: jnp.zeros_like(a) if p[-1].key == "lora_b" else a, params)
   out0 = str(tmp_path / "base.msgpack")
   pretrained.write_export(out0, pretrained.export_variables(zero_b, {}, lora), info)
