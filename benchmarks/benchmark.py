@@ -307,7 +307,7 @@ def workload(model_name: str, clients: int, steps: int, batch: int, conv_impl: s
 
   Text: `window` tokens of TEXT_VOCAB ids, mapped through `token_ids` when given (FedJAX's
   ids)."""
-  shape, _, _ = example_spec(model_name, (window,))
+  shape, _, _ = example_spec(model_name, (window,) if model_name in TEXT_MODELS else None)
   model, num_classes = _model(model_name, conv_impl, options)
   data_rng = np.random.default_rng(0)
   n = clients * steps * batch

@@ -82,3 +82,11 @@ def test_the_options_leave_an_engine_round_bit_for_bit_unchanged(model_name, mon
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     moved |= not np.array_equal(np.asarray(a), np.asarray(start))
   assert moved, "the round did not train: the comparison would be vacuous"
+
+
+@pytest.mark.parametrize("model_name, shape", [("fedat_cnn", (32, 32, 3)), ("lstm_lm", (80,))])
+def test_the_benchmarks_workload_has_each_models_example_shape(model_name, shape):
+  """Images keep their model's input shape; text models read windows of tokens."""
+  w = benchmark.workload(model_name, clients=1, steps=1, batch=2,
+                         conv_impl=kernels.resolve("auto"))
+  assert w.shape == shape and w.data_x.shape == (2,) + shape
