@@ -557,14 +557,16 @@ class Method(NamedTuple):
   algorithm: Optional[registry.AlgorithmOptions]   # None on the simulated clock
   resolved: Optional[registry.Resolved]            # its compressor and run facts
   clock: Optional[run_options.ClockOptions]        # None in synchronous rounds
+  trainable: str = ""                              # the trainable set (`trainable_names`)
 
 
 def method(c) -> Method:
   """config.algorithm and every field it reads, typed and checked (no data needed)."""
   if runs_on_clock(c):
     return Method(None, None, clock_options(c))
+  trainable = trainable_names(c)
   options = algorithm_options(c)
-  return Method(options, registry.resolve(options), None)
+  return Method(options, registry.resolve(options), None, trainable)
 
 
 def typed_values(cls, values: dict, path: str, prefix: Optional[str] = None):

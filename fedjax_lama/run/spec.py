@@ -165,7 +165,8 @@ def build_spec(config: ml_collections.ConfigDict) -> RunSpec:
           robust_label=robust_label(robust),
           target_epsilon=config.privacy.target_epsilon if privacy is not None else None),
       algorithm=algorithm,
-      options=None if clock else _run_options(config, plan, method.resolved.run_facts),
+      options=None if clock else _run_options(config, plan, method.resolved.run_facts,
+                                              method.trainable),
       clock=dataclasses.replace(method.clock, platform=plan) if clock else None,
       robust=robust)
 
@@ -242,10 +243,12 @@ def run_options(config, plan: plan_lib.PlatformPlan) -> RunOptions:
   clients and the augmentation are the federation's (`parts.federated_options`), and so is
   the aggregation chain (`run_chain`)."""
   return _run_options(config, plan,
-                      registry.run_facts(config_lib.algorithm_options(config)))
+                      registry.run_facts(config_lib.algorithm_options(config)),
+                      config_lib.trainable_names(config))
 
 
-def _run_options(config, plan: plan_lib.PlatformPlan, run_facts: dict) -> RunOptions:
+def _run_options(config, plan: plan_lib.PlatformPlan, run_facts: dict,
+                 trainable: str) -> RunOptions:
   on_host = config.engine.get("client_state_on_host", False)
   if not isinstance(on_host, bool):
     raise config_lib.ConfigError(f"config.engine.client_state_on_host={on_host!r} is not "
@@ -261,8 +264,7 @@ def _run_options(config, plan: plan_lib.PlatformPlan, run_facts: dict) -> RunOpt
                                  config.num_clients, config.seed),
       label_smoothing=config.label_smoothing, unroll=config.engine.unroll,
       clients_per_chunk=config.engine.clients_per_chunk, client_state_on_host=on_host,
-      augment=None, platform=plan, trainable=config_lib.trainable_names(config),
-      **run_facts)
+      augment=None, platform=plan, trainable=trainable, **run_facts)
 
 
 def record_options(config) -> RecordOptions:
