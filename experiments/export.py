@@ -42,7 +42,8 @@ def export(workdir: str, out: str, overwrite: bool = False) -> dict:
   except ConfigError as e:
     raise WorkdirError(f"--workdir={workdir} holds no checkpoint yet; train it first") from e
   pretrained.check_writable(out, overwrite)  # before anything is read
-  latest = pretrained.load(os.path.join(directory, str(step)))  # adapters merged
+  # The whole model: a trainable set's frozen rest added, the adapters merged.
+  latest = pretrained.whole(pretrained.load(os.path.join(directory, str(step))))
   data = spec_lib.data_spec(config)
   dataset = parts_lib.load_dataset(data, federation.resolve_data_dir(data.data_dir))
   # The run's model as it built it, without the adapters.

@@ -20,6 +20,7 @@ import orbax.checkpoint as ocp
 from absl import logging as absl_logging
 
 from fedjax_lama.errors import CheckpointError, WorkdirError
+from fedjax_lama.tree import leaf_paths
 
 CHECKSUMS = "fedjax_lama_sha256.json"
 
@@ -39,6 +40,23 @@ def _file_digests(step_dir: str) -> dict:
           h.update(block)
       digests[rel] = h.hexdigest()
   return digests
+
+
+# The key under which a program's host state records `tree_digest` of the parameters its
+# checkpoints leave out (RoundProgram.host_state: a trainable set's frozen base).
+FROZEN_DIGEST = "frozen_sha256"
+
+
+def tree_digest(tree: Any) -> str:
+  """sha256 hex of a parameter tree's leaves (paths, dtypes, shapes and bytes): what a
+  checkpoint that leaves parameters out records of them (a trainable set's frozen base),
+  so that a reader deriving them again can tell they are the ones the run trained on."""
+  digest = hashlib.sha256()
+  for path, leaf in zip(leaf_paths(tree), jax.device_get(jax.tree.leaves(tree))):
+    leaf = np.ascontiguousarray(leaf)
+    digest.update(("/".join(path) + str(leaf.dtype) + str(leaf.shape)).encode())
+    digest.update(leaf.tobytes())
+  return digest.hexdigest()
 
 
 def _os_error(e: BaseException) -> Optional[OSError]:

@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_lama.errors import ConfigError
+
 PyTree = Any
 
 
@@ -19,6 +21,47 @@ def leaf_paths(tree: PyTree) -> list[tuple[str, ...]]:
   index), in canonical (`jax.tree.leaves`) order."""
   flat, _ = jax.tree.flatten_with_path(tree)
   return [tuple(_key_str(k) for k in path) for path, _ in flat]
+
+
+def leaf_dict(tree: PyTree) -> dict:
+  """{key path (`leaf_paths`): leaf}, in canonical order."""
+  flat, _ = jax.tree.flatten_with_path(tree)
+  return {tuple(_key_str(k) for k in path): leaf for path, leaf in flat}
+
+
+def _kind(leaf) -> str:
+  """"float32[64, 256]": a leaf's dtype and shape (arrays and jax.ShapeDtypeStruct)."""
+  return f"{np.dtype(leaf.dtype).name}{list(leaf.shape)}"
+
+
+def check_fits(expected: dict, given: dict, what: str, head: str, hint: str = "") -> None:
+  """`given` {path: array} has exactly the leaves of a model's `expected` {path: array},
+  each of its shape and dtype; else one ConfigError, starting with `head` and ending with
+  `hint`, naming the first `what` (e.g. "parameter") that differs."""
+  for path, leaf in expected.items():
+    name = "/".join(path)
+    if path not in given:
+      raise ConfigError(f"{head} has no {what} {name!r}, which the model has "
+                        f"({_kind(leaf)}){hint}")
+    have = given[path]
+    if _kind(have) != _kind(leaf):
+      raise ConfigError(f"{head}: {what} {name!r} is {_kind(have)} there; the model "
+                        f"expects {_kind(leaf)}{hint}")
+  for path in given:
+    if path not in expected:
+      raise ConfigError(f"{head} has the {what} {'/'.join(path)!r}, which the model does not "
+                        f"have{hint}")
+
+
+def with_leaves(tree: PyTree, given: PyTree, keep=lambda path: False,
+                head: str = "the parameters", hint: str = "") -> PyTree:
+  """`tree` whose leaves are `given`'s, as they are, but those whose key path `keep`
+  selects (e.g. a model's LoRA adapters over a base checkpoint). `given` must hold exactly
+  the other leaves, each of its shape and dtype; else one ConfigError (`check_fits`)."""
+  fresh, values = leaf_dict(tree), leaf_dict(given)
+  check_fits({p: x for p, x in fresh.items() if not keep(p)}, values, "parameter", head, hint)
+  return jax.tree.unflatten(jax.tree.structure(tree),
+                            [x if keep(p) else values[p] for p, x in fresh.items()])
 
 
 def leaf_names(tree: PyTree) -> list[str]:

@@ -5,6 +5,7 @@ and the LoRA model's outputs are compared with the plain model's on the merged p
 """
 import functools
 import hashlib
+import json
 import os
 
 import jax
@@ -25,6 +26,7 @@ from fedjax_lama.errors import ConfigError, DataError, WorkdirError
 from fedjax_lama.models import lora as lora_lib
 from fedjax_lama.run import parts as parts_lib, pretrained, spec as spec_lib
 from fedjax_lama.training import train_and_evaluate
+from fedjax_lama.tree import leaf_dict
 from tests import test_text_families as text_families
 
 TINY_TF = {"width": 16, "depth": 1, "heads": 2, "max_len": 12, "vocab_size": 81}
@@ -64,7 +66,7 @@ def _read_server(workdir):
 
 def _assert_same(a, b):
   """Same leaves under the same paths, bit for bit (values and dtypes)."""
-  fa, fb = pretrained._flat(a), pretrained._flat(b)
+  fa, fb = leaf_dict(a), leaf_dict(b)
   assert set(fa) == set(fb)
   for path in fa:
     x, y = np.asarray(fa[path]), np.asarray(fb[path])
@@ -136,7 +138,7 @@ def test_lora_model_takes_the_checkpoint_as_its_base(tmp_path):
   model, fresh, _ = _tiny_lm(seed=0, lora=LORA)
   params, _ = pretrained.initial_params(fresh, {}, pretrained.load(str(tmp_path / "pre")))
   _assert_same(lora_lib.base_of(params), saved)
-  flat, fresh_flat = pretrained._flat(params), pretrained._flat(fresh)
+  flat, fresh_flat = leaf_dict(params), leaf_dict(fresh)
   adapters = [p for p in flat if p[-1] in ("lora_a", "lora_b")]
   assert len(adapters) == 2 * 7  # query, key, value, out, mlp_in, mlp_out, Dense_0
   for path in adapters:  # fresh adapters: A as initialised, B = 0
@@ -148,11 +150,11 @@ def test_lora_model_takes_the_checkpoint_as_its_base(tmp_path):
                                 plain.apply({"params": saved}, x))
 
 
-def test_a_lora_runs_checkpoint_is_read_merged(tmp_path):
+def test_a_lora_runs_whole_model_has_its_adapters_merged(tmp_path):
   _, params, _ = _tiny_lm(seed=1, lora=LORA)
   params = jax.tree.map(lambda a: a + 0.01, params)  # B != 0
   _write_run(tmp_path / "lora_run", params, {**TINY_TF, "lora": LORA})
-  loaded = pretrained.load(str(tmp_path / "lora_run"))
+  loaded = pretrained.whole(pretrained.load(str(tmp_path / "lora_run")))
   lora = lora_lib.LoRA.parse(LORA)
   a = params["block_0"]["mlp_in"]
   expected = np.asarray(a["kernel"]) + lora.scale * (np.asarray(a["lora_a"], np.float64)
@@ -371,7 +373,7 @@ def test_export_of_a_lora_run_trained_by_the_engine(milton_dir, tmp_path):
   workdir = str(tmp_path / "lora_run")
   train_and_evaluate(config, workdir)
   _, server = _read_server(workdir)
-  assert {p[-1] for p in pretrained._flat(server["params"])} <= {"lora_a", "lora_b"}
+  assert {p[-1] for p in leaf_dict(server["params"])} <= {"lora_a", "lora_b"}
   start = parts_lib.prepare(spec_lib.build_spec(config))
   part = lora_lib.trainable_set(start.params, "lora")
   trained = part.merge(server["params"], part.split(start.params)[1])
@@ -383,3 +385,14 @@ def test_export_of_a_lora_run_trained_by_the_engine(milton_dir, tmp_path):
   np.testing.assert_allclose(jax.jit(model.apply)(variables, x),
                              jax.jit(start.model.apply)({"params": trained}, x),
                              rtol=1e-5, atol=1e-5)
+  # The base is derived again from the run's config.json: one that derives another base (a
+  # changed seed) is refused with one line naming the checkpoint, and nothing is written.
+  path = os.path.join(workdir, "config.json")
+  with open(path) as f:
+    given = json.load(f)
+  with open(path, "w") as f:
+    json.dump({**given, "seed": given["seed"] + 1}, f)
+  with pytest.raises(DataError) as err:
+    export_cli.export(workdir, str(tmp_path / "again.msgpack"))
+  assert "are not the ones it trained on" in _one_line(err)
+  assert not os.path.exists(str(tmp_path / "again.msgpack"))

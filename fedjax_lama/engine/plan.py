@@ -91,10 +91,11 @@ def plan(platform: Optional[str] = None, kernels: str = "auto",
   "auto" is the platform's measured best)."""
   platform = platform or jax.default_backend()
   cpu = platform == "cpu"
+  client_map = resolve_client_map(client_map, platform)
   return PlatformPlan(
       platform=platform,
       kernels=kernels_lib.resolve(kernels, platform),
-      client_map=resolve_client_map(client_map, platform),
+      client_map=client_map,
       scan_group_bytes=SCAN_GROUP_BYTES,
       compiler_options=tuple(CPU_TRAINING_COMPILER_OPTIONS.items()) if cpu else (),
       cpu_device_rule=cpu)

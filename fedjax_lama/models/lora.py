@@ -51,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_lama.errors import ConfigError
-from fedjax_lama.tree import PyTree, leaf_paths
+from fedjax_lama.tree import PyTree, leaf_paths, with_leaves
 
 Array = jax.Array
 ADAPTER_A, ADAPTER_B = "lora_a", "lora_b"
@@ -269,7 +269,8 @@ def trainable_set(params: PyTree, names: Any = ("lora",),
 
 
 # ---- base checkpoints and the merged export ----------------------------------------------------
-def _is_adapter(path: tuple) -> bool:
+def is_adapter(path: tuple) -> bool:
+  """Whether a leaf's key path (`tree.leaf_paths`) is an adapter (A or B)."""
   return path[-1] in (ADAPTER_A, ADAPTER_B)
 
 
@@ -277,29 +278,16 @@ def base_of(params: PyTree) -> dict:
   """The base model's parameters: `params` without the adapter leaves."""
   flat, _ = jax.tree.flatten_with_path(params)
   return _nested((p, leaf) for p, (_, leaf) in zip(leaf_paths(params), flat)
-                 if not _is_adapter(p))
+                 if not is_adapter(p))
 
 
-def with_base(params: PyTree, base: PyTree) -> PyTree:
-  """`params` (with adapters) whose base leaves are replaced by `base`'s (a checkpoint of
-  the model without adapters); a leaf missing or of another shape stops with one line."""
-  given = dict(zip(leaf_paths(base), jax.tree.leaves(base)))
-  paths, leaves = leaf_paths(params), jax.tree.leaves(params)
-  expected = {p for p in paths if not _is_adapter(p)}
-  if set(given) != expected:
-    wrong = sorted(set(given) ^ expected)[0]
-    where = "not in the model" if wrong in given else "missing from the base parameters"
-    raise ConfigError(f"base parameters: leaf {'/'.join(wrong)!r} is {where}; the model's "
-                      f"layers: {', '.join(layer_names(params))}")
-  out = []
-  for path, leaf in zip(paths, leaves):
-    if path in given:
-      if np.shape(given[path]) != np.shape(leaf):
-        raise ConfigError(f"base parameters: leaf {'/'.join(path)!r} has shape "
-                          f"{np.shape(given[path])}; the model's is {np.shape(leaf)}")
-      leaf = given[path]
-    out.append(leaf)
-  return jax.tree.unflatten(jax.tree.structure(params), out)
+def with_base(params: PyTree, base: PyTree, head: str = "the base parameters",
+              hint: str = "") -> PyTree:
+  """`params` whose base leaves (all but the adapters) are `base`'s, as they are (the
+  parameters of the model without adapters, e.g. a checkpoint): `tree.with_leaves`, whose
+  one line, starting with `head`, names a leaf `base` lacks or has in excess or of
+  another shape or dtype."""
+  return with_leaves(params, base, is_adapter, head, hint)
 
 
 def merged(params: PyTree, lora: LoRA) -> dict:
@@ -309,7 +297,7 @@ def merged(params: PyTree, lora: LoRA) -> dict:
   flat = dict(zip(leaf_paths(params), jax.tree.leaves(params)))
   out = []
   for path, leaf in flat.items():
-    if _is_adapter(path):
+    if is_adapter(path):
       continue
     module = path[:-1]
     if path[-1] == "kernel" and module + (ADAPTER_A,) in flat:

@@ -11,14 +11,13 @@ Programs take typed options (`RunOptions`), never a config: the training entry p
 builds them.
 """
 import dataclasses
-import hashlib
 from typing import Callable, NamedTuple, Optional
 
 import jax
 import numpy as np
 import optax
 
-from fedjax_lama import compression, errors
+from fedjax_lama import checkpointing, compression, errors
 from fedjax_lama import data as fdata
 from fedjax_lama import federation
 from fedjax_lama.algorithms.common import ONE_STEP_KINDS
@@ -29,7 +28,6 @@ from fedjax_lama.engine import cohort as cohort_lib
 from fedjax_lama.engine import traffic as traffic_lib
 from fedjax_lama.engine.algorithm import report_model
 from fedjax_lama.models import lora
-from fedjax_lama.tree import leaf_paths
 
 
 class RoundOutput(NamedTuple):
@@ -297,17 +295,11 @@ class ProgramBase:
   # A checkpoint holds the trainable set; the frozen rest is derived again from the config
   # (the model's initialisation from config.seed) when a run resumes. Its digest, written
   # beside the checkpoint, says whether it is the one the run trained on.
-  FROZEN_DIGEST = "frozen_sha256"
+  FROZEN_DIGEST = checkpointing.FROZEN_DIGEST
 
   def frozen_digest(self) -> str:
     if getattr(self, "_frozen_digest", None) is None:
-      digest = hashlib.sha256()
-      for path, leaf in zip(leaf_paths(self.frozen), jax.device_get(jax.tree.leaves(
-          self.frozen))):
-        leaf = np.ascontiguousarray(leaf)
-        digest.update(("/".join(path) + str(leaf.dtype) + str(leaf.shape)).encode())
-        digest.update(leaf.tobytes())
-      self._frozen_digest = digest.hexdigest()
+      self._frozen_digest = checkpointing.tree_digest(self.frozen)
     return self._frozen_digest
 
   def host_state(self) -> dict:

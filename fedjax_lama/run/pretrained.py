@@ -5,16 +5,19 @@ experiments/pretrain.py) writes checkpoints like every run; `config.init_from` s
 run from them, and `export` writes a run's model as plain parameters with a small JSON of
 the model that reads them.
 
-`load(path)` reads the parameters a path holds, as `Pretrained`:
+`load(path)` reads the parameters a path holds, as `Pretrained`, and nothing else:
 * a run's workdir (its latest checkpoint), or one of its `checkpoints/<step>` directories:
   the server's global model (`ServerState.params` and its BatchNorm statistics), checked
-  against the step's checksums and never written to (the checkpoints are read-only);
+  against the step's checksums and never written to (the checkpoints are read-only), with
+  the run's config (its config.json);
 * an export file written by `export` (flax msgpack) beside its JSON (`<file>.json`).
-A run trained with LoRA adapters (the model option lora in its config.json) is read as its
-model: every adapted kernel merged, W + (alpha / r) A B (`lora.merged`).
+`whole(pretrained)` is the source run's model as plain parameters: a checkpoint that holds
+only a trainable set (config.trainable) gets its frozen rest, derived again from the run's
+config as its own resume derives it; a run trained with LoRA adapters (the model option
+lora) has every adapted kernel merged, W + (alpha / r) A B (`lora.merged`).
 
-`initial_params(params, model_state, pretrained)` is the run's start: the pretrained
-parameters in place of the model's fresh ones, leaf for leaf, bit for bit. A model with LoRA
+`initial_params(params, model_state, pretrained)` is the run's start: the whole pretrained
+model's parameters in place of the fresh ones, leaf for leaf, bit for bit. A model with LoRA
 adapters takes them as its base (`lora.with_base`) and keeps its fresh adapters (B = 0, so
 its first forward pass is the pretrained model's). A parameter missing on either side, or of
 another shape or dtype, stops with one ConfigError naming the path and that parameter.
@@ -41,7 +44,7 @@ from fedjax_lama import checkpointing, models
 from fedjax_lama import config as config_lib
 from fedjax_lama.errors import ConfigError, DataError, WorkdirError
 from fedjax_lama.models import lora as lora_lib
-from fedjax_lama.tree import leaf_paths
+from fedjax_lama.tree import check_fits, leaf_dict, with_leaves
 
 FORMAT = "fedjax_lama.export/1"   # the JSON's "format": what `read_export` accepts
 JSON_SUFFIX = ".json"
@@ -52,11 +55,15 @@ _ACCEPTED = ("accepted: a run's workdir (with checkpoints/), one of its checkpoi
 @dataclasses.dataclass(frozen=True)
 class Pretrained:
   """Parameters read from `source`, with what is known of the model that trained them."""
-  params: dict                 # nested dicts of numpy arrays (LoRA adapters merged)
+  params: dict                 # nested dicts of numpy arrays (as read; see `whole`)
   model_state: dict            # BatchNorm statistics ({} for a model without them)
   source: str                  # the path read (a checkpoint step directory, or a file)
   model: Optional[str] = None  # the model's name, where known (config.json, export JSON)
   options: Optional[dict] = None  # its model options
+  config: Optional[ml_collections.ConfigDict] = None  # the run's config, where it has one
+  # A checkpoint of a run with a trainable set holds only that set, and records the digest
+  # of its frozen rest (checkpointing.tree_digest); None: it holds every parameter.
+  frozen_digest: Optional[str] = None
 
   def describe(self) -> str:
     if self.model is None:
@@ -90,9 +97,9 @@ def checkpoint_of(path: str) -> tuple[str, int]:
   checkpoints directory, or one step directory. Raises ConfigError otherwise."""
   path = os.path.abspath(path)
   candidates = [(os.path.join(path, "checkpoints"), None), (path, None)]
-  parent, name = os.path.split(path)
+  name = os.path.basename(path)
   if name.isdigit():
-    candidates.insert(0, (parent, int(name)))
+    candidates.insert(0, (os.path.dirname(path), int(name)))
   for directory, step in candidates:
     if not os.path.isdir(directory):
       continue
@@ -118,7 +125,7 @@ def _server_state(state: dict, where: str) -> dict:
 
 
 def load(path: str) -> Pretrained:
-  """The parameters `path` holds (module docstring). Nothing there is written."""
+  """The parameters `path` holds, as read (module docstring). Nothing there is written."""
   if not isinstance(path, str) or not path.strip():
     raise ConfigError(f"config.init_from={path!r} is not accepted; {_ACCEPTED}")
   path = os.path.expanduser(path)
@@ -129,49 +136,59 @@ def load(path: str) -> Pretrained:
   directory, step = checkpoint_of(path)
   ckpt = checkpointing.Checkpointer(directory, read_only=True)
   try:
-    state, _ = ckpt.restore_tree(step)
+    state, meta = ckpt.restore_tree(step)
   finally:
     ckpt.close()
   where = ckpt.step_dir(step)
   server = _server_state(state, where)
   config = workdir_config(os.path.dirname(directory))
   model = options = None
-  params = server["params"]
   if config is not None:
-    params = _with_frozen(config, params, where)
     model, options = config.model, config.model_options.to_dict()
-    lora = lora_lib.LoRA.parse(options.get("lora"), "model_options.lora")
-    if lora is not None:  # the run's model is its base with the adapters merged
-      params = jax.tree.map(np.asarray, lora_lib.merged(params, lora))
-      options = {k: v for k, v in options.items() if k != "lora"}
-  return Pretrained(params, server.get("model_state") or {}, where, model, options)
+  frozen_digest = ((meta or {}).get("program") or {}).get(checkpointing.FROZEN_DIGEST)
+  return Pretrained(server["params"], server.get("model_state") or {}, where, model, options,
+                    config, frozen_digest)
 
 
-def _with_frozen(config, params: dict, where: str) -> dict:
+def whole(pretrained: Pretrained) -> Pretrained:
+  """The source run's model as plain parameters (module docstring): its frozen rest added
+  when the checkpoint holds only its trainable set, its adapters merged. Without the run's
+  config (an export file, a checkpoint without config.json) the parameters are as read."""
+  config = pretrained.config
+  if config is None:
+    return pretrained
+  params = pretrained.params
+  if pretrained.frozen_digest is not None:
+    params = _with_frozen(config, pretrained)
+  options = pretrained.options
+  lora = lora_lib.LoRA.parse(options.get("lora"), "model_options.lora")
+  if lora is not None:  # the run's model is its base with the adapters merged
+    params = jax.tree.map(np.asarray, lora_lib.merged(params, lora))
+    options = {k: v for k, v in options.items() if k != "lora"}
+  return dataclasses.replace(pretrained, params=params, options=options, config=None,
+                             frozen_digest=None)
+
+
+def _with_frozen(config, pretrained: Pretrained) -> dict:
   """The whole parameter tree of a run whose checkpoint holds only its trainable set
   (config.trainable, the adapters under LoRA): the frozen rest is the run's start, derived
   again from its config as its own resume derives it (the model's initialisation from
-  config.seed, or its config.init_from), so its data must be readable. A checkpoint that
-  holds every parameter is returned as it is."""
-  names = config_lib.trainable_names(config)
-  if not names or _holds_frozen(params, names):
-    return params
+  config.seed, or its config.init_from), so its data must be readable; its digest must be
+  the one the checkpoint records."""
   from fedjax_lama.run import parts as parts_lib, spec as spec_lib  # pylint: disable=g-import-not-at-top
-  start = parts_lib.prepare(spec_lib.build_spec(config)).params
-  part = lora_lib.trainable_set(start, names, "config.trainable")
+  source = spec_lib.build_spec(config)
+  start = parts_lib.prepare(source).params
+  part = lora_lib.trainable_set(start, source.options.trainable, "config.trainable")
   _, frozen = part.split(start)
   try:
-    return jax.tree.map(np.asarray, part.merge(params, frozen))
+    params = part.merge(pretrained.params, frozen)
   except ValueError as e:
-    raise DataError(f"{where}: {e}") from e
-
-
-def _holds_frozen(params: dict, names: str) -> bool:
-  """Whether `params` hold leaves outside the trainable set `names` (a whole model)."""
-  try:
-    return bool(jax.tree.leaves(lora_lib.trainable_set(params, names).split(params)[1]))
-  except ConfigError:  # a name selects nothing in them: not only the trainable set
-    return True
+    raise DataError(f"{pretrained.source}: {e}") from e
+  if checkpointing.tree_digest(frozen) != pretrained.frozen_digest:
+    raise DataError(f"{pretrained.source}: the frozen parameters its run's config derives "
+                    "again (the base under its trainable set) are not the ones it trained "
+                    "on; accepted: a run whose config.json and data are as they were")
+  return jax.tree.map(np.asarray, params)
 
 
 def _load_export(path: str) -> Pretrained:
@@ -209,56 +226,24 @@ def read_export_info(path: str) -> dict:
 
 
 # ---- the start of a run ----------------------------------------------------------------------
-def _kind(leaf) -> str:
-  """"float32[64, 256]": a leaf's dtype and shape (arrays and jax.ShapeDtypeStruct)."""
-  return f"{np.dtype(leaf.dtype).name}{list(leaf.shape)}"
-
-
-def _check_fits(expected: dict, given: dict, what: str, head: str, hint: str) -> None:
-  """`given` {path: array} has exactly the leaves of `expected` {path: array}, each of its
-  shape and dtype; else one ConfigError, starting with `head`, naming the first parameter
-  that differs."""
-  for path, leaf in expected.items():
-    name = "/".join(path)
-    if path not in given:
-      raise ConfigError(f"{head} has no {what} {name!r}, which the model has "
-                        f"({_kind(leaf)}){hint}")
-    have = given[path]
-    if _kind(have) != _kind(leaf):
-      raise ConfigError(f"{head}: {what} {name!r} is {_kind(have)} there; the model "
-                        f"expects {_kind(leaf)}{hint}")
-  for path in given:
-    if path not in expected:
-      raise ConfigError(f"{head} has the {what} {'/'.join(path)!r}, which the model does not "
-                        f"have{hint}")
-
-
-def _flat(tree) -> dict:
-  return dict(zip(leaf_paths(tree), jax.tree.leaves(tree)))
-
-
 def initial_params(params: Any, model_state: Any, pretrained: Pretrained,
                    field: str = "config.init_from") -> tuple[Any, Any]:
   """(params, model_state) of a run that starts from `pretrained` (module docstring):
-  its leaves in place of the fresh ones, as jax arrays of the same values; a model with
-  LoRA adapters keeps its fresh adapters over the pretrained base (`lora.with_base`).
-  A mismatch names `field`={pretrained.source}."""
+  the leaves of its whole model (`whole`) in place of the fresh ones, as jax arrays of the
+  same values; a model with LoRA adapters keeps its fresh adapters over the pretrained
+  base (`lora.with_base`). A mismatch names `field`={pretrained.source}."""
   hint, head = pretrained.describe(), f"{field}={pretrained.source}"
-  fresh = _flat(params)
-  base = {p: x for p, x in fresh.items() if p[-1] not in (lora_lib.ADAPTER_A,
-                                                          lora_lib.ADAPTER_B)}
-  _check_fits(base, _flat(pretrained.params), "parameter", head, hint)
-  _check_fits(_flat(model_state), _flat(pretrained.model_state), "BatchNorm statistic", head,
-              hint)
+  pretrained = whole(pretrained)
   on_device = lambda tree: jax.tree.map(jnp.asarray, tree)
-  start = pretrained.params
-  if len(base) < len(fresh):  # adapters: the checkpoint is their base
-    start = lora_lib.with_base(params, start)
-  if not jax.tree.leaves(model_state):
+  # A model with adapters keeps them over the pretrained base (`lora.with_base`).
+  start = with_leaves(params, pretrained.params, lora_lib.is_adapter, head, hint)
+  fresh_stats, given_stats = leaf_dict(model_state), leaf_dict(pretrained.model_state)
+  check_fits(fresh_stats, given_stats, "BatchNorm statistic", head, hint)
+  if not fresh_stats:
     return on_device(start), model_state
   # The model's own tree structure for the statistics (the checkpoint's are plain dicts).
   stats = jax.tree.unflatten(jax.tree.structure(model_state),
-                             [_flat(pretrained.model_state)[p] for p in _flat(model_state)])
+                             [given_stats[p] for p in fresh_stats])
   return on_device(start), on_device(stats)
 
 
