@@ -159,7 +159,7 @@ def whole(pretrained: Pretrained) -> Pretrained:
     return pretrained
   params = pretrained.params
   if pretrained.frozen_digest is not None:
-    params = _with_frozen(config, pretrained)
+    params = _with_frozen(pretrained)
   options = pretrained.options
   lora = lora_lib.LoRA.parse(options.get("lora"), "model_options.lora")
   if lora is not None:  # the run's model is its base with the adapters merged
@@ -169,14 +169,14 @@ def whole(pretrained: Pretrained) -> Pretrained:
                              frozen_digest=None)
 
 
-def _with_frozen(config, pretrained: Pretrained) -> dict:
+def _with_frozen(pretrained: Pretrained) -> dict:
   """The whole parameter tree of a run whose checkpoint holds only its trainable set
   (config.trainable, the adapters under LoRA): the frozen rest is the run's start, derived
   again from its config as its own resume derives it (the model's initialisation from
   config.seed, or its config.init_from), so its data must be readable; its digest must be
   the one the checkpoint records."""
   from fedjax_lama.run import parts as parts_lib, spec as spec_lib  # pylint: disable=g-import-not-at-top
-  source = spec_lib.build_spec(config)
+  source = spec_lib.build_spec(pretrained.config)
   start = parts_lib.prepare(source).params
   part = lora_lib.trainable_set(start, source.options.trainable, "config.trainable")
   _, frozen = part.split(start)
