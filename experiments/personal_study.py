@@ -475,18 +475,20 @@ def write_report(studies: Dict[str, Study], results: Dict[str, dict], out: str, 
 def write_study_files(studies: Dict[str, Study], results: Dict[str, dict], out: str,
                       command: str, elapsed: Optional[float], heading: str, intro: str,
                       section: Callable, stats_of: Callable, figure: str,
-                      panel_title: Callable[[str], str] = lambda name: name) -> str:
+                      panel_title: Callable[[str], str] = lambda name: name,
+                      plot_fn: Optional[Callable] = None) -> str:
   """The report files of a study of served models: <out>.md (heading, intro, command,
   machine, section(name, study, results[name], stats) per study, the figure), <out>.png
-  (`plot`, a panel per study) and <out>.json (every run's summary without its records, the
-  tuning scores, the rows' statistics as stats_of(rows, runs) gives them)."""
+  (plot_fn(path, panels), default `plot`, a panel per study) and <out>.json (every run's
+  summary without its records, the tuning scores, the rows' statistics as
+  stats_of(rows, runs) gives them, and results[name]["notes"] where a study has them)."""
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   panels, sections, stats = {}, [], {}
   for name, study in studies.items():
     stats[name] = stats_of(study.rows, results[name]["runs"])
     panels[panel_title(name)] = (study.rows, stats[name])
     sections += section(name, study, results[name], stats[name])
-  plot(out + ".png", panels)
+  (plot_fn or plot)(out + ".png", panels)
   wall = sum(r.get("wall_seconds", 0) / r.get("vectorized_runs", 1)
              for res in results.values() for runs in res["runs"].values() for r in runs)
   text = "\n".join([
@@ -509,7 +511,7 @@ def write_study_files(studies: Dict[str, Study], results: Dict[str, dict], out: 
                       "seeds": studies[name].seeds, "skipped": studies[name].skipped,
                       "rows": {r.label: {"run": r.run, "model": r.model}
                                for r in studies[name].rows},
-                      "stats": stats[name],
+                      "stats": stats[name], "notes": res.get("notes", {}),
                       "runs": {k: slim(v) for k, v in res["runs"].items()}}
                for name, res in results.items()}, f, indent=1, default=str)
   return text
