@@ -166,13 +166,15 @@ def metric(model: str, stat: str) -> str:
   return f"client_test_accuracy/{model}/{stat}"
 
 
-def select_rows(labels: Sequence[str]) -> List[Row]:
-  """--methods as rows (empty: all), in ROWS order; an unknown label stops with the list."""
-  unknown = [x for x in labels if x not in ROW_LABELS]
+def select_rows(labels: Sequence[str], rows: Sequence[Row] = ROWS) -> List[Row]:
+  """--methods as rows (empty: all), in the order of `rows` (default this study's ROWS); an
+  unknown label stops with the list."""
+  accepted = [r.label for r in rows]
+  unknown = [x for x in labels if x not in accepted]
   if unknown:
     raise ConfigError(f"--methods: {unknown[0]!r} is not accepted; accepted: "
-                      f"{', '.join(ROW_LABELS)}")
-  return [r for r in ROWS if not labels or r.label in labels]
+                      f"{', '.join(accepted)}")
+  return [r for r in rows if not labels or r.label in labels]
 
 
 def has_batchnorm(config) -> bool:
