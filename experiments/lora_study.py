@@ -334,9 +334,9 @@ def plot(path: str, panels: Dict[str, tuple]) -> None:
       ys = [stats[r.label][stat] for r in shown]
       ax.errorbar(xs, [y[0] for y in ys], yerr=[y[1] for y in ys], fmt=marker, capsize=2,
                   label=label, mfc="none" if stat == "mean" else None)
-    for r in shown:
+    for i, r in enumerate(shown):  # staggered, so that rows at one point stay legible
       ax.annotate(r.title, (stats[r.label]["uplink_bytes"], stats[r.label]["pooled"][0]),
-                  textcoords="offset points", xytext=(4, 4), fontsize=7)
+                  textcoords="offset points", xytext=(4, 4 - 9 * (i % 3)), fontsize=7)
     ax.set_xscale("symlog", linthresh=min(sent) if sent else 1.0)
     ax.set_xlabel("uplink bytes of the run (every role, every round)")
     ax.set_ylabel("next-character test accuracy (served model)")
