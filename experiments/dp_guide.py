@@ -115,7 +115,7 @@ def default_run():
   return config, sum(int(np.size(x)) for x in jax.tree.leaves(parts.params))
 
 
-def _options(config, num_clients: int, epsilon: float) -> dp_options.DpOptions:
+def calibrated_options(config, num_clients: int, epsilon: float) -> dp_options.DpOptions:
   """DpOptions of `config` over `num_clients` clients with sigma calibrated to `epsilon` for
   config.rounds rounds, as a run would calibrate it."""
   config = config.copy_and_resolve_references()
@@ -136,12 +136,12 @@ def population_rows(config, num_parameters: int) -> List[Dict]:
   root = math.sqrt(num_parameters)
   rows = []
   for epsilon in EPSILONS:
-    at = {n: _options(config, n, epsilon) for n in POPULATIONS}
+    at = {n: calibrated_options(config, n, epsilon) for n in POPULATIONS}
     sigma = at[POPULATIONS[0]].noise_multiplier
     # Every client in every round: the cohort is N, sigma does not depend on N, and the noise
     # norm sigma C sqrt(d) / N falls to C at N = sigma sqrt(d); checked at that N below.
     needed = math.ceil(sigma * root)
-    check = _options(config, needed, epsilon)
+    check = calibrated_options(config, needed, epsilon)
     assert dp_options.noise_std_on_mean(check) * root <= check.clip_norm, (epsilon, needed)
     rows.append({
         "epsilon": epsilon, "sigma": sigma, "needed": needed,

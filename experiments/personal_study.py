@@ -166,13 +166,15 @@ def metric(model: str, stat: str) -> str:
   return f"client_test_accuracy/{model}/{stat}"
 
 
-def select_rows(labels: Sequence[str]) -> List[Row]:
-  """--methods as rows (empty: all), in ROWS order; an unknown label stops with the list."""
-  unknown = [x for x in labels if x not in ROW_LABELS]
+def select_rows(labels: Sequence[str], rows: Sequence[Row] = ROWS) -> List[Row]:
+  """--methods as rows (empty: all), in the order of `rows` (default this study's ROWS); an
+  unknown label stops with the list."""
+  accepted = [r.label for r in rows]
+  unknown = [x for x in labels if x not in accepted]
   if unknown:
     raise ConfigError(f"--methods: {unknown[0]!r} is not accepted; accepted: "
-                      f"{', '.join(ROW_LABELS)}")
-  return [r for r in ROWS if not labels or r.label in labels]
+                      f"{', '.join(accepted)}")
+  return [r for r in rows if not labels or r.label in labels]
 
 
 def has_batchnorm(config) -> bool:
@@ -475,18 +477,20 @@ def write_report(studies: Dict[str, Study], results: Dict[str, dict], out: str, 
 def write_study_files(studies: Dict[str, Study], results: Dict[str, dict], out: str,
                       command: str, elapsed: Optional[float], heading: str, intro: str,
                       section: Callable, stats_of: Callable, figure: str,
-                      panel_title: Callable[[str], str] = lambda name: name) -> str:
+                      panel_title: Callable[[str], str] = lambda name: name,
+                      plot_fn: Optional[Callable] = None) -> str:
   """The report files of a study of served models: <out>.md (heading, intro, command,
   machine, section(name, study, results[name], stats) per study, the figure), <out>.png
-  (`plot`, a panel per study) and <out>.json (every run's summary without its records, the
-  tuning scores, the rows' statistics as stats_of(rows, runs) gives them)."""
+  (plot_fn(path, panels), default `plot`, a panel per study) and <out>.json (every run's
+  summary without its records, the tuning scores, the rows' statistics as
+  stats_of(rows, runs) gives them, and results[name]["notes"] where a study has them)."""
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   panels, sections, stats = {}, [], {}
   for name, study in studies.items():
     stats[name] = stats_of(study.rows, results[name]["runs"])
     panels[panel_title(name)] = (study.rows, stats[name])
     sections += section(name, study, results[name], stats[name])
-  plot(out + ".png", panels)
+  (plot_fn or plot)(out + ".png", panels)
   wall = sum(r.get("wall_seconds", 0) / r.get("vectorized_runs", 1)
              for res in results.values() for runs in res["runs"].values() for r in runs)
   text = "\n".join([
@@ -509,7 +513,7 @@ def write_study_files(studies: Dict[str, Study], results: Dict[str, dict], out: 
                       "seeds": studies[name].seeds, "skipped": studies[name].skipped,
                       "rows": {r.label: {"run": r.run, "model": r.model}
                                for r in studies[name].rows},
-                      "stats": stats[name],
+                      "stats": stats[name], "notes": res.get("notes", {}),
                       "runs": {k: slim(v) for k, v in res["runs"].items()}}
                for name, res in results.items()}, f, indent=1, default=str)
   return text

@@ -19,7 +19,6 @@ import math
 
 from absl import app
 
-from experiments import main as cli
 from fedjax_lama.errors import ConfigError
 
 
@@ -45,6 +44,7 @@ def pretrain(config, workdir) -> dict:
 
 
 def final_line(summary: dict) -> str:
+  from experiments import main as cli  # pylint: disable=g-import-not-at-top
   bits = summary.get("final_test_bits_per_token", summary["final_test_loss"] / math.log(2.0))
   return (f"pretrained: test_loss={summary['final_test_loss']:.4f} "
           f"test_bits_per_token={bits:.4f} test_accuracy={summary['final_test_accuracy']:.4f} "
@@ -54,8 +54,12 @@ def final_line(summary: dict) -> str:
 
 
 def main(argv):
+  from experiments import main as cli  # pylint: disable=g-import-not-at-top
   cli.main(argv, train=pretrain, final_line=final_line)
 
 
+# The CLI's flags (a required --workdir) are defined only when this runs as a command, so that
+# pretrain() and check_central() import into other commands (experiments/lora_study.py).
 if __name__ == "__main__":
+  from experiments import main as cli  # pylint: disable=g-import-not-at-top
   app.run(main, flags_parser=cli.parse_flags)
