@@ -26,10 +26,21 @@ frozen base once (a LoRA run's base is one broadcast input of the chunk, never p
 Speed (--speed_clients, a small K): each mode's jitted chunk and server update run
 --repeats times after a warm-up call; clients/s and tokens/s (trained tokens: clients x
 steps x batch x sequence length) are printed side by side, with LoRA's against full
-fine-tuning's. The figures and the command are in docs/performance.md, "LoRA".
+fine-tuning's.
+
+--peers=peft (under a python with PyTorch and PEFT, requirements-peers.txt): beside each
+mode without remat, in the same interleaved passes, the PyTorch speed peer trains the same
+K clients on the same batches: the torch twin of the transformer, PEFT's LoraModel with the
+same layers, rank and alpha (or every weight for full fine-tuning), the clients one after
+another, K plain SGD steps each from the global adapters, then their mean
+(third_party/peft_peer.py `transformer_loop`), torch on as many threads as the cores this
+process may use. Printed: the peer's rows, ours / peer per mode, and how far the two new
+global states lie apart after one round (float32). The figures and the commands are in
+docs/performance.md, "LoRA".
 """
 import dataclasses
 import json
+import os
 import time
 
 from absl import app, flags
@@ -42,9 +53,11 @@ from fedjax_lama import algorithms, models
 from fedjax_lama.algorithms import Common
 from fedjax_lama.engine import cohort as cohort_lib, local, plan as plan_lib, sync_round
 from fedjax_lama.models import lora
+from fedjax_lama.tree import leaf_names
 
 VOCAB = 81  # LEAF's Shakespeare characters
 TARGETS = "*/attention/*,*/mlp_*"
+PEERS = ("peft",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +80,8 @@ class Setting:
 
 
 def build(mode: Mode, s: Setting):
-  """(jitted chunk, server update, server state, frozen, loss options) of one mode."""
+  """(jitted chunk, server update, server state, frozen, trainable, the whole initial
+  parameters) of one mode."""
   options = dict(width=s.width, depth=s.depth, heads=s.heads, max_len=s.seq,
                  remat=mode.remat == "block")
   if mode.rank:
@@ -86,7 +100,7 @@ def build(mode: Mode, s: Setting):
       loss_fn, alg, optax.constant_schedule(0.1), seed=0, weighting="uniform",
       local_steps=s.steps, population=1024, jit=False, plan=plan)
   return (local.jit_training(train_chunk, plan=plan), jax.jit(server_update), server, frozen,
-          trainable)
+          trainable, params)
 
 
 def chunk_args(server, frozen, k: int, s: Setting, concrete: bool = False):
@@ -118,7 +132,7 @@ def tree_bytes(tree) -> int:
 
 
 def memory(mode: Mode, s: Setting, ks) -> dict:
-  chunk, _, server, frozen, trainable = build(mode, s)
+  chunk, _, server, frozen, trainable, _ = build(mode, s)
   rows = {}
   for k in ks:
     args, fz = chunk_args(server, frozen, k, s)
@@ -141,20 +155,47 @@ def slope(rows: dict) -> float:
   return (total(b) - total(a)) / (k1 - k0)
 
 
-def speeds(modes, s: Setting, k: int, repeats: int) -> dict:
-  """Each mode's best round time over `repeats` passes, the modes interleaved in every pass
-  (so that a slower moment of a shared machine falls on every mode alike)."""
-  rounds = {}
+def by_path(tree) -> dict:
+  return dict(zip(leaf_names(tree), map(np.asarray, jax.tree.leaves(tree))))
+
+
+def peer_round(mode: Mode, s: Setting, params, args, threads: int):
+  """The PyTorch (+ PEFT) loop over the chunk's clients and batches (`args`, concrete):
+  (run, its result in our layout by path)."""
+  from third_party import peft_peer  # pylint: disable=g-import-not-at-top
+  data_x, data_y, indices = np.asarray(args[2]), np.asarray(args[3]), np.asarray(args[4].indices)
+  batches = [[(data_x[rows], data_y[rows]) for rows in client] for client in indices]
+  options = dict(vocab_size=VOCAB, width=s.width, depth=s.depth, heads=s.heads, max_len=s.seq)
+  run, paths = peft_peer.transformer_loop(by_path(params), options, batches, 0.1,
+                                          alpha=2.0 * mode.rank, threads=threads)
+  return run, lambda state: peft_peer.our_layout(state, paths)
+
+
+def peer_name(mode: Mode) -> str:
+  return f"PEFT {mode.name}" if mode.rank else f"PyTorch {mode.name}"
+
+
+def speeds(modes, s: Setting, k: int, repeats: int, peers=(), threads: int = 0) -> dict:
+  """Each mode's best round time over `repeats` passes, the modes (and with `peers` the
+  PyTorch loop beside each mode without remat) interleaved in every pass, so that a slower
+  moment of a shared machine falls on every mode alike. With peers: each peer's distance
+  from our new global state after the warm-up round."""
+  rounds, distances = {}, {}
   for mode in modes:
-    chunk, update, server, frozen, _ = build(mode, s)
+    chunk, update, server, frozen, _, params = build(mode, s)
     args, fz = chunk_args(server, frozen, k, s, concrete=True)
 
     def one_round(chunk=chunk, update=update, server=server, args=args, fz=fz):
       sums, _, _ = chunk(*args, frozen=fz)
       return update(server, sums).params
 
-    jax.block_until_ready(one_round())  # compile
+    ours = by_path(jax.block_until_ready(one_round()))  # compile
     rounds[mode.name] = one_round
+    if "peft" in peers and mode.remat == "none":
+      theirs, to_ours = peer_round(mode, s, params, args, threads)
+      distances[peer_name(mode)] = max(float(np.max(np.abs(v - ours[p])))
+                                       for p, v in to_ours(theirs()).items())
+      rounds[peer_name(mode)] = theirs
   times = {name: [] for name in rounds}
   for _ in range(repeats):
     for name, one_round in rounds.items():
@@ -162,15 +203,22 @@ def speeds(modes, s: Setting, k: int, repeats: int) -> dict:
       jax.block_until_ready(one_round())
       times[name].append(time.perf_counter() - start)
   tokens = k * s.steps * s.batch * s.seq
-  return {name: {"round_s": min(t), "clients_per_s": k / min(t),
-                 "tokens_per_s": tokens / min(t)} for name, t in times.items()}
+  out = {name: {"round_s": min(t), "median_s": float(np.median(t)), "clients_per_s": k / min(t),
+                "tokens_per_s": tokens / min(t)} for name, t in times.items()}
+  for name, distance in distances.items():
+    out[name]["distance"] = distance
+  return out
 
 
 def mib(n: float) -> str:
   return f"{n / 2**20:9.1f}"
 
 
-def run(s: Setting, ks, ranks, remat, speed_k: int, repeats: int) -> dict:
+def run(s: Setting, ks, ranks, remat, speed_k: int, repeats: int, peers=(),
+        threads: int = 0) -> dict:
+  unknown = [p for p in peers if p not in PEERS]
+  if unknown:
+    raise ValueError(f"--peers: unknown peer {unknown[0]!r}; accepted: {', '.join(PEERS)}")
   modes = [Mode("full")] + [Mode(f"lora r={r}", r) for r in ranks]
   for how in remat:
     modes += [Mode(f"full, remat {how}", 0, how), Mode(f"lora r={ranks[-1]}, remat {how}",
@@ -182,13 +230,33 @@ def run(s: Setting, ks, ranks, remat, speed_k: int, repeats: int) -> dict:
   if ks:
     memory_table(result, modes, s, ks)
   if speed_k:
-    print(f"\nspeed at K={speed_k} (best of {repeats} interleaved passes after a warm-up)")
-    print(f"{'mode':>22} {'round s':>8} {'clients/s':>10} {'tokens/s':>10} {'x full':>7}")
-    for name, r in speeds(modes, s, speed_k, repeats).items():
-      result["speed"][name] = r
-      print(f"{name:>22} {r['round_s']:8.3f} {r['clients_per_s']:10.2f} "
-            f"{r['tokens_per_s']:10.0f} {r['tokens_per_s'] / result['speed']['full']['tokens_per_s']:7.2f}")
+    speed_table(result, modes, s, speed_k, repeats, peers, threads)
   return result
+
+
+def speed_table(result, modes, s: Setting, k: int, repeats: int, peers, threads: int) -> None:
+  print(f"\nspeed at K={k} (best of {repeats} interleaved passes after a warm-up)")
+  if peers:
+    from third_party import peft_peer  # pylint: disable=g-import-not-at-top
+    threads = threads or len(os.sched_getaffinity(0))
+    result["peer"] = {"versions": peft_peer.versions(), "torch_threads": threads}
+    print(f"peer: {peft_peer.versions()}, eager, torch.set_num_threads({threads}); clients one "
+          f"after another; 'apart': largest difference of the new global state from ours")
+  measured = speeds(modes, s, k, repeats, peers, threads)
+  result["speed"] = measured
+  print(f"{'mode':>22} {'round s':>8} {'clients/s':>10} {'tokens/s':>10} {'x full':>7}"
+        + (f" {'ours/peer':>9} {'apart':>8}" if peers else ""))
+  ours = {m.name: peer_name(m) for m in modes}
+  for name, r in measured.items():
+    full = measured["full" if name in ours else peer_name(Mode("full"))]
+    line = (f"{name:>22} {r['round_s']:8.3f} {r['clients_per_s']:10.2f} "
+            f"{r['tokens_per_s']:10.0f} {r['tokens_per_s'] / full['tokens_per_s']:7.2f}")
+    if ours.get(name) in measured:
+      r["ours_vs_peer"] = r["tokens_per_s"] / measured[ours[name]]["tokens_per_s"]
+      line += f" {r['ours_vs_peer']:9.2f}"
+    elif "distance" in r:
+      line += f" {'':>9} {r['distance']:8.1e}"
+    print(line)
 
 
 def memory_table(result, modes, s: Setting, ks) -> None:
@@ -231,6 +299,9 @@ def define_flags():
   flags.DEFINE_list("remat", ["block", "loss"], "remat variants ('' for none)")
   flags.DEFINE_integer("speed_clients", 8, "K of the speed rows (0: none)")
   flags.DEFINE_integer("repeats", 3, "timed rounds per mode")
+  flags.DEFINE_list("peers", [], "speed peers beside the speed rows: peft (PyTorch + PEFT)")
+  flags.DEFINE_integer("torch_threads", 0, "--peers: torch.set_num_threads (0: the cores "
+                       "this process may use)")
   flags.DEFINE_string("json", "", "also write the figures here")
 
 
@@ -239,7 +310,8 @@ def main(argv):
   s = Setting(FLAGS.width, FLAGS.depth, FLAGS.heads, FLAGS.batch, FLAGS.seq, FLAGS.steps,
               FLAGS.momentum)
   result = run(s, [int(k) for k in FLAGS.clients], [int(r) for r in FLAGS.ranks],
-               [r for r in FLAGS.remat if r], FLAGS.speed_clients, FLAGS.repeats)
+               [r for r in FLAGS.remat if r], FLAGS.speed_clients, FLAGS.repeats,
+               FLAGS.peers, FLAGS.torch_threads)
   if FLAGS.json:
     with open(FLAGS.json, "w") as f:
       json.dump(result, f, indent=1, default=float)

@@ -1,4 +1,5 @@
-"""Hugging Face PEFT's LoRA driven on torch modules that mirror ours, for equivalence checks.
+"""Hugging Face PEFT's LoRA driven on torch modules that mirror ours: equivalence checks and
+the speed peer of `python -m benchmarks.lora_memory --peers=peft`.
 
 PEFT (https://github.com/huggingface/peft; Mangrulkar et al. 2022) wraps a torch module's
 `nn.Linear` layers named in `LoraConfig.target_modules` (a suffix of the module's dotted
@@ -11,15 +12,27 @@ name) by `peft.tuners.lora.Linear`, which computes
 `LoraModel` freezes every parameter but the adapters. This adapter builds the torch twin of
 one of our modules (a Dense layer, a transformer block), loads our float64 weights into it
 (transposing the kernels), wraps it with `LoraModel`, and runs one SGD step on
-0.5 mean((y - target)^2); the results come back in our layout. PEFT and PyTorch are
-optional dependencies (requirements-peers.txt, a virtual environment of their own).
+0.5 mean((y - target)^2); the results come back in our layout.
+
+`transformer_module` is the twin of the whole `transformer_lm`, and `fed_avg_loop` trains
+a cohort on it the way PyTorch federated fine-tuning runs (FlowerTune's LLM template, PEFT's
+own examples): one model in memory, the clients one after another, each loading the global
+trainable weights (the adapters, as `set_peft_model_state_dict` does; every weight without
+PEFT), taking plain SGD steps on its batches with a fresh optimizer, and leaving its
+trainable weights, whose uniform mean is the new global state (FedAvg over A and B). PEFT
+and PyTorch are optional dependencies (requirements-peers.txt, a virtual environment of
+their own).
 """
-from typing import Mapping, Optional
+import os
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
 # Our leaf name -> torch's parameter name within the same module; kernels are transposed.
-_LEAVES = {"kernel": "weight", "scale": "weight", "bias": "bias"}
+_LEAVES = {"kernel": "weight", "scale": "weight", "bias": "bias", "embedding": "weight"}
+# Our adapter leaves -> PEFT's parameters inside the wrapped layer (adapter "default"),
+# transposed: ours A [in, r], B [r, out]; PEFT's lora_A.weight [r, in], lora_B.weight [out, r].
+_ADAPTERS = {"lora_a": "lora_A.default.weight", "lora_b": "lora_B.default.weight"}
 
 
 def _imports():
@@ -53,7 +66,8 @@ def dense_module(features_in: int, features_out: int, name: str = "proj"):
   return OneLinear().double()
 
 
-def block_module(width: int, heads: int, mlp_ratio: int, epsilon: float = 1e-5):
+def block_module(width: int, heads: int, mlp_ratio: int, epsilon: float = 1e-5,
+                 dtype: str = "float64"):
   """The torch twin of fedjax_lama.models.transformer.Block (pre-LayerNorm; causal
   multi-head attention through `scaled_dot_product_attention`; GELU, tanh approximation),
   its submodules named as our layers are."""
@@ -82,7 +96,150 @@ def block_module(width: int, heads: int, mlp_ratio: int, epsilon: float = 1e-5):
       h = self.mlp_out(functional.gelu(self.mlp_in(self.mlp_norm(x)), approximate="tanh"))
       return x + h
 
-  return Block().double()
+  return Block().to(getattr(torch, dtype))
+
+
+def transformer_module(vocab_size: int, width: int, depth: int, heads: int,
+                       mlp_ratio: int = 4, max_len: int = 80, num_classes: Optional[int] = None,
+                       epsilon: float = 1e-5, dtype: str = "float64"):
+  """The torch twin of `transformer_lm` (untied head, no dropout): token and learned
+  position embeddings summed, `depth` of `block_module`, the final LayerNorm and the output
+  Linear `Dense_0`; int64 tokens [batch, time] -> logits [batch, time, classes]."""
+  _, torch = _imports()
+
+  class TransformerLM(torch.nn.Module):
+
+    def __init__(self):
+      super().__init__()
+      self.token_embed = torch.nn.Embedding(vocab_size, width)
+      self.position_embed = torch.nn.Embedding(max_len, width)
+      self.blocks = [block_module(width, heads, mlp_ratio, epsilon, dtype) for _ in range(depth)]
+      for i, block in enumerate(self.blocks):
+        self.add_module(f"block_{i}", block)
+      self.final_norm = torch.nn.LayerNorm(width, eps=epsilon)
+      self.add_module("Dense_0", torch.nn.Linear(width, num_classes or vocab_size))
+
+    def forward(self, tokens):
+      h = self.token_embed(tokens) + self.position_embed(torch.arange(tokens.shape[1]))[None]
+      for block in self.blocks:
+        h = block(h)
+      return self.get_submodule("Dense_0")(self.final_norm(h))
+
+  return TransformerLM().to(getattr(torch, dtype))
+
+
+def torch_name(path: str) -> tuple:
+  """Our "/"-joined leaf path -> (the twin's parameter name, whether it is transposed).
+  Adapter leaves name PEFT's parameters of the wrapped twin."""
+  *layer, leaf = path.split("/")
+  if leaf in _ADAPTERS:
+    return ".".join(layer + [_ADAPTERS[leaf]]), True
+  return ".".join(layer + [_LEAVES[leaf]]), leaf == "kernel"
+
+
+def is_adapter(path: str) -> bool:
+  return path.rsplit("/", 1)[-1] in _ADAPTERS
+
+
+def load(module, params: Mapping[str, np.ndarray]) -> None:
+  """Copies our leaves, by path, into the parameters of `module` that they name."""
+  _, torch = _imports()
+  named = dict(module.named_parameters())
+  with torch.no_grad():
+    for path, value in params.items():
+      name, transposed = torch_name(path)
+      if name not in named:
+        raise KeyError(f"{path}: the torch module has no parameter {name}")
+      value = np.asarray(value)
+      named[name].copy_(torch.as_tensor(np.array(value.T if transposed else value)))
+
+
+def our_layout(state: Mapping[str, object], paths: Sequence[str]) -> dict:
+  """Torch tensors by the twin's parameter names (a `LoraModel` keeps the twin as its
+  `model`: that prefix is dropped) -> numpy arrays by our paths, among `paths`."""
+  by_name = {torch_name(p)[0]: p for p in paths}
+  out = {}
+  for name, tensor in state.items():
+    path = by_name[name.removeprefix("model.")]
+    value = tensor.detach().numpy()
+    out[path] = value.T.copy() if torch_name(path)[1] else value.copy()
+  return out
+
+
+def lora_model(module, layers: Sequence[str], *, rank: int, alpha: float):
+  """PEFT's `LoraModel` over `module`: adapters (dropout 0) on exactly the layers named by
+  their dotted names; every other parameter frozen."""
+  peft, _ = _imports()
+  config = peft.LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0,
+                           target_modules=list(layers))
+  model = peft.tuners.lora.LoraModel(module, config, "default")
+  wrapped = {name for name, layer in model.model.named_modules()
+             if isinstance(layer, peft.tuners.lora.Linear)}
+  if wrapped != set(layers):
+    raise ValueError(f"PEFT wrapped {sorted(wrapped)}, not {sorted(layers)}")
+  return model
+
+
+def fed_avg_loop(model, batches, lr: float, threads: int = 0):
+  """run() -> the new global trainable weights {parameter name: tensor} after one FedAvg
+  round of clients trained one after another (module docstring).
+
+  model: the twin holding the global weights, wrapped by `lora_model` or not; the
+  parameters that require a gradient are the trainable set (PEFT's adapters, or every
+  weight). batches[c][k]: client c's (x, y) of step k, int tokens and next-token targets
+  [batch, time]; the loss is the mean cross-entropy over every position. Each client loads
+  the global trainable weights and takes one SGD(lr) step per batch; the new global state is
+  the clients' uniform mean (equal client sizes). threads: torch.set_num_threads (0: the
+  cores this process may use).
+  """
+  _, torch = _imports()
+  torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
+  trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+  start = {n: p.detach().clone() for n, p in trainable.items()}
+  data = [[(torch.as_tensor(np.asarray(x, np.int64)), torch.as_tensor(np.asarray(y, np.int64)))
+           for x, y in client] for client in batches]
+  cross_entropy = torch.nn.functional.cross_entropy
+  model.train()
+
+  def run():
+    total = {n: torch.zeros_like(v) for n, v in start.items()}
+    for client in data:
+      with torch.no_grad():
+        for n, p in trainable.items():
+          p.copy_(start[n])
+      optimizer = torch.optim.SGD(list(trainable.values()), lr=lr)
+      for x, y in client:
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(x)
+        cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).backward()
+        optimizer.step()
+      with torch.no_grad():
+        for n, p in trainable.items():
+          total[n] += p
+    return {n: v / len(data) for n, v in total.items()}
+
+  return run
+
+
+def transformer_loop(params: Mapping[str, np.ndarray], options: Mapping[str, int], batches,
+                     lr: float, *, alpha: float = 0.0, dtype: str = "float32", threads: int = 0):
+  """`fed_avg_loop` on the twin of `transformer_lm` holding our `params` (by path).
+
+  options: the twin's (`transformer_module`: vocab_size, width, depth, heads, max_len, ...).
+  With adapter leaves in `params` the twin is wrapped by PEFT (`lora_model`: the layers
+  that hold them, their rank, scaling alpha / r) and trains the adapters, loaded from ours;
+  without, it trains every weight. Returns (run, paths): `our_layout(run(), paths)` is the
+  new global trainable set in our layout.
+  """
+  module = transformer_module(**options, dtype=dtype)
+  load(module, {p: v for p, v in params.items() if not is_adapter(p)})
+  adapters = {p: v for p, v in params.items() if is_adapter(p)}
+  if adapters:
+    layers = sorted({p.rsplit("/", 1)[0].replace("/", ".") for p in adapters})
+    rank = np.shape(next(v for p, v in adapters.items() if p.endswith("lora_a")))[-1]
+    module = lora_model(module, layers, rank=rank, alpha=alpha)
+    load(module.model, adapters)
+  return fed_avg_loop(module, batches, lr, threads), list(params)
 
 
 def lora_step(module, params: Mapping[str, np.ndarray], targets, x: np.ndarray,
@@ -110,25 +267,14 @@ def lora_step(module, params: Mapping[str, np.ndarray], targets, x: np.ndarray,
      PEFT's merge_and_unload after the step, "trainable": names PEFT trains}.
   """
   peft, torch = _imports()
-  with torch.no_grad():
-    named = dict(module.named_parameters())
-    for path, value in params.items():
-      *layer, leaf = path.split("/")
-      if leaf in _LEAVES:
-        value = value.T if leaf == "kernel" else value
-        named[".".join(layer + [_LEAVES[leaf]])].copy_(torch.as_tensor(np.array(value)))
+  load(module, {p: v for p, v in params.items() if not is_adapter(p)})
   config = peft.LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout,
                            target_modules=list(targets), use_rslora=use_rslora,
                            init_lora_weights=init_lora_weights)
   model = peft.tuners.lora.LoraModel(module, config, "default")
   layers = {name: layer for name, layer in model.model.named_modules()
             if isinstance(layer, peft.tuners.lora.Linear)}
-  with torch.no_grad():
-    for name, layer in layers.items():
-      path = name.replace(".", "/")
-      if f"{path}/lora_a" in params:
-        layer.lora_A["default"].weight.copy_(torch.as_tensor(params[f"{path}/lora_a"].T))
-        layer.lora_B["default"].weight.copy_(torch.as_tensor(params[f"{path}/lora_b"].T))
+  load(model.model, {p: v for p, v in params.items() if is_adapter(p)})
   if masks is not None:
     for name, layer in layers.items():
       layer.lora_dropout["default"] = _FixedDropout(torch, masks[name.replace(".", "/")],

@@ -18,22 +18,25 @@ def largest(a, b) -> float:
              for x, y in zip(leaves_a, leaves_b))
 
 
-def rounds(alg, model, batches, cohorts, server, lr: float, steps=None):
+def rounds(alg, model, batches, cohorts, server, lr: float, steps=None, trainable=None,
+           frozen=None):
   """Yields (cohort ids, server, rows of every client) after each round.
 
   batches[i]: client i's list of (x, y) batches, all of one size; client i's step k trains on
   its batch k mod len(batches[i]), for steps[i] steps (default: one pass); its weight is its
   number of examples. Client SGD at `lr`; rows start at alg.row_init(server.params) (none
-  without it: FedAvg). Runs in
-  the caller's precision (the peer tests enable float64).
+  without it: FedAvg). trainable: a LoRA run's trainable set (models/lora.py `TrainableSet`),
+  the server's params being its trainable part and `frozen` the rest. Runs in the caller's
+  precision (the peer tests enable float64).
   """
   per_client = tuple(len(b) for b in batches)
   steps = per_client if steps is None else tuple(steps)
   batch = int(np.shape(batches[0][0][0])[0])
   max_steps, n = max(steps), len(batches)
+  merge = trainable.merge if trainable is not None else None
   train_chunk, server_update = sync_round.make_round_fns(
-      local_lib.make_loss_fn(model, False), alg, optax.constant_schedule(lr), seed=0,
-      weighting="examples", local_steps=max_steps, population=n)
+      local_lib.make_loss_fn(model, False, merge=merge), alg, optax.constant_schedule(lr),
+      seed=0, weighting="examples", local_steps=max_steps, population=n)
   flat = [b for client in batches for b in client]
   data_x = jnp.asarray(np.concatenate([x for x, _ in flat]))
   data_y = jnp.asarray(np.concatenate([y for _, y in flat]), jnp.int32)
@@ -53,7 +56,7 @@ def rounds(alg, model, batches, cohorts, server, lr: float, steps=None):
     cohort = cohort_lib.Cohort(jnp.asarray(indices), jnp.ones(indices.shape),
                                jnp.asarray(step_mask), jnp.ones(c), ids, jnp.asarray(sizes))
     rows = cohort_lib.gather_rows(store, ids) if store else {}
-    sums, new_rows, _ = train_chunk(server, rows, data_x, data_y, cohort, r)
+    sums, new_rows, _ = train_chunk(server, rows, data_x, data_y, cohort, r, frozen=frozen)
     if store:
       store = cohort_lib.scatter_rows(store, ids, jnp.ones(c), new_rows)
     server = server_update(server, sums)

@@ -134,7 +134,7 @@ def our_model(vocabulary=FEDJAX_IDS, tanh_outputs=True):
 def our_round(model, params, batches):
   """The engine's FedAvg round (every client once, weighted by its examples)."""
   alg = algorithms.build("fedavg")
-  server = alg.init_server(params, {})
+  server = alg.server.init(params, {})
   (_, server, _), = engine_rounds.rounds(alg, model, batches, (tuple(range(len(batches))),),
                                          server, LR)
   return jax.tree.map(np.asarray, server.params)

@@ -44,9 +44,11 @@ import flax.linen as nn  # pylint: disable=g-import-not-at-top,wrong-import-posi
 import jax  # pylint: disable=wrong-import-position
 import jax.numpy as jnp  # pylint: disable=wrong-import-position
 
+from fedjax_lama import algorithms, models  # pylint: disable=wrong-import-position
 from fedjax_lama.models import (  # pylint: disable=wrong-import-position
     lora, param_layers, transformer)
 from fedjax_lama.tree import leaf_names  # pylint: disable=wrong-import-position
+from tests.peers import engine_rounds  # pylint: disable=wrong-import-position
 from third_party import peft_peer  # pylint: disable=wrong-import-position
 
 pytestmark = pytest.mark.slow
@@ -90,11 +92,16 @@ def _inputs(build, seed=0) -> dict:
   with jax.enable_x64(True):
     shapes = jax.eval_shape(model.init, {"params": jax.random.PRNGKey(0)}, x)["params"]
     out = jax.eval_shape(lambda p: model.apply({"params": p}, x), shapes).shape
+  return {"params": _draw(rng, shapes), "x": x, "target": rng.normal(size=out),
+          "targets": targets}
+
+
+def _draw(rng, shapes) -> dict:
+  """Float64 leaves by path for the shapes of a parameter tree: matrices N(0, 1/rows),
+  biases N(0, 0.1^2), LayerNorm scales N(1, 0.1^2)."""
   draw = lambda n, shape: (rng.normal(0, 1 / np.sqrt(shape[0]), shape) if len(shape) == 2
                            else rng.normal(1.0 if n.endswith("scale") else 0.0, 0.1, shape))
-  params = {n: draw(n, leaf.shape) for n, leaf in zip(leaf_names(shapes),
-                                                       jax.tree.leaves(shapes))}
-  return {"params": params, "x": x, "target": rng.normal(size=out), "targets": targets}
+  return {n: draw(n, leaf.shape) for n, leaf in zip(leaf_names(shapes), jax.tree.leaves(shapes))}
 
 
 def _ours(build, given, dropout=0.0, trainable="lora", alpha=ALPHA) -> dict:
@@ -255,3 +262,49 @@ def test_a_initialization_distance():
   assert abs(np.std(a_peft) * np.sqrt(3 * fan_in) - 1) < 0.02   # 32,768 draws
   assert abs(stds["kaiming_uniform"] / np.std(a_peft) - 1) < 0.03
   assert abs(ratio / np.sqrt(3) - 1) < 0.03
+
+
+@pytest.mark.parametrize("mode", ["lora", "full"])
+def test_fed_avg_round_equals_the_peft_client_loop(mode, monkeypatch):
+  """The speed peer of `benchmarks.lora_memory --peers=peft` computes our round: one FedAvg
+  round of 2 clients x 2 SGD steps on the whole transformer_lm (adapters on every attention
+  and MLP projection, or every weight), the engine's against the PyTorch loop of clients one
+  after another (PEFT's LoraModel over the torch twin), float64 with the attention computed
+  in float64 on our side; the new global A and B (or weights) agree to TOLERANCE."""
+  monkeypatch.setattr(jax.nn, "dot_product_attention", _attention64)
+  vocab, depth, seq, batch, lr = 11, 2, 6, 3, 0.5
+  options = dict(width=WIDTH, depth=depth, heads=HEADS, max_len=seq)
+  if mode == "lora":
+    options["lora"] = {"rank": RANK, "targets": "*/attention/*,*/mlp_*", "alpha": ALPHA}
+  model = models.get("transformer_lm", vocab, **options)
+  rng = np.random.default_rng(5)
+  batches = [[(rng.integers(0, vocab, (batch, seq)), rng.integers(0, vocab, (batch, seq)))
+              for _ in range(2)] for _ in range(2)]
+  with jax.enable_x64(True):
+    shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0),
+                            jnp.zeros((1, seq), jnp.int32))["params"]
+    params = _draw(rng, shapes)  # B nonzero: A's gradient is not zero at the first step
+    tree = jax.tree.unflatten(jax.tree.structure(shapes),
+                              [jnp.asarray(params[n]) for n in leaf_names(shapes)])
+    chosen = lora.trainable_set(tree, "lora") if mode == "lora" else None
+    part, frozen = chosen.split(tree) if chosen else (tree, None)
+    alg = algorithms.build("fedavg")
+    (_, server, _), = engine_rounds.rounds(alg, model, batches, ((0, 1),),
+                                           alg.server.init(part, {}), lr, trainable=chosen,
+                                           frozen=frozen)
+    ours = dict(zip(leaf_names(server.params), map(np.asarray, jax.tree.leaves(server.params))))
+  run, paths = peft_peer.transformer_loop(
+      params, dict(vocab_size=vocab, width=WIDTH, depth=depth, heads=HEADS, max_len=seq),
+      batches, lr, alpha=ALPHA, dtype="float64", threads=1)
+  theirs = peft_peer.our_layout(run(), paths)
+  assert set(theirs) == set(ours)
+  assert all(peft_peer.is_adapter(p) for p in theirs) == (mode == "lora")
+  distance = max(np.max(np.abs(ours[p] - theirs[p])) for p in ours)
+  # A key projection's bias adds the same logit to every key of a query, which the softmax
+  # ignores: its gradient is zero (5e-18 measured); every other leaf moves.
+  moved = min(np.max(np.abs(theirs[p] - params[p])) for p in ours
+              if not p.endswith("key/bias"))
+  print(f"\n{mode}, one round of 2 clients ({peft_peer.versions()}): new global state "
+        f"{distance:.1e} apart; every leaf moved, the least by {moved:.1e}")
+  assert distance < TOLERANCE
+  assert moved > 1e-4

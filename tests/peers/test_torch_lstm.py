@@ -66,7 +66,7 @@ def test_one_round_equals_the_engines():
   theirs = torch_lstm.our_params(run(), LAYERS)
   alg = algorithms.build("fedavg")
   (_, server, _), = engine_rounds.rounds(alg, model, batches, ((0, 1, 2, 3),),
-                                         alg.init_server(params, {}), LR)
+                                         alg.server.init(params, {}), LR)
   distance = largest(jax.tree.map(np.asarray, server.params), theirs)
   print(f"\nPyTorch {torch_lstm.version()} LSTM loop vs the engine's round, float32: largest "
         f"parameter difference {distance:.3g}")
