@@ -136,8 +136,10 @@ def make_loss_fn(model, has_model_state: bool, label_smoothing: float = 0.0,
   rest as a seventh argument `frozen`, and merges them inside, so that a gradient is taken
   over the trainable set alone and the frozen leaves are an input of the traced program
   (never a per-client copy under the client vmap). None: `params` are the whole model.
-  remat: recompute the forward pass in the backward one (`jax.checkpoint` over the
-  loss) instead of keeping its activations (docs/performance.md, "LoRA").
+  remat: the whole loss under `jax.checkpoint`: the backward pass recomputes the forward
+  pass and then reads all of it, so a step keeps as many values as without it; per-block
+  rematerialization (the transformer's option `remat`) is what saves memory
+  (docs/performance.md, "LoRA").
 
   Labels y [B] (one class per example): the mean over real examples
   (example_mask), `num_correct` counts examples.

@@ -26,6 +26,19 @@ from fedjax_lama import kernels as kernels_lib
 # CNN, resnet20 and cifar_cnn unchanged, the 8x8 `mlp` 0.95x to 0.98x.
 CPU_TRAINING_COMPILER_OPTIONS = {"xla_cpu_copy_insertion_use_region_analysis": True}
 
+# Added on CPU for a model that rematerialises (`plan(..., remat=True)`; the transformer's
+# option `remat`, each block under jax.checkpoint). JAX ties a block's recomputation to the
+# cotangent that reaches the block with one optimization barrier over both; XLA:CPU removes
+# every optimization barrier right after CSE (its pass "cse_barrier_expander"), before fusion
+# and scheduling, and its default scheduler then runs each recomputation as soon as the
+# block's input exists, beside the forward pass, so the step keeps as many values as without
+# remat. With the pass off the barriers stay to the schedule and the backward pass recomputes
+# one block at a time: one step of transformer_lm "small" (batch 10 x 80 tokens) compiles
+# to 16.4 MiB of temporaries instead of 47.8 MiB, the same gradients bit for bit
+# (docs/performance.md, "LoRA"). Only for remat: with the pass off the dense kernels'
+# barriers (fedjax_lama/kernels/dot.py) also stay, which changes how the rest compiles.
+CPU_REMAT_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "cse_barrier_expander"}
+
 # How the client axis is added (`local.vmap_clients`):
 #   "auto"  "scan" on CPU, "vmap" elsewhere (the measured best per platform);
 #   "vmap"  one jax.vmap over the whole chunk of clients (every op batched over clients);
@@ -85,19 +98,21 @@ def resolve_client_map(client_map: str, platform: Optional[str] = None) -> str:
 
 
 def plan(platform: Optional[str] = None, kernels: str = "auto",
-         client_map: str = "auto") -> PlatformPlan:
+         client_map: str = "auto", remat: bool = False) -> PlatformPlan:
   """The plan for `platform` (default JAX's default backend), with the kernel set `kernels`
   and the client map `client_map` (config.engine.kernels and config.engine.client_map:
-  "auto" is the platform's measured best)."""
+  "auto" is the platform's measured best). `remat`: the model rematerialises
+  (jax.checkpoint), so that on CPU local training compiles with CPU_REMAT_COMPILER_OPTIONS."""
   platform = platform or jax.default_backend()
   cpu = platform == "cpu"
   client_map = resolve_client_map(client_map, platform)
+  options = {**CPU_TRAINING_COMPILER_OPTIONS, **(CPU_REMAT_COMPILER_OPTIONS if remat else {})}
   return PlatformPlan(
       platform=platform,
       kernels=kernels_lib.resolve(kernels, platform),
       client_map=client_map,
       scan_group_bytes=SCAN_GROUP_BYTES,
-      compiler_options=tuple(CPU_TRAINING_COMPILER_OPTIONS.items()) if cpu else (),
+      compiler_options=tuple(options.items()) if cpu else (),
       cpu_device_rule=cpu)
 
 

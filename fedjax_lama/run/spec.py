@@ -172,10 +172,11 @@ def build_spec(config: ml_collections.ConfigDict) -> RunSpec:
 
 
 def platform_plan(config) -> plan_lib.PlatformPlan:
-  """The engine's plan for JAX's default backend, from config.engine.kernels and
-  config.engine.client_map."""
+  """The engine's plan for JAX's default backend, from config.engine.kernels,
+  config.engine.client_map and whether the model rematerialises (config.model_options.remat)."""
   return plan_lib.plan(kernels=config.engine.kernels,
-                       client_map=config.engine.get("client_map", "auto"))
+                       client_map=config.engine.get("client_map", "auto"),
+                       remat=bool((config.get("model_options") or {}).get("remat", False)))
 
 
 def robust_label(robust: Optional[robust_stage.RobustSpec]) -> str:
