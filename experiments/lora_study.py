@@ -441,11 +441,7 @@ def main(argv) -> None:
   from fedjax_lama.cli import logs  # pylint: disable=g-import-not-at-top
   logs.progress_only()
   rows = select_rows(FLAGS.methods)
-  if FLAGS.quick:
-    seeds, lrs = list(QUICK_SEEDS), list(QUICK_LRS)
-  else:
-    seeds, lrs = [int(s) for s in FLAGS.seeds], [float(x) for x in FLAGS.lrs]
-  runs_dir = FLAGS.runs_dir or FLAGS.out + "_runs"
+  seeds, lrs, runs_dir = ps.seeds_rates_and_runs(FLAGS, QUICK_SEEDS, QUICK_LRS)
   start = time.perf_counter()
   study, res = run_study(study_config(FLAGS.data_dir, FLAGS.rounds, FLAGS.quick),
                          pretrain_config(FLAGS.data_dir, FLAGS.quick), runs_dir, rows, seeds,

@@ -555,14 +555,12 @@ def main(argv) -> None:
   rows = select_rows(FLAGS.methods)
   if FLAGS.quick:
     bases = {"digits": quick_config()}
-    seeds, lrs = list(QUICK_SEEDS), list(QUICK_LRS)
   else:
     bases = {n: dataset_config(n, FLAGS.data_dir, FLAGS.rounds) for n in FLAGS.datasets}
-    seeds, lrs = [int(s) for s in FLAGS.seeds], [float(x) for x in FLAGS.lrs]
+  seeds, lrs, runs_dir = seeds_rates_and_runs(FLAGS, QUICK_SEEDS, QUICK_LRS)
   studies = {n: Study(n, b, rows, seeds, lrs, FLAGS.tune_seed, FLAGS.finetune_steps,
                       FLAGS.finetune_lr or None, full_lrs=lrs if FLAGS.quick else FULL_LRS)
              for n, b in bases.items()}
-  runs_dir = FLAGS.runs_dir or FLAGS.out + "_runs"
   start = time.perf_counter()
   results = run_studies(studies, runs_dir, "experiments.personal_study", FLAGS.shard,
                         FLAGS.processes)
@@ -603,6 +601,17 @@ def command_line(module: str) -> str:
   return " ".join([f"python -m {module}"] + [
       f"{a.partition('=')[0]}=DATA" if a.startswith("--data_dir=") else a
       for a in sys.argv[1:]])
+
+
+def seeds_rates_and_runs(flag_values, quick_seeds, quick_lrs) -> tuple:
+  """(seeds, rates, runs directory) of a study of served models from its flags
+  (`define_flags`): --quick's own seeds and rates, else --seeds and --lrs; --runs_dir, else
+  <out>_runs."""
+  if flag_values.quick:
+    seeds, lrs = list(quick_seeds), list(quick_lrs)
+  else:
+    seeds, lrs = [int(s) for s in flag_values.seeds], [float(x) for x in flag_values.lrs]
+  return seeds, lrs, flag_values.runs_dir or flag_values.out + "_runs"
 
 
 def define_flags(flags, out: str, lrs: Sequence[str], lrs_help: str, quick_help: str) -> None:

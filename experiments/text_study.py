@@ -277,14 +277,10 @@ def main(argv) -> None:
   logs.progress_only()
   rows = select_rows(FLAGS.methods)
   bases = {n: model_config(n, FLAGS.data_dir, FLAGS.rounds, FLAGS.quick) for n in FLAGS.models}
-  if FLAGS.quick:
-    seeds, lrs = list(QUICK_SEEDS), list(QUICK_LRS)
-  else:
-    seeds, lrs = [int(s) for s in FLAGS.seeds], [float(x) for x in FLAGS.lrs]
+  seeds, lrs, runs_dir = ps.seeds_rates_and_runs(FLAGS, QUICK_SEEDS, QUICK_LRS)
   studies = {n: make_study(n, b, rows, seeds, lrs, FLAGS.tune_seed, FLAGS.finetune_steps,
                            FLAGS.finetune_lr or None, lrs if FLAGS.quick else FULL_LRS)
              for n, b in bases.items()}
-  runs_dir = FLAGS.runs_dir or FLAGS.out + "_runs"
   start = time.perf_counter()
   results = ps.run_studies(studies, runs_dir, "experiments.text_study", FLAGS.shard,
                            FLAGS.processes)
