@@ -257,7 +257,7 @@ def trainable_set(params: PyTree, names: Any = ("lora",),
     else:
       hit = np.array([selects(name, p) for p in joined], bool)
     if not hit.any():
-      why = (f"the model has no adapters (build it with the model option lora)"
+      why = ("the model has no adapters (build it with the model option lora)"
              if name.startswith("lora") else "it names no layer of the model")
       raise ConfigError(f"{field}: {name!r} selects nothing: {why}; accepted: "
                         f"{', '.join(map(repr, _KEYWORDS))} or layer names or globs, its "
