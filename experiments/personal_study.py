@@ -596,11 +596,17 @@ def run_studies(studies: Dict[str, Study], runs_dir: str, module: str, shard: st
           for name, study in studies.items()}
 
 
+# Flags naming this machine's directories, written as placeholders in a report's command.
+_PLACEHOLDERS = {"--data_dir": "DATA", "--runs_dir": "RUNS", "--pretrained": "PRETRAINED"}
+
+
 def command_line(module: str) -> str:
-  """This command as run, the data directory written DATA."""
-  return " ".join([f"python -m {module}"] + [
-      f"{a.partition('=')[0]}=DATA" if a.startswith("--data_dir=") else a
-      for a in sys.argv[1:]])
+  """This command as run, the data directory written DATA, the runs directory RUNS and a
+  pretraining's workdir PRETRAINED (where they live is the machine's, not the study's)."""
+  def shown(arg):
+    name, eq, _ = arg.partition("=")
+    return f"{name}={_PLACEHOLDERS[name]}" if eq and name in _PLACEHOLDERS else arg
+  return " ".join([f"python -m {module}"] + [shown(a) for a in sys.argv[1:]])
 
 
 def seeds_rates_and_runs(flag_values, quick_seeds, quick_lrs) -> tuple:

@@ -217,3 +217,12 @@ def test_the_batchnorm_rows_take_fedavg_s_rate_on_their_own_model(monkeypatch, t
   study.train(str(tmp_path), {k: t.value for k, t in tuned.items()})
   rates = {os.path.relpath(w, tmp_path).split(os.sep)[1]: lr for w, lr in trained.items()}
   assert rates == {"fedavg": 0.1, "fedbn": 0.3}
+
+
+def test_the_reports_command_writes_this_machines_directories_as_placeholders(monkeypatch):
+  monkeypatch.setattr(sys, "argv", [
+      "x", "--data_dir=/home/me/data", "--runs_dir=/scratch/r", "--pretrained=/scratch/p",
+      "--out=experiments/results/lora", "--lrs=0.1", "--quick"])
+  assert ps.command_line("experiments.lora_study") == (
+      "python -m experiments.lora_study --data_dir=DATA --runs_dir=RUNS "
+      "--pretrained=PRETRAINED --out=experiments/results/lora --lrs=0.1 --quick")
