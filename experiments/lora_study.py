@@ -51,12 +51,10 @@ evaluation in <runs_dir>/transformer/base/summary.json), reused or resumed; a se
 trains nothing. The adapter rows' seeds train one after another (each seed has its own
 adapters' initialization; fedjax_lama/run/many.py).
 
-Runs of the default study: the pretraining (about 18 min on this 2-core CPU), FedAvg at 3
-rates twice (full and LoRA r = 4) on seed 0 to tune (a pick at an edge adds one), then 6 rows
-x 3 seeds (the tuning runs reused): 22 runs in 8 groups. Expected wall time on this 2-core
-CPU: about 2 hours with the pretraining (3-round runs of the setting, compilation and the
-per-role evaluation included, took 60 s for full fine-tuning and 93 s for LoRA r = 4 while
-the CPU was shared); --processes=2 trains two rows at once after the tuning.
+Runs of the default study: the pretraining, FedAvg at 3 rates twice (full and LoRA r = 4) on
+seed 0 to tune (a pick at an edge adds one), then 6 rows x 3 seeds (the tuning runs reused):
+22 runs in 8 groups. On this 2-core CPU with --processes=2 (two rows at once after the
+tuning): 43 min wall, the pretraining 4.9 min of it (docs/results.md).
 """
 import json
 import math
@@ -363,7 +361,7 @@ def setting_text(study: ps.Study, res: dict) -> str:
       f"steps of batch {b.batch_size}, {b.rounds} rounds. Pretrained on Milton: test "
       f"accuracy {pre.get('final_test_accuracy', float('nan')):.4f}, "
       f"{pre.get('final_test_bits_per_token', float('nan')):.3f} bits per character after "
-      f"{pre.get('rounds', '?')} rounds of {pre.get('local_steps', '?')} steps. LoRA on "
+      f"{pre.get('local_steps', '?')} steps ({pre.get('rounds', '?')} rounds). LoRA on "
       f"{TARGETS}, alpha 8. Local rate of full fine-tuning {res['lr']:g}"
       + (f" (validation: {rates})" if rates else " (given)")
       + (f"; of every adapter row {lora_rate:g}" if lora_rate is not None else "")
