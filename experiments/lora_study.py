@@ -456,7 +456,7 @@ if __name__ == "__main__":
   FLAGS = flags.FLAGS
   ps.define_flags(flags, "experiments/results/lora", ["0.3", "1.0", "3.0"],
                   "FedAvg's local-rate grid, tuned for full fine-tuning and for LoRA r = 4 "
-                  "(widened into 0.1 ... 10 at an edge); one rate is used as given.",
+                  "(widened into 0.03 ... 10 at an edge); one rate is used as given.",
                   "A smoke run: a few roles, the quick transformer pretrained 20 steps, 2 "
                   "rounds, seed 0, rate 1.0 (overrides --seeds, --lrs).")
   flags.DEFINE_list("methods", [], "Rows (default all): " + ", ".join(ROW_LABELS) + ".")

@@ -56,7 +56,7 @@ from experiments.personal_study import GLOBAL, PERSONAL, Row, Run
 from fedjax_lama.errors import ConfigError
 
 # The rate grid the tuning widens into while its pick sits at an edge.
-FULL_LRS = (0.1, 0.3, 1.0, 3.0, 10.0)
+FULL_LRS = (0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 MODEL_TITLES = {"lstm": "LSTM (the FedAvg paper's, width 64)",
                 "transformer": "transformer (width 64, 2 blocks)"}
 # Settings that are not rates, fixed (not tuned) for every model.
@@ -294,7 +294,7 @@ if __name__ == "__main__":
 
   FLAGS = flags.FLAGS
   ps.define_flags(flags, "experiments/results/text", ["0.3", "1.0", "3.0"],
-                  "FedAvg's local-rate grid (widened into 0.1 ... 10 at an edge); one rate is "
+                  "FedAvg's local-rate grid (widened into 0.03 ... 10 at an edge); one rate is "
                   "used as given.",
                   "A smoke run: 2 rounds on a few roles, both models at a few thousand "
                   "parameters, seeds 0 and 1, rate 1.0 (overrides --seeds, --lrs).")
