@@ -439,12 +439,13 @@ def main(argv) -> None:
   from fedjax_lama.cli import logs  # pylint: disable=g-import-not-at-top
   logs.progress_only()
   rows = select_rows(FLAGS.methods)
-  seeds, lrs, runs_dir = ps.seeds_rates_and_runs(FLAGS, QUICK_SEEDS, QUICK_LRS)
+  seeds, lrs, grid, runs_dir = ps.seeds_rates_and_runs(FLAGS, QUICK_SEEDS, QUICK_LRS,
+                                                       text_study.FULL_LRS)
   start = time.perf_counter()
   study, res = run_study(study_config(FLAGS.data_dir, FLAGS.rounds, FLAGS.quick),
                          pretrain_config(FLAGS.data_dir, FLAGS.quick), runs_dir, rows, seeds,
-                         lrs, FLAGS.tune_seed, lrs if FLAGS.quick else text_study.FULL_LRS,
-                         FLAGS.pretrained, FLAGS.dp_clip, FLAGS.shard, FLAGS.processes)
+                         lrs, FLAGS.tune_seed, grid, FLAGS.pretrained, FLAGS.dp_clip,
+                         FLAGS.shard, FLAGS.processes)
   if res is not None:
     print(write_report(study, res, FLAGS.out, ps.command_line("experiments.lora_study"),
                        time.perf_counter() - start))
@@ -456,7 +457,8 @@ if __name__ == "__main__":
   FLAGS = flags.FLAGS
   ps.define_flags(flags, "experiments/results/lora", ["0.3", "1.0", "3.0"],
                   "FedAvg's local-rate grid, tuned for full fine-tuning and for LoRA r = 4 "
-                  "(widened into 0.03 ... 10 at an edge); one rate is used as given.",
+                  f"(widened into {ps.grid_text(text_study.FULL_LRS)} at an edge); one rate is "
+                  "used as given.",
                   "A smoke run: a few roles, the quick transformer pretrained 20 steps, 2 "
                   "rounds, seed 0, rate 1.0 (overrides --seeds, --lrs).")
   flags.DEFINE_list("methods", [], "Rows (default all): " + ", ".join(ROW_LABELS) + ".")

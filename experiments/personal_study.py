@@ -557,9 +557,9 @@ def main(argv) -> None:
     bases = {"digits": quick_config()}
   else:
     bases = {n: dataset_config(n, FLAGS.data_dir, FLAGS.rounds) for n in FLAGS.datasets}
-  seeds, lrs, runs_dir = seeds_rates_and_runs(FLAGS, QUICK_SEEDS, QUICK_LRS)
+  seeds, lrs, grid, runs_dir = seeds_rates_and_runs(FLAGS, QUICK_SEEDS, QUICK_LRS, FULL_LRS)
   studies = {n: Study(n, b, rows, seeds, lrs, FLAGS.tune_seed, FLAGS.finetune_steps,
-                      FLAGS.finetune_lr or None, full_lrs=lrs if FLAGS.quick else FULL_LRS)
+                      FLAGS.finetune_lr or None, full_lrs=grid)
              for n, b in bases.items()}
   start = time.perf_counter()
   results = run_studies(studies, runs_dir, "experiments.personal_study", FLAGS.shard,
@@ -609,15 +609,21 @@ def command_line(module: str) -> str:
   return " ".join([f"python -m {module}"] + [shown(a) for a in sys.argv[1:]])
 
 
-def seeds_rates_and_runs(flag_values, quick_seeds, quick_lrs) -> tuple:
-  """(seeds, rates, runs directory) of a study of served models from its flags
-  (`define_flags`): --quick's own seeds and rates, else --seeds and --lrs; --runs_dir, else
-  <out>_runs."""
+def seeds_rates_and_runs(flag_values, quick_seeds, quick_lrs, full_lrs) -> tuple:
+  """(seeds, rates, the grid the tuning widens into, runs directory) of a study of served
+  models from its flags (`define_flags`): --quick's own seeds and rates, which are also its
+  whole grid, else --seeds, --lrs and `full_lrs`; --runs_dir, else <out>_runs."""
   if flag_values.quick:
-    seeds, lrs = list(quick_seeds), list(quick_lrs)
+    seeds, lrs, grid = list(quick_seeds), list(quick_lrs), list(quick_lrs)
   else:
     seeds, lrs = [int(s) for s in flag_values.seeds], [float(x) for x in flag_values.lrs]
-  return seeds, lrs, flag_values.runs_dir or flag_values.out + "_runs"
+    grid = list(full_lrs)
+  return seeds, lrs, grid, flag_values.runs_dir or flag_values.out + "_runs"
+
+
+def grid_text(full_lrs: Sequence[float]) -> str:
+  """The span of a rate grid for a flag's help: "0.03 ... 10"."""
+  return f"{min(full_lrs):g} ... {max(full_lrs):g}"
 
 
 def define_flags(flags, out: str, lrs: Sequence[str], lrs_help: str, quick_help: str) -> None:
@@ -643,8 +649,8 @@ if __name__ == "__main__":
 
   FLAGS = flags.FLAGS
   define_flags(flags, "experiments/results/personal", ["0.03", "0.1", "0.3"],
-               "FedAvg's local-rate grid (widened into 0.01 ... 1 at an edge); one rate is "
-               "used as given.",
+               f"FedAvg's local-rate grid (widened into {grid_text(FULL_LRS)} at an edge); one "
+               "rate is used as given.",
                "A smoke run: digits over 8 two-class clients, 2 rounds, seeds 0 and 1, rate "
                "0.1, every row (overrides --datasets, --seeds, --lrs).")
   flags.DEFINE_list("datasets", list(DATASETS), "Datasets: " + ", ".join(DATASETS) + ".")

@@ -277,9 +277,9 @@ def main(argv) -> None:
   logs.progress_only()
   rows = select_rows(FLAGS.methods)
   bases = {n: model_config(n, FLAGS.data_dir, FLAGS.rounds, FLAGS.quick) for n in FLAGS.models}
-  seeds, lrs, runs_dir = ps.seeds_rates_and_runs(FLAGS, QUICK_SEEDS, QUICK_LRS)
+  seeds, lrs, grid, runs_dir = ps.seeds_rates_and_runs(FLAGS, QUICK_SEEDS, QUICK_LRS, FULL_LRS)
   studies = {n: make_study(n, b, rows, seeds, lrs, FLAGS.tune_seed, FLAGS.finetune_steps,
-                           FLAGS.finetune_lr or None, lrs if FLAGS.quick else FULL_LRS)
+                           FLAGS.finetune_lr or None, grid)
              for n, b in bases.items()}
   start = time.perf_counter()
   results = ps.run_studies(studies, runs_dir, "experiments.text_study", FLAGS.shard,
@@ -294,8 +294,8 @@ if __name__ == "__main__":
 
   FLAGS = flags.FLAGS
   ps.define_flags(flags, "experiments/results/text", ["0.3", "1.0", "3.0"],
-                  "FedAvg's local-rate grid (widened into 0.03 ... 10 at an edge); one rate is "
-                  "used as given.",
+                  f"FedAvg's local-rate grid (widened into {ps.grid_text(FULL_LRS)} at an edge); "
+                  "one rate is used as given.",
                   "A smoke run: 2 rounds on a few roles, both models at a few thousand "
                   "parameters, seeds 0 and 1, rate 1.0 (overrides --seeds, --lrs).")
   flags.DEFINE_list("models", list(MODEL_TITLES), "Models: " + ", ".join(MODEL_TITLES) + ".")

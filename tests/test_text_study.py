@@ -124,10 +124,12 @@ def test_report_files_and_table(tmp_path):
 
 @pytest.mark.slow
 def test_quick_command_writes_the_report(tmp_path):
-  """The command line end to end on a few roles: both models, two seeds, three rows."""
+  """The command line end to end on a few roles: both models, two seeds, three rows. 4
+  rounds, not --quick's 2: FedLAMA first lengthens a layer's interval after phi = 2 rounds of
+  its base interval (one round here), so its uplink can fall below FedAvg's from round 3."""
   data_dir = shared_data_dir_or_skip()
   out = str(tmp_path / "report")
-  subprocess.run([sys.executable, "-m", "experiments.text_study", "--quick",
+  subprocess.run([sys.executable, "-m", "experiments.text_study", "--quick", "--rounds=4",
                   f"--data_dir={data_dir}", "--methods=fedavg,fedlama,fedavg_ft",
                   f"--out={out}", f"--runs_dir={tmp_path / 'runs'}"], cwd=REPO, check=True,
                  capture_output=True, text=True)
@@ -138,4 +140,7 @@ def test_quick_command_writes_the_report(tmp_path):
     assert sorted(model["runs"]) == ["fedavg", "fedlama"]
     assert all(len(v) == 2 for v in model["runs"].values())
     assert model["stats"]["fedlama"]["uplink"] < 1.0
-    assert model["stats"]["fedavg_ft"]["mean"] != model["stats"]["fedavg"]["mean"]
+  # Fine-tuning changes the served models. Checked on the transformer: --quick's 8-unit LSTM
+  # predicts the most frequent character before and after its 5 steps (the same accuracy).
+  stats = report["transformer"]["stats"]
+  assert stats["fedavg_ft"]["mean"] != stats["fedavg"]["mean"]
